@@ -1,0 +1,771 @@
+"""The controller's state machine: gated pods in, allocated claims and ungated pods out.
+
+One thread owns all decisions. Informer threads only enqueue events; `Reconciler.step` applies
+them to the stores and to the planner's model, then releases what can be released and places
+waiting pods one at a time, highest priority first, then oldest. Because the planner's model is
+fed the claim returned by each successful write before the next decision, two pods can never be
+given the same placement, whatever the watch latency.
+
+The placement engine is reached through the narrow `Planner` seam so that this module knows
+nothing about MIG geometry: it asks "where does this pod's set of claims go?" and gets either a
+`Plan` (one `ClaimAllocation` per claim) or an `Unplaceable` explanation to show to the user.
+
+Release follows invariant 4: an allocation is cleared only when the claim is reserved for nobody,
+no live pod uses it, and no node finalizer (the kubelet plugin's, same domain as ours) remains,
+which means the node has destroyed the MIG instance.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from controller.status import (
+    ALLOCATION_FINALIZER,
+    SCHEDULING_GATE,
+    ClaimAllocation,
+    ClaimWriter,
+    ObjectGoneError,
+    WriteSkippedError,
+    has_finalizer,
+    has_gate,
+)
+
+Obj = dict[str, Any]
+
+_log = logging.getLogger(__name__)
+
+
+class Kind(enum.StrEnum):
+    POD = "Pod"
+    CLAIM = "ResourceClaim"
+    SLICE = "ResourceSlice"
+    NODE = "Node"
+    CLASS = "DeviceClass"
+
+
+class EventType(enum.StrEnum):
+    ADDED = "ADDED"
+    MODIFIED = "MODIFIED"
+    DELETED = "DELETED"
+
+
+# --------------------------------------------------------------------------------------------
+# The seam to the placement engine
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where every carve claim of one pod goes. All claims share `node`."""
+
+    node: str
+    allocations: tuple[ClaimAllocation, ...]
+
+
+@dataclass(frozen=True)
+class Unplaceable:
+    """Why a pod cannot be placed now. `message` is shown verbatim in events and conditions.
+
+    `permanent` marks claims that can never be satisfied as written (unknown class, CEL error,
+    impossible profile): those are not retried on every capacity change, only when the pod,
+    its claims or the classes change.
+    """
+
+    reason: str
+    message: str
+    permanent: bool = False
+
+
+class Planner(Protocol):
+    """The placement engine as the reconciler sees it.
+
+    `observe`/`forget` keep the engine's model in step with the API (including the claims that
+    this controller has just written). `plan` must treat claims that are already allocated as
+    fixed and place the others on the same node, all or nothing.
+    """
+
+    def observe(self, kind: Kind, obj: Obj) -> None: ...
+
+    def forget(self, kind: Kind, obj: Obj) -> None: ...
+
+    def plan(
+        self, pod: Obj, claims: Sequence[Obj], classes: Mapping[str, Obj]
+    ) -> Plan | Unplaceable: ...
+
+
+class Recorder(Protocol):
+    """Events for users (`kubectl describe`); `controller.events.KubeRecorder` is the real one."""
+
+    def event(self, obj: Obj, kind: Kind, type_: str, reason: str, message: str) -> None: ...
+
+
+class Metrics(Protocol):
+    def observe_allocation(self, seconds: float, profiles: Sequence[str]) -> None: ...
+
+    def set_queue_depth(self, depth: int) -> None: ...
+
+    def count_outcome(self, outcome: str) -> None: ...
+
+
+class _NullMetrics:
+    def observe_allocation(self, seconds: float, profiles: Sequence[str]) -> None:
+        return None
+
+    def set_queue_depth(self, depth: int) -> None:
+        return None
+
+    def count_outcome(self, outcome: str) -> None:
+        return None
+
+
+# --------------------------------------------------------------------------------------------
+# Pure helpers over API objects
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CarveClasses:
+    """Which DeviceClasses are carve's: the configured names plus any `<x>.<first name>` class.
+
+    The same rule is encoded in the admission policy (deploy/), so the gate and the controller
+    agree on which pods are carve's.
+    """
+
+    names: frozenset[str] = frozenset({"mig.carve.dev", "gpu.carve.dev"})
+    suffix: str = ".mig.carve.dev"
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and (name in self.names or name.endswith(self.suffix))
+
+
+def key_of(obj: Obj) -> str:
+    meta = obj.get("metadata", {})
+    ns = meta.get("namespace")
+    return f"{ns}/{meta.get('name')}" if ns else str(meta.get("name"))
+
+
+def claim_class_names(claim: Obj) -> list[str]:
+    names: list[str] = []
+    for req in claim.get("spec", {}).get("devices", {}).get("requests", []) or []:
+        exact = req.get("exactly")
+        if isinstance(exact, dict) and exact.get("deviceClassName"):
+            names.append(str(exact["deviceClassName"]))
+        for sub in req.get("firstAvailable", []) or []:
+            if sub.get("deviceClassName"):
+                names.append(str(sub["deviceClassName"]))
+    return names
+
+
+def is_carve_claim(claim: Obj, classes: CarveClasses) -> bool:
+    return any(name in classes for name in claim_class_names(claim))
+
+
+def pod_claim_names(pod: Obj) -> tuple[list[str], list[str]]:
+    """Names of the claims a pod uses, and the pod-claim entries whose claim does not exist yet."""
+    generated = {
+        s.get("name"): s.get("resourceClaimName")
+        for s in pod.get("status", {}).get("resourceClaimStatuses", []) or []
+    }
+    names: list[str] = []
+    missing: list[str] = []
+    for ref in pod.get("spec", {}).get("resourceClaims", []) or []:
+        if ref.get("resourceClaimName"):
+            names.append(str(ref["resourceClaimName"]))
+        elif ref.get("resourceClaimTemplateName"):
+            if ref.get("name") in generated:
+                claim_name = generated[ref.get("name")]
+                # KCM records None when the pod does not need the claim after all.
+                if claim_name:
+                    names.append(str(claim_name))
+            else:
+                missing.append(str(ref.get("name")))
+    return names, missing
+
+
+def is_allocated(claim: Obj) -> bool:
+    return bool(claim.get("status", {}).get("allocation"))
+
+
+def is_terminal(pod: Obj) -> bool:
+    return pod.get("status", {}).get("phase") in ("Succeeded", "Failed")
+
+
+def priority_key(pod: Obj) -> tuple[int, str, str]:
+    """Queue order: higher `spec.priority` first, then older pods, then name for stability."""
+    prio = pod.get("spec", {}).get("priority") or 0
+    created = str(pod.get("metadata", {}).get("creationTimestamp") or "")
+    return (-int(prio), created, key_of(pod))
+
+
+def _parse_time(value: str | None) -> dt.datetime | None:
+    if not value:
+        return None
+    try:
+        return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+class WorkKind(enum.Enum):
+    NONE = "none"
+    WAIT = "wait"
+    UNGATE = "ungate"
+    PLACE = "place"
+
+
+@dataclass(frozen=True)
+class PodWork:
+    """What a pod needs from the controller now (computed from the pod and the claim store)."""
+
+    kind: WorkKind
+    claims: tuple[Obj, ...] = ()
+    message: str = ""
+
+
+def pod_work(
+    pod: Obj,
+    claims: Mapping[str, Obj],
+    classes: CarveClasses,
+    gate: str = SCHEDULING_GATE,
+    finalizer: str = ALLOCATION_FINALIZER,
+) -> PodWork:
+    """Classify one pod. Pure, so the queue logic is tested without threads or an apiserver.
+
+    Ungated pods are placed only when one of their carve claims still carries our finalizer but
+    lost its allocation: kube-scheduler's PostFilter deallocated it, and since a gate cannot be
+    added back the controller must allocate again before the scheduler's own allocator does.
+    """
+    meta = pod.get("metadata", {})
+    gated = has_gate(pod, gate)
+    if is_terminal(pod) or pod.get("spec", {}).get("nodeName") or meta.get("deletionTimestamp"):
+        return PodWork(WorkKind.NONE)
+    names, missing = pod_claim_names(pod)
+    if missing:
+        if not gated:
+            return PodWork(WorkKind.NONE)
+        return PodWork(
+            WorkKind.WAIT,
+            message=f"waiting for kube-controller-manager to create claims for {sorted(missing)}",
+        )
+    ns = meta.get("namespace", "")
+    carve: list[Obj] = []
+    for name in names:
+        claim = claims.get(f"{ns}/{name}")
+        if claim is None:
+            if gated:
+                return PodWork(WorkKind.WAIT, message=f"ResourceClaim {ns}/{name} does not exist")
+            continue
+        if is_carve_claim(claim, classes):
+            carve.append(claim)
+    if gated:
+        if not carve or all(is_allocated(c) for c in carve):
+            return PodWork(WorkKind.UNGATE, tuple(carve))
+        deleting = [key_of(c) for c in carve if c.get("metadata", {}).get("deletionTimestamp")]
+        if deleting:
+            return PodWork(WorkKind.WAIT, message=f"ResourceClaim {deleting[0]} is being deleted")
+        return PodWork(WorkKind.PLACE, tuple(carve))
+    lost = [c for c in carve if has_finalizer(c, finalizer) and not is_allocated(c)]
+    if lost and not any(c.get("metadata", {}).get("deletionTimestamp") for c in carve):
+        return PodWork(WorkKind.PLACE, tuple(carve))
+    return PodWork(WorkKind.NONE)
+
+
+class ReleaseKind(enum.Enum):
+    KEEP = "keep"
+    WAIT_NODE = "wait-node"
+    CLEAR = "clear"
+    DROP_FINALIZER = "drop-finalizer"
+
+
+def node_finalizers(claim: Obj, domain: str, own: str = ALLOCATION_FINALIZER) -> list[str]:
+    """Finalizers that kubelet plugins put on a claim: our domain, but not the controller's own."""
+    return [
+        f
+        for f in claim.get("metadata", {}).get("finalizers") or []
+        if f.startswith(domain + "/") and f != own
+    ]
+
+
+def release_action(
+    claim: Obj,
+    live_consumers: int,
+    domain: str,
+    finalizer: str = ALLOCATION_FINALIZER,
+) -> ReleaseKind:
+    """Invariant 4 as a pure decision over one claim.
+
+    `live_consumers` counts pods in the claim's namespace that use it and have not terminated:
+    a claim allocated for a still-gated pod has an empty `reservedFor` too, and must stay.
+    """
+    if not has_finalizer(claim, finalizer):
+        return ReleaseKind.KEEP
+    status = claim.get("status", {})
+    deleting = bool(claim.get("metadata", {}).get("deletionTimestamp"))
+    if status.get("reservedFor"):
+        return ReleaseKind.KEEP
+    if not deleting and live_consumers > 0:
+        return ReleaseKind.KEEP
+    if node_finalizers(claim, domain, finalizer):
+        return ReleaseKind.WAIT_NODE
+    if is_allocated(claim) and not deleting:
+        return ReleaseKind.CLEAR
+    return ReleaseKind.DROP_FINALIZER
+
+
+# --------------------------------------------------------------------------------------------
+# The reconciler
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _PodState:
+    first_seen: float
+    last_message: str = ""
+    attempts: int = 0
+    retry_at: float = 0.0
+    permanent: bool = False
+
+
+@dataclass(frozen=True)
+class ReconcilerConfig:
+    driver: str = "mig.carve.dev"
+    gate: str = SCHEDULING_GATE
+    finalizer: str = ALLOCATION_FINALIZER
+    classes: CarveClasses = field(default_factory=CarveClasses)
+    native_fallback_after: float | None = None
+    retry_interval: float = 30.0
+    event_interval: float = 300.0
+
+    @property
+    def domain(self) -> str:
+        return self.finalizer.split("/", 1)[0]
+
+
+class Reconciler:
+    """Owns the stores, the planner's model and every write. Call `step` from one thread only."""
+
+    def __init__(
+        self,
+        planner: Planner,
+        writer: ClaimWriter,
+        recorder: Recorder,
+        *,
+        config: ReconcilerConfig | None = None,
+        metrics: Metrics | None = None,
+        is_leader: Callable[[], bool] = lambda: True,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+    ) -> None:
+        self._planner = planner
+        self._writer = writer
+        self._recorder = recorder
+        self._cfg = config or ReconcilerConfig()
+        self._metrics: Metrics = metrics or _NullMetrics()
+        self._is_leader = is_leader
+        self._clock = clock
+        self._wall = wall_clock
+        self._events: queue.Queue[tuple[Kind, EventType, Obj]] = queue.Queue()
+        self._wakeup = threading.Event()
+        self._synced: set[Kind] = set()
+        self.stores: dict[Kind, dict[str, Obj]] = {k: {} for k in Kind}
+        self._pods: dict[str, _PodState] = {}
+        self._dirty_claims: set[str] = set()
+        self._event_sent: dict[tuple[str, str], float] = {}
+
+    # -- input (any thread) ----------------------------------------------------------------------
+
+    def enqueue(self, kind: Kind, type_: EventType, obj: Obj) -> None:
+        self._events.put((kind, type_, obj))
+        self._wakeup.set()
+
+    def mark_synced(self, kind: Kind) -> None:
+        self._events.put((kind, EventType.ADDED, {"__synced__": True}))
+        self._wakeup.set()
+
+    @property
+    def synced(self) -> bool:
+        return self._synced >= set(Kind)
+
+    # -- event application ------------------------------------------------------------------------
+
+    def _apply(self, kind: Kind, type_: EventType, obj: Obj) -> None:
+        if obj.get("__synced__"):
+            self._synced.add(kind)
+            return
+        key = key_of(obj)
+        store = self.stores[kind]
+        if type_ is EventType.DELETED:
+            old = store.pop(key, None)
+            self._planner.forget(kind, old or obj)
+        else:
+            old = store.get(key)
+            if _older(obj, old):
+                return
+            store[key] = obj
+            self._planner.observe(kind, obj)
+        if kind is Kind.POD:
+            self._on_pod(key, obj, type_)
+        elif kind is Kind.CLAIM:
+            self._dirty_claims.add(key)
+            self._wake_pods_of_claim(obj)
+            if type_ is EventType.DELETED or _allocation_dropped(old, obj):
+                self._wake_all(capacity=True)
+        else:
+            self._wake_all(capacity=kind is not Kind.CLASS, classes=kind is Kind.CLASS)
+
+    def _on_pod(self, key: str, pod: Obj, type_: EventType) -> None:
+        if type_ is EventType.DELETED or is_terminal(pod):
+            self._pods.pop(key, None)
+            ns = pod.get("metadata", {}).get("namespace", "")
+            for name in pod_claim_names(pod)[0]:
+                self._dirty_claims.add(f"{ns}/{name}")
+            return
+        state = self._pods.get(key)
+        if state is not None:
+            state.retry_at = 0.0
+            state.permanent = False
+
+    def _wake_pods_of_claim(self, claim: Obj) -> None:
+        ns = claim.get("metadata", {}).get("namespace", "")
+        name = claim.get("metadata", {}).get("name")
+        for key, state in self._pods.items():
+            if not key.startswith(ns + "/"):
+                continue
+            pod = self.stores[Kind.POD].get(key)
+            if pod is not None and name in pod_claim_names(pod)[0]:
+                state.retry_at = 0.0
+                state.permanent = False
+
+    def _wake_all(self, *, capacity: bool = False, classes: bool = False) -> None:
+        """Capacity changes retry pods that lacked room; class changes also retry bad claims."""
+        for state in self._pods.values():
+            if (capacity and not state.permanent) or classes:
+                state.retry_at = 0.0
+                state.permanent = False
+
+    def drain(self, timeout: float = 0.0) -> int:
+        """Apply queued events; wait up to `timeout` for the first one. Returns how many."""
+        n = 0
+        try:
+            item = self._events.get(timeout=timeout) if timeout > 0 else self._events.get_nowait()
+        except queue.Empty:
+            return 0
+        while True:
+            self._apply(*item)
+            n += 1
+            try:
+                item = self._events.get_nowait()
+            except queue.Empty:
+                return n
+
+    # -- one round ----------------------------------------------------------------------------
+
+    def step(self, timeout: float = 0.0) -> None:
+        """Apply pending events, then (once every informer has synced) release and place."""
+        self.drain(timeout)
+        if not self.synced:
+            return
+        if not self._is_leader():
+            return
+        self._release_pass()
+        self._place_pass()
+
+    def run(self, stop: threading.Event, tick: float = 1.0) -> None:
+        while not stop.is_set():
+            try:
+                self.step(timeout=tick)
+            except Exception:
+                # A bug in one decision must not stop the allocator for the whole cluster.
+                _log.exception("reconcile step failed; continuing")
+                time.sleep(tick)
+
+    def resync(self) -> None:
+        """Re-examine every claim and pod (periodic safety net against missed events)."""
+        self._dirty_claims.update(self.stores[Kind.CLAIM])
+        for state in self._pods.values():
+            state.retry_at = 0.0
+
+    # -- release (invariant 4) --------------------------------------------------------------------
+
+    def _live_consumers(self, claim: Obj) -> int:
+        ns = claim.get("metadata", {}).get("namespace", "")
+        name = claim.get("metadata", {}).get("name")
+        n = 0
+        for key, pod in self.stores[Kind.POD].items():
+            if not key.startswith(ns + "/") or is_terminal(pod):
+                continue
+            if name in pod_claim_names(pod)[0]:
+                n += 1
+        return n
+
+    def _release_pass(self) -> None:
+        dirty, self._dirty_claims = self._dirty_claims, set()
+        for key in sorted(dirty):
+            claim = self.stores[Kind.CLAIM].get(key)
+            if claim is None:
+                continue
+            action = release_action(
+                claim, self._live_consumers(claim), self._cfg.domain, self._cfg.finalizer
+            )
+            try:
+                self._release(claim, action)
+            except (WriteSkippedError, ObjectGoneError) as exc:
+                _log.info("release of claim %s skipped: %s", key, exc)
+            except Exception:
+                _log.exception("release of claim %s failed; will retry", key)
+                self._dirty_claims.add(key)
+
+    def _release(self, claim: Obj, action: ReleaseKind) -> None:
+        key = key_of(claim)
+        if action is ReleaseKind.CLEAR:
+            fresh = self._writer.clear_allocation(claim)
+            self._store_claim(fresh)
+            _log.info("released allocation of claim %s", key, extra={"claim": key})
+            self._recorder.event(
+                claim,
+                Kind.CLAIM,
+                "Normal",
+                "Released",
+                "node confirmed teardown; allocation cleared",
+            )
+            action = ReleaseKind.DROP_FINALIZER
+            claim = fresh
+        if action is ReleaseKind.DROP_FINALIZER:
+            fresh = self._writer.remove_finalizer(claim)
+            self._store_claim(fresh)
+            _log.info("removed controller finalizer from claim %s", key, extra={"claim": key})
+
+    def _store_claim(self, claim: Obj) -> None:
+        """Feed a claim we just wrote into the store and model before any further decision."""
+        key = key_of(claim)
+        old = self.stores[Kind.CLAIM].get(key)
+        if _older(claim, old):
+            return
+        self.stores[Kind.CLAIM][key] = claim
+        self._planner.observe(Kind.CLAIM, claim)
+        if _allocation_dropped(old, claim):
+            self._wake_all(capacity=True)
+
+    # -- placement --------------------------------------------------------------------------------
+
+    def _queue(self) -> list[tuple[Obj, PodWork]]:
+        work: list[tuple[Obj, PodWork]] = []
+        now = self._clock()
+        claims = self.stores[Kind.CLAIM]
+        for key, pod in self.stores[Kind.POD].items():
+            w = pod_work(pod, claims, self._cfg.classes, self._cfg.gate, self._cfg.finalizer)
+            if w.kind is WorkKind.NONE:
+                self._pods.pop(key, None)
+                continue
+            self._pods.setdefault(key, _PodState(first_seen=now))
+            work.append((pod, w))
+        work.sort(key=lambda pw: priority_key(pw[0]))
+        return work
+
+    def pending(self) -> list[str]:
+        """Keys of pods that still need the controller, in the order they will be served."""
+        return [key_of(p) for p, _ in self._queue()]
+
+    def _place_pass(self) -> None:
+        work = self._queue()
+        self._metrics.set_queue_depth(sum(1 for _, w in work if w.kind is not WorkKind.UNGATE))
+        now = self._clock()
+        for pod, w in work:
+            key = key_of(pod)
+            state = self._pods[key]
+            if w.kind is WorkKind.WAIT:
+                self._wait(pod, state, Unplaceable("ClaimsNotReady", w.message))
+                continue
+            if state.retry_at > now or state.permanent:
+                continue
+            if not self._is_leader():
+                return
+            try:
+                if w.kind is WorkKind.UNGATE:
+                    self._ungate(pod, state, w.claims)
+                else:
+                    self._place(pod, state, w.claims)
+            except (WriteSkippedError, ObjectGoneError) as exc:
+                _log.info("pod %s: %s; will look again", key, exc, extra={"pod": key})
+                state.retry_at = now + 1.0
+            except Exception:
+                _log.exception("pod %s: placement failed; will retry", key, extra={"pod": key})
+                state.attempts += 1
+                state.retry_at = now + min(30.0, 0.5 * 2**state.attempts)
+
+    def _ungate(self, pod: Obj, state: _PodState, claims: Sequence[Obj]) -> None:
+        key = key_of(pod)
+        if has_gate(pod, self._cfg.gate):
+            fresh = self._writer.remove_gate(pod)
+            self.stores[Kind.POD][key] = fresh
+        self._pods.pop(key, None)
+        if claims:
+            _log.info("pod %s: claims already allocated; gate removed", key, extra={"pod": key})
+        else:
+            _log.info("pod %s: no carve claims; gate removed", key, extra={"pod": key})
+
+    def _place(self, pod: Obj, state: _PodState, claims: Sequence[Obj]) -> None:
+        key = key_of(pod)
+        classes = self.stores[Kind.CLASS]
+        missing = sorted(
+            {n for c in claims for n in claim_class_names(c) if n in self._cfg.classes}
+            - set(classes)
+        )
+        if missing:
+            verdict: Plan | Unplaceable = Unplaceable(
+                "UnknownDeviceClass",
+                f"DeviceClass {', '.join(missing)} does not exist",
+                permanent=True,
+            )
+        else:
+            try:
+                verdict = self._planner.plan(pod, claims, classes)
+            except Exception as exc:
+                _log.exception("planner failed for pod %s", key, extra={"pod": key})
+                verdict = Unplaceable("PlannerError", f"placement engine error: {exc}", True)
+        if isinstance(verdict, Unplaceable):
+            self._metrics.count_outcome("unplaceable")
+            self._wait(pod, state, verdict)
+            return
+        self._commit(pod, state, claims, verdict)
+
+    def _commit(self, pod: Obj, state: _PodState, claims: Sequence[Obj], plan: Plan) -> None:
+        """Write the plan claim by claim; undo what was written if a later claim fails."""
+        key = key_of(pod)
+        by_key = {key_of(c): c for c in claims}
+        written: list[Obj] = []
+        profiles: list[str] = []
+        try:
+            for alloc in plan.allocations:
+                ckey = f"{alloc.namespace}/{alloc.name}"
+                claim = self.stores[Kind.CLAIM].get(ckey) or by_key[ckey]
+                if is_allocated(claim):
+                    continue
+                claim = self._writer.add_finalizer(claim)
+                self._store_claim(claim)
+                claim = self._writer.write_allocation(claim, alloc, self.stores[Kind.CLASS])
+                self._store_claim(claim)
+                written.append(claim)
+                profiles.extend(r.profile for r in alloc.results if r.profile)
+                devices = ", ".join(f"{r.request}={r.pool}/{r.device}" for r in alloc.results)
+                self._recorder.event(
+                    claim,
+                    Kind.CLAIM,
+                    "Normal",
+                    "Allocated",
+                    f"allocated on node {alloc.node}: {devices}",
+                )
+        except Exception:
+            self._metrics.count_outcome("write-failed")
+            for claim in written:
+                try:
+                    self._store_claim(self._writer.clear_allocation(claim))
+                except Exception:
+                    _log.exception("rollback of claim %s failed", key_of(claim))
+            raise
+        if has_gate(pod, self._cfg.gate):
+            fresh = self._writer.remove_gate(pod)
+            self.stores[Kind.POD][key] = fresh
+        latency = self._clock() - state.first_seen
+        self._metrics.observe_allocation(latency, profiles)
+        self._metrics.count_outcome("allocated")
+        summary = "; ".join(
+            f"{a.name}: " + ", ".join(r.device for r in a.results) for a in plan.allocations
+        )
+        self._recorder.event(
+            pod, Kind.POD, "Normal", "Placed", f"carve placed claims on node {plan.node}: {summary}"
+        )
+        _log.info(
+            "pod %s placed on %s in %.3fs",
+            key,
+            plan.node,
+            latency,
+            extra={"pod": key, "node": plan.node},
+        )
+        self._pods.pop(key, None)
+
+    def _wait(self, pod: Obj, state: _PodState, why: Unplaceable) -> None:
+        key = key_of(pod)
+        now = self._clock()
+        state.attempts += 1
+        state.permanent = why.permanent
+        state.retry_at = now + self._cfg.retry_interval
+        if self._fallback_due(pod) and why.reason != "ClaimsNotReady":
+            self._hand_to_scheduler(pod, why)
+            return
+        last = self._event_sent.get((key, why.message))
+        if (
+            why.message != state.last_message
+            or last is None
+            or now - last > self._cfg.event_interval
+        ):
+            state.last_message = why.message
+            self._event_sent[(key, why.message)] = now
+            self._recorder.event(pod, Kind.POD, "Warning", why.reason, why.message)
+            _log.info("pod %s waits: %s", key, why.message, extra={"pod": key})
+
+    def _fallback_due(self, pod: Obj) -> bool:
+        after = self._cfg.native_fallback_after
+        if after is None or not has_gate(pod, self._cfg.gate):
+            return False
+        created = _parse_time(pod.get("metadata", {}).get("creationTimestamp"))
+        return created is not None and (self._wall() - created).total_seconds() >= after
+
+    def _hand_to_scheduler(self, pod: Obj, why: Unplaceable) -> None:
+        """Ungate an unplaceable pod so kube-scheduler and Cluster Autoscaler see it."""
+        key = key_of(pod)
+        ns = pod.get("metadata", {}).get("namespace", "")
+        for name in pod_claim_names(pod)[0]:
+            claim = self.stores[Kind.CLAIM].get(f"{ns}/{name}")
+            if (
+                claim is not None
+                and not is_allocated(claim)
+                and has_finalizer(claim, self._cfg.finalizer)
+            ):
+                self._store_claim(self._writer.remove_finalizer(claim))
+        self.stores[Kind.POD][key] = self._writer.remove_gate(pod)
+        self._pods.pop(key, None)
+        self._metrics.count_outcome("native-fallback")
+        self._recorder.event(
+            pod,
+            Kind.POD,
+            "Warning",
+            "HandedToScheduler",
+            f"unplaceable for longer than {self._cfg.native_fallback_after:.0f}s "
+            f"({why.message}); gate removed so kube-scheduler can allocate natively",
+        )
+
+
+def _rv(obj: Obj | None) -> int | None:
+    if obj is None:
+        return None
+    try:
+        return int(obj.get("metadata", {}).get("resourceVersion", ""))
+    except ValueError:
+        return None
+
+
+def _older(new: Obj, old: Obj | None) -> bool:
+    """True if `new` is an older version of the same object than `old` (a late watch event).
+
+    resourceVersion is opaque by contract, but kube-apiserver's are etcd revisions; comparing
+    them is the only way to keep a just-written claim from being overwritten by a stale event.
+    """
+    if old is None:
+        return False
+    if new.get("metadata", {}).get("uid") != old.get("metadata", {}).get("uid"):
+        return False
+    a, b = _rv(new), _rv(old)
+    return a is not None and b is not None and a < b
+
+
+def _allocation_dropped(old: Obj | None, new: Obj) -> bool:
+    return old is not None and is_allocated(old) and not is_allocated(new)

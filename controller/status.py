@@ -1,0 +1,394 @@
+"""Writes the controller's decisions to the API: claim finalizer, `status.allocation`, gate removal.
+
+Every write is a read-modify-write of the whole object with its `resourceVersion`, so the
+apiserver's optimistic concurrency protects us against every other writer (kube-scheduler's
+PostFilter, kube-controller-manager, a second controller that still believes it leads). On a
+conflict the object is read again and the mutation is re-derived from the fresh copy; when the
+fresh copy shows that the write no longer makes sense (claim already allocated by someone else,
+claim gone, gate already removed) the mutation says so and nothing is written.
+
+The allocation itself is built by a pure function (`build_allocation_status`) so that its shape
+(results, config, nodeSelector, timestamp) is tested without an apiserver.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import json
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from tenacity import (
+    retry,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_random_exponential,
+)
+
+Obj = dict[str, Any]
+
+ALLOCATION_FINALIZER = "mig.carve.dev/allocation"
+SCHEDULING_GATE = "mig.carve.dev/placement"
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DeviceResult:
+    """One device chosen for one request (`request` is `<main>` or `<main>/<sub>`)."""
+
+    request: str
+    driver: str
+    pool: str
+    device: str
+    profile: str = ""
+
+
+@dataclass(frozen=True)
+class ClaimAllocation:
+    """Everything the controller writes for one claim: the node and a device per request slot."""
+
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    results: tuple[DeviceResult, ...]
+
+
+class ObjectGoneError(Exception):
+    """The object was deleted (or replaced by one with another UID) while we worked on it."""
+
+
+class WriteSkippedError(Exception):
+    """The fresh object shows that this write no longer applies; the message says why."""
+
+
+class ClaimWriter(Protocol):
+    """What the reconciler needs from the API; `KubeClaimWriter` is the real one."""
+
+    def add_finalizer(self, claim: Obj) -> Obj: ...
+
+    def write_allocation(
+        self, claim: Obj, allocation: ClaimAllocation, classes: Mapping[str, Obj]
+    ) -> Obj: ...
+
+    def clear_allocation(self, claim: Obj) -> Obj: ...
+
+    def remove_finalizer(self, claim: Obj) -> Obj: ...
+
+    def remove_gate(self, pod: Obj) -> Obj: ...
+
+
+def node_selector_for(node: str) -> Obj:
+    """The selector kube-scheduler writes for node-local devices: a field match on the name."""
+    return {
+        "nodeSelectorTerms": [
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+        ]
+    }
+
+
+def _rfc3339(now: dt.datetime) -> str:
+    return now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def request_class(claim: Obj, request: str) -> Obj | None:
+    """The exact request (or firstAvailable subrequest) that a result names, or None."""
+    main, _, sub = request.partition("/")
+    for req in claim.get("spec", {}).get("devices", {}).get("requests", []) or []:
+        if req.get("name") != main:
+            continue
+        if not sub:
+            exact = req.get("exactly")
+            return exact if isinstance(exact, dict) else None
+        for subreq in req.get("firstAvailable", []) or []:
+            if subreq.get("name") == sub:
+                return subreq if isinstance(subreq, dict) else None
+    return None
+
+
+def build_allocation_status(
+    claim: Obj,
+    allocation: ClaimAllocation,
+    classes: Mapping[str, Obj],
+    now: dt.datetime,
+) -> Obj:
+    """The `status.allocation` object for a claim, shaped as kube-scheduler's allocator shapes it.
+
+    Opaque config is copied here (class config as `FromClass`, claim config as `FromClaim`) because
+    the kubelet plugin reads only the allocation, never the class: a class edited after allocation
+    must not change what an already allocated claim gets.
+    """
+    results: list[Obj] = []
+    config: list[Obj] = []
+    for res in allocation.results:
+        entry: Obj = {
+            "request": res.request,
+            "driver": res.driver,
+            "pool": res.pool,
+            "device": res.device,
+        }
+        req = request_class(claim, res.request)
+        if req is not None and req.get("tolerations"):
+            entry["tolerations"] = copy.deepcopy(req["tolerations"])
+        if req is not None and req.get("adminAccess"):
+            entry["adminAccess"] = True
+        results.append(entry)
+    seen_requests: set[str] = set()
+    for res in allocation.results:
+        if res.request in seen_requests:
+            continue
+        seen_requests.add(res.request)
+        req = request_class(claim, res.request)
+        cls = classes.get(str(req.get("deviceClassName", ""))) if req is not None else None
+        for cfg in (cls or {}).get("spec", {}).get("config", []) or []:
+            if "opaque" in cfg:
+                config.append(
+                    {
+                        "source": "FromClass",
+                        "requests": [res.request],
+                        "opaque": copy.deepcopy(cfg["opaque"]),
+                    }
+                )
+    for cfg in claim.get("spec", {}).get("devices", {}).get("config", []) or []:
+        if "opaque" in cfg:
+            entry = {"source": "FromClaim", "opaque": copy.deepcopy(cfg["opaque"])}
+            if cfg.get("requests"):
+                entry["requests"] = list(cfg["requests"])
+            config.append(entry)
+    devices: Obj = {"results": results}
+    if config:
+        devices["config"] = config
+    return {
+        "devices": devices,
+        "nodeSelector": node_selector_for(allocation.node),
+        "allocationTimestamp": _rfc3339(now),
+    }
+
+
+def has_finalizer(obj: Obj, finalizer: str) -> bool:
+    return finalizer in (obj.get("metadata", {}).get("finalizers") or [])
+
+
+def has_gate(pod: Obj, gate: str) -> bool:
+    return any(g.get("name") == gate for g in pod.get("spec", {}).get("schedulingGates") or [])
+
+
+def _is_conflict(exc: BaseException) -> bool:
+    return getattr(exc, "status", None) == 409
+
+
+def _is_not_found(exc: BaseException) -> bool:
+    return getattr(exc, "status", None) == 404
+
+
+def _is_transient(exc: BaseException) -> bool:
+    status = getattr(exc, "status", None)
+    return status in (409, 429, 500, 502, 503, 504) or isinstance(
+        exc, ConnectionError | TimeoutError
+    )
+
+
+def _same_object(fresh: Obj, uid: str) -> None:
+    if fresh.get("metadata", {}).get("uid") != uid:
+        raise ObjectGoneError(f"object was replaced (uid {uid} is gone)")
+
+
+def _loads(resp: Any) -> Obj:
+    data = resp.data if hasattr(resp, "data") else resp
+    result: Obj = json.loads(data)
+    return result
+
+
+class KubeClaimWriter:
+    """`ClaimWriter` against the apiserver with the official client (resource.k8s.io/v1, core/v1).
+
+    `fence` is consulted before every write: a controller that lost its lease must stop writing
+    at once, even in the middle of a retry loop.
+    """
+
+    def __init__(
+        self,
+        resource_api: Any,
+        core_api: Any,
+        *,
+        finalizer: str = ALLOCATION_FINALIZER,
+        gate: str = SCHEDULING_GATE,
+        fence: Callable[[], bool] = lambda: True,
+        clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+        attempts: int = 8,
+    ) -> None:
+        self._res = resource_api
+        self._core = core_api
+        self._finalizer = finalizer
+        self._gate = gate
+        self._fence = fence
+        self._clock = clock
+        self._attempts = attempts
+
+    # -- generic read-modify-write ------------------------------------------------------------
+
+    def _check_fence(self) -> None:
+        if not self._fence():
+            raise WriteSkippedError("not the leader any more")
+
+    def _rmw(
+        self,
+        obj: Obj,
+        get: Callable[[str, str], Obj],
+        put: Callable[[str, str, Obj], Obj],
+        mutate: Callable[[Obj], Obj | None],
+    ) -> Obj:
+        """Apply `mutate` to `obj`; on 409 re-read and re-apply. `mutate` returns None for no-op."""
+        meta = obj["metadata"]
+        name, namespace, uid = meta["name"], meta.get("namespace", ""), meta["uid"]
+        state = {"current": obj}
+
+        @retry(
+            retry=retry_if_exception(_is_transient),
+            stop=stop_after_attempt(self._attempts),
+            wait=wait_random_exponential(multiplier=0.05, max=2.0),
+            reraise=True,
+        )
+        def attempt() -> Obj:
+            self._check_fence()
+            current = state["current"]
+            desired = mutate(copy.deepcopy(current))
+            if desired is None:
+                return current
+            try:
+                return put(name, namespace, desired)
+            except Exception as exc:
+                if _is_not_found(exc):
+                    raise ObjectGoneError(f"{namespace}/{name} was deleted") from exc
+                if _is_conflict(exc):
+                    try:
+                        fresh = get(name, namespace)
+                    except Exception as get_exc:
+                        if _is_not_found(get_exc):
+                            raise ObjectGoneError(f"{namespace}/{name} was deleted") from get_exc
+                        raise
+                    _same_object(fresh, uid)
+                    state["current"] = fresh
+                    _log.info(
+                        "conflict writing %s/%s; retrying on resourceVersion %s",
+                        namespace,
+                        name,
+                        fresh["metadata"].get("resourceVersion"),
+                    )
+                raise
+
+        return attempt()
+
+    # -- claims ---------------------------------------------------------------------------------
+
+    def _get_claim(self, name: str, namespace: str) -> Obj:
+        return _loads(
+            self._res.read_namespaced_resource_claim(name, namespace, _preload_content=False)
+        )
+
+    def _put_claim(self, name: str, namespace: str, body: Obj) -> Obj:
+        return _loads(
+            self._res.replace_namespaced_resource_claim(
+                name, namespace, body, _preload_content=False
+            )
+        )
+
+    def _put_claim_status(self, name: str, namespace: str, body: Obj) -> Obj:
+        return _loads(
+            self._res.replace_namespaced_resource_claim_status(
+                name, namespace, body, _preload_content=False
+            )
+        )
+
+    def add_finalizer(self, claim: Obj) -> Obj:
+        def mutate(cur: Obj) -> Obj | None:
+            if cur["metadata"].get("deletionTimestamp"):
+                raise WriteSkippedError("claim is being deleted")
+            if has_finalizer(cur, self._finalizer):
+                return None
+            cur["metadata"].setdefault("finalizers", []).append(self._finalizer)
+            return cur
+
+        return self._rmw(claim, self._get_claim, self._put_claim, mutate)
+
+    def write_allocation(
+        self, claim: Obj, allocation: ClaimAllocation, classes: Mapping[str, Obj]
+    ) -> Obj:
+        def mutate(cur: Obj) -> Obj | None:
+            status = cur.setdefault("status", {})
+            if status.get("allocation"):
+                if _allocation_matches(status["allocation"], allocation):
+                    return None
+                raise WriteSkippedError("claim was allocated by someone else meanwhile")
+            if cur["metadata"].get("deletionTimestamp"):
+                raise WriteSkippedError("claim is being deleted")
+            if not has_finalizer(cur, self._finalizer):
+                raise WriteSkippedError("claim lost the controller finalizer")
+            status["allocation"] = build_allocation_status(cur, allocation, classes, self._clock())
+            return cur
+
+        return self._rmw(claim, self._get_claim, self._put_claim_status, mutate)
+
+    def clear_allocation(self, claim: Obj) -> Obj:
+        def mutate(cur: Obj) -> Obj | None:
+            status = cur.setdefault("status", {})
+            if status.get("reservedFor"):
+                raise WriteSkippedError("claim is reserved again")
+            if not status.get("allocation"):
+                return None
+            status.pop("allocation", None)
+            status.pop("devices", None)
+            return cur
+
+        return self._rmw(claim, self._get_claim, self._put_claim_status, mutate)
+
+    def remove_finalizer(self, claim: Obj) -> Obj:
+        def mutate(cur: Obj) -> Obj | None:
+            if not has_finalizer(cur, self._finalizer):
+                return None
+            cur["metadata"]["finalizers"] = [
+                f for f in cur["metadata"]["finalizers"] if f != self._finalizer
+            ]
+            return cur
+
+        return self._rmw(claim, self._get_claim, self._put_claim, mutate)
+
+    # -- pods -----------------------------------------------------------------------------------
+
+    def _get_pod(self, name: str, namespace: str) -> Obj:
+        return _loads(self._core.read_namespaced_pod(name, namespace, _preload_content=False))
+
+    def _put_pod(self, name: str, namespace: str, body: Obj) -> Obj:
+        return _loads(
+            self._core.replace_namespaced_pod(name, namespace, body, _preload_content=False)
+        )
+
+    def remove_gate(self, pod: Obj) -> Obj:
+        def mutate(cur: Obj) -> Obj | None:
+            if not has_gate(cur, self._gate):
+                return None
+            gates = [g for g in cur["spec"]["schedulingGates"] if g.get("name") != self._gate]
+            cur["spec"]["schedulingGates"] = gates
+            return cur
+
+        return self._rmw(pod, self._get_pod, self._put_pod, mutate)
+
+
+def _allocation_matches(existing: Obj, wanted: ClaimAllocation) -> bool:
+    """True when `existing` is the allocation we meant to write (a retry after a lost response)."""
+    results = existing.get("devices", {}).get("results", []) or []
+    have = sorted(
+        (r.get("request"), r.get("driver"), r.get("pool"), r.get("device")) for r in results
+    )
+    want = sorted((r.request, r.driver, r.pool, r.device) for r in wanted.results)
+    return have == want and existing.get("nodeSelector") == node_selector_for(wanted.node)
+
+
+def allocated_devices(claim: Obj, driver: str) -> Sequence[Obj]:
+    """This driver's results in a claim's allocation (empty when unallocated)."""
+    results = (claim.get("status", {}).get("allocation") or {}).get("devices", {}).get("results")
+    return [r for r in results or [] if r.get("driver") == driver]

@@ -1,0 +1,684 @@
+"""Reconciler state machine: queue order, all-or-nothing commits, release handshake, fallback.
+
+The placement engine is replaced by a deliberately trivial planner (first free device on the
+first node that fits all requests) so that these tests exercise only the reconciler's logic.
+The writer is an in-memory object store with resourceVersions; `KubeClaimWriter` itself is tested
+in test_status.py and against the real apiserver in tests/controller/cluster/.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from controller.reconciler import (
+    CarveClasses,
+    EventType,
+    Kind,
+    Plan,
+    Reconciler,
+    ReconcilerConfig,
+    ReleaseKind,
+    Unplaceable,
+    WorkKind,
+    pod_work,
+    priority_key,
+    release_action,
+)
+from controller.status import (
+    ALLOCATION_FINALIZER,
+    SCHEDULING_GATE,
+    ClaimAllocation,
+    DeviceResult,
+    WriteSkippedError,
+    build_allocation_status,
+    has_finalizer,
+    has_gate,
+)
+
+Obj = dict[str, Any]
+NODE_FINALIZER = "mig.carve.dev/node-a"
+_uid = itertools.count(1)
+
+
+def _meta(name: str, ns: str | None = "ns", **extra: Any) -> Obj:
+    meta: Obj = {"name": name, "uid": f"uid-{next(_uid)}", "resourceVersion": "1"}
+    if ns is not None:
+        meta["namespace"] = ns
+    meta.update(extra)
+    return meta
+
+
+def claim(name: str, count: int = 1, cls: str = "mig.carve.dev", **meta: Any) -> Obj:
+    return {
+        "metadata": _meta(name, **meta),
+        "spec": {
+            "devices": {
+                "requests": [{"name": "gpu", "exactly": {"deviceClassName": cls, "count": count}}]
+            }
+        },
+        "status": {},
+    }
+
+
+def pod(
+    name: str,
+    claims: Sequence[str],
+    *,
+    priority: int = 0,
+    created: str = "2026-01-01T00:00:00Z",
+    gated: bool = True,
+) -> Obj:
+    spec: Obj = {
+        "resourceClaims": [{"name": f"c{i}", "resourceClaimName": c} for i, c in enumerate(claims)],
+        "priority": priority,
+    }
+    if gated:
+        spec["schedulingGates"] = [{"name": SCHEDULING_GATE}]
+    return {
+        "metadata": _meta(name, creationTimestamp=created),
+        "spec": spec,
+        "status": {"phase": "Pending"},
+    }
+
+
+def node_slice(node: str, devices: int) -> Obj:
+    return {
+        "metadata": _meta(f"{node}-slice", ns=None),
+        "spec": {
+            "driver": "mig.carve.dev",
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": f"dev-{i}"} for i in range(devices)],
+        },
+    }
+
+
+def device_class(name: str = "mig.carve.dev") -> Obj:
+    return {"metadata": _meta(name, ns=None), "spec": {}}
+
+
+class FirstFitPlanner:
+    """Test stand-in for the placement engine: devices are interchangeable slots per node."""
+
+    def __init__(self) -> None:
+        self.slices: dict[str, Obj] = {}
+        self.claims: dict[str, Obj] = {}
+        self.plans = 0
+
+    def observe(self, kind: Kind, obj: Obj) -> None:
+        key = f"{obj['metadata'].get('namespace')}/{obj['metadata']['name']}"
+        if kind is Kind.SLICE:
+            self.slices[key] = obj
+        elif kind is Kind.CLAIM:
+            self.claims[key] = obj
+
+    def forget(self, kind: Kind, obj: Obj) -> None:
+        key = f"{obj['metadata'].get('namespace')}/{obj['metadata']['name']}"
+        (self.slices if kind is Kind.SLICE else self.claims).pop(key, None)
+
+    def used(self) -> set[tuple[str, str]]:
+        out = set()
+        for c in self.claims.values():
+            alloc = c.get("status", {}).get("allocation") or {}
+            for r in alloc.get("devices", {}).get("results", []):
+                out.add((r["pool"], r["device"]))
+        return out
+
+    def plan(
+        self, pod: Obj, claims: Sequence[Obj], classes: Mapping[str, Obj]
+    ) -> Plan | Unplaceable:
+        self.plans += 1
+        used = self.used()
+        want = {
+            c["metadata"]["name"]: c["spec"]["devices"]["requests"][0]["exactly"]["count"]
+            for c in claims
+            if not c.get("status", {}).get("allocation")
+        }
+        for s in sorted(self.slices.values(), key=lambda s: s["spec"]["nodeName"]):
+            node = s["spec"]["nodeName"]
+            free = [d["name"] for d in s["spec"]["devices"] if (node, d["name"]) not in used]
+            if len(free) < sum(want.values()):
+                continue
+            allocs = []
+            for c in claims:
+                n = want.get(c["metadata"]["name"], 0)
+                if not n:
+                    continue
+                picked, free = free[:n], free[n:]
+                allocs.append(
+                    ClaimAllocation(
+                        c["metadata"]["namespace"],
+                        c["metadata"]["name"],
+                        c["metadata"]["uid"],
+                        node,
+                        tuple(
+                            DeviceResult("gpu", "mig.carve.dev", node, d, "1g.10gb") for d in picked
+                        ),
+                    )
+                )
+            return Plan(node, tuple(allocs))
+        return Unplaceable("NoCapacity", f"no node has {sum(want.values())} free devices")
+
+
+class MemoryWriter:
+    """In-memory object store with resourceVersions; optional injected failures per call."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, Obj] = {}
+        self.calls: list[tuple[str, str]] = []
+        self.fail: dict[tuple[str, str], Exception] = {}
+        self._rv = itertools.count(100)
+
+    def put(self, obj: Obj) -> Obj:
+        obj = copy.deepcopy(obj)
+        obj["metadata"]["resourceVersion"] = str(next(self._rv))
+        self.objects[obj["metadata"]["name"]] = obj
+        return copy.deepcopy(obj)
+
+    def _call(self, op: str, obj: Obj) -> Obj:
+        name = obj["metadata"]["name"]
+        self.calls.append((op, name))
+        if (op, name) in self.fail:
+            raise self.fail.pop((op, name))
+        return copy.deepcopy(self.objects.get(name, obj))
+
+    def add_finalizer(self, claim: Obj) -> Obj:
+        cur = self._call("add_finalizer", claim)
+        cur["metadata"].setdefault("finalizers", []).append(ALLOCATION_FINALIZER)
+        return self.put(cur)
+
+    def write_allocation(
+        self, claim: Obj, allocation: ClaimAllocation, classes: Mapping[str, Obj]
+    ) -> Obj:
+        cur = self._call("write_allocation", claim)
+        cur["status"]["allocation"] = build_allocation_status(
+            cur, allocation, classes, dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+        )
+        return self.put(cur)
+
+    def clear_allocation(self, claim: Obj) -> Obj:
+        cur = self._call("clear_allocation", claim)
+        cur["status"].pop("allocation", None)
+        return self.put(cur)
+
+    def remove_finalizer(self, claim: Obj) -> Obj:
+        cur = self._call("remove_finalizer", claim)
+        cur["metadata"]["finalizers"] = [
+            f for f in cur["metadata"].get("finalizers", []) if f != ALLOCATION_FINALIZER
+        ]
+        return self.put(cur)
+
+    def remove_gate(self, pod: Obj) -> Obj:
+        cur = self._call("remove_gate", pod)
+        cur["spec"]["schedulingGates"] = [
+            g for g in cur["spec"].get("schedulingGates", []) if g["name"] != SCHEDULING_GATE
+        ]
+        return self.put(cur)
+
+
+class ListRecorder:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, str, str]] = []
+
+    def event(self, obj: Obj, kind: Kind, type_: str, reason: str, message: str) -> None:
+        self.events.append((obj["metadata"]["name"], type_, reason, message))
+
+
+class Harness:
+    def __init__(self, *, nodes: Mapping[str, int] = {"n1": 2}, **cfg: Any) -> None:
+        self.planner = FirstFitPlanner()
+        self.writer = MemoryWriter()
+        self.recorder = ListRecorder()
+        self.now = [1000.0]
+        self.wall = [dt.datetime(2026, 1, 1, 0, 0, 10, tzinfo=dt.UTC)]
+        self.rec = Reconciler(
+            self.planner,
+            self.writer,
+            self.recorder,
+            config=ReconcilerConfig(**cfg),
+            clock=lambda: self.now[0],
+            wall_clock=lambda: self.wall[0],
+        )
+        for k in Kind:
+            self.rec.mark_synced(k)
+        self.add(Kind.CLASS, device_class())
+        for node, n in nodes.items():
+            self.add(Kind.SLICE, node_slice(node, n))
+
+    def add(self, kind: Kind, obj: Obj) -> Obj:
+        if kind in (Kind.POD, Kind.CLAIM):
+            obj = self.writer.put(obj)
+        self.rec.enqueue(kind, EventType.ADDED, obj)
+        return obj
+
+    def update(self, kind: Kind, obj: Obj) -> Obj:
+        obj = self.writer.put(obj)
+        self.rec.enqueue(kind, EventType.MODIFIED, obj)
+        return obj
+
+    def current(self, name: str) -> Obj:
+        return copy.deepcopy(self.writer.objects[name])
+
+    def step(self) -> None:
+        self.rec.step()
+
+    def allocated_devices(self) -> list[tuple[str, str]]:
+        out = []
+        for o in self.writer.objects.values():
+            alloc = o.get("status", {}).get("allocation")
+            if alloc:
+                out += [(r["pool"], r["device"]) for r in alloc["devices"]["results"]]
+        return out
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def test_queue_orders_by_priority_then_age() -> None:
+    h = Harness()
+    for name, prio, created in [
+        ("old-low", 0, "2026-01-01T00:00:00Z"),
+        ("new-high", 10, "2026-01-01T00:05:00Z"),
+        ("old-high", 10, "2026-01-01T00:01:00Z"),
+        ("new-low", 0, "2026-01-01T00:09:00Z"),
+    ]:
+        h.add(Kind.CLAIM, claim(f"{name}-c"))
+        h.add(Kind.POD, pod(name, [f"{name}-c"], priority=prio, created=created))
+    h.rec.drain()
+    assert h.rec.pending() == ["ns/old-high", "ns/new-high", "ns/old-low", "ns/new-low"]
+
+
+def test_only_the_first_two_in_queue_order_get_the_two_devices() -> None:
+    h = Harness(nodes={"n1": 2})
+    h.add(Kind.CLAIM, claim("a-c"))
+    h.add(Kind.POD, pod("a", ["a-c"], created="2026-01-01T00:00:01Z"))
+    h.add(Kind.CLAIM, claim("b-c"))
+    h.add(Kind.POD, pod("b", ["b-c"], priority=5, created="2026-01-01T00:00:09Z"))
+    h.add(Kind.CLAIM, claim("c-c"))
+    h.add(Kind.POD, pod("c", ["c-c"], created="2026-01-01T00:00:05Z"))
+    h.step()
+    allocated = {n for n, o in h.writer.objects.items() if o["status"].get("allocation")}
+    assert allocated == {"b-c", "a-c"}
+    assert not has_gate(h.current("a"), SCHEDULING_GATE)
+    assert has_gate(h.current("c"), SCHEDULING_GATE)
+    waits = [e for e in h.recorder.events if e[0] == "c"]
+    assert waits == [("c", "Warning", "NoCapacity", "no node has 1 free devices")]
+
+
+def test_allocation_is_written_with_finalizer_then_gate_removed() -> None:
+    h = Harness()
+    h.add(Kind.CLAIM, claim("c1"))
+    h.add(Kind.POD, pod("p", ["c1"]))
+    h.step()
+    ops = h.writer.calls
+    assert ops == [("add_finalizer", "c1"), ("write_allocation", "c1"), ("remove_gate", "p")]
+    c = h.current("c1")
+    assert has_finalizer(c, ALLOCATION_FINALIZER)
+    alloc = c["status"]["allocation"]
+    assert alloc["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"] == ["n1"]
+    assert alloc["devices"]["results"][0]["driver"] == "mig.carve.dev"
+
+
+def test_model_sees_each_allocation_before_the_next_decision() -> None:
+    """No watch events arrive between the two decisions: only the write's result feeds the model."""
+    h = Harness(nodes={"n1": 3})
+    for i in range(5):
+        h.add(Kind.CLAIM, claim(f"c{i}"))
+        h.add(Kind.POD, pod(f"p{i}", [f"c{i}"], created=f"2026-01-01T00:00:0{i}Z"))
+    h.step()
+    devices = h.allocated_devices()
+    assert len(devices) == 3
+    assert len(set(devices)) == 3
+
+
+def test_all_claims_of_a_pod_or_none() -> None:
+    h = Harness(nodes={"n1": 2})
+    h.add(Kind.CLAIM, claim("x", count=2))
+    h.add(Kind.CLAIM, claim("y", count=1))
+    h.add(Kind.POD, pod("p", ["x", "y"]))
+    h.step()
+    assert h.allocated_devices() == []
+    assert ("p", "Warning", "NoCapacity", "no node has 3 free devices") in h.recorder.events
+
+
+def test_failed_second_write_rolls_back_the_first() -> None:
+    h = Harness(nodes={"n1": 4})
+    h.add(Kind.CLAIM, claim("x"))
+    h.add(Kind.CLAIM, claim("y"))
+    h.add(Kind.POD, pod("p", ["x", "y"]))
+    h.writer.fail[("write_allocation", "y")] = WriteSkippedError("allocated by someone else")
+    h.step()
+    assert not h.current("x")["status"].get("allocation")
+    assert has_gate(h.current("p"), SCHEDULING_GATE)
+    # The next attempt (after the short retry delay) succeeds.
+    h.now[0] += 2
+    h.step()
+    assert h.current("x")["status"].get("allocation")
+    assert h.current("y")["status"].get("allocation")
+    assert not has_gate(h.current("p"), SCHEDULING_GATE)
+
+
+def test_unexpected_error_backs_off_and_retries() -> None:
+    h = Harness()
+    h.add(Kind.CLAIM, claim("c"))
+    h.add(Kind.POD, pod("p", ["c"]))
+    h.writer.fail[("add_finalizer", "c")] = RuntimeError("apiserver unavailable")
+    h.step()
+    assert not h.current("c")["status"].get("allocation")
+    h.step()  # still backing off: no new write attempted
+    assert h.writer.calls == [("add_finalizer", "c")]
+    h.now[0] += 5
+    h.step()
+    assert h.current("c")["status"].get("allocation")
+
+
+def test_unknown_device_class_is_reported_and_others_proceed() -> None:
+    h = Harness()
+    h.add(Kind.CLAIM, claim("bad", cls="3g.mig.carve.dev"))
+    h.add(Kind.POD, pod("bad-pod", ["bad"], priority=100))
+    h.add(Kind.CLAIM, claim("good"))
+    h.add(Kind.POD, pod("good-pod", ["good"]))
+    h.step()
+    assert (
+        "bad-pod",
+        "Warning",
+        "UnknownDeviceClass",
+        "DeviceClass 3g.mig.carve.dev does not exist",
+    ) in h.recorder.events
+    assert h.current("good")["status"].get("allocation")
+    # Creating the class wakes the pod even though the failure was permanent.
+    h.add(Kind.CLASS, device_class("3g.mig.carve.dev"))
+    h.step()
+    assert h.current("bad")["status"].get("allocation")
+
+
+def test_waiting_event_is_not_repeated() -> None:
+    h = Harness(nodes={"n1": 0})
+    h.add(Kind.CLAIM, claim("c"))
+    h.add(Kind.POD, pod("p", ["c"]))
+    for _ in range(5):
+        h.now[0] += 60
+        h.step()
+    assert len([e for e in h.recorder.events if e[0] == "p"]) == 1
+
+
+def test_capacity_change_retries_waiting_pod() -> None:
+    h = Harness(nodes={"n1": 0})
+    h.add(Kind.CLAIM, claim("c"))
+    h.add(Kind.POD, pod("p", ["c"]))
+    h.step()
+    assert h.planner.plans == 1
+    h.add(Kind.SLICE, node_slice("n2", 1))
+    h.step()
+    assert h.current("c")["status"]["allocation"]
+
+
+def test_pod_without_carve_claims_is_ungated() -> None:
+    h = Harness()
+    h.add(Kind.CLAIM, claim("other", cls="gpu.nvidia.com"))
+    h.add(Kind.POD, pod("p", ["other"]))
+    h.step()
+    assert not has_gate(h.current("p"), SCHEDULING_GATE)
+    assert not h.current("other")["status"].get("allocation")
+
+
+def test_gated_pod_with_allocated_claims_is_just_ungated() -> None:
+    """Crash recovery: allocation written, gate removal lost."""
+    h = Harness()
+    c = claim("c")
+    c["metadata"]["finalizers"] = [ALLOCATION_FINALIZER]
+    c["status"]["allocation"] = {"devices": {"results": []}}
+    h.add(Kind.CLAIM, c)
+    h.add(Kind.POD, pod("p", ["c"]))
+    h.step()
+    assert h.writer.calls == [("remove_gate", "p")]
+
+
+def test_not_synced_means_no_decision() -> None:
+    planner, writer, rec = FirstFitPlanner(), MemoryWriter(), ListRecorder()
+    r = Reconciler(planner, writer, rec)
+    r.enqueue(Kind.CLAIM, EventType.ADDED, writer.put(claim("c")))
+    r.enqueue(Kind.POD, EventType.ADDED, writer.put(pod("p", ["c"])))
+    for k in Kind:
+        if k is not Kind.NODE:
+            r.mark_synced(k)
+    r.step()
+    assert writer.calls == []
+
+
+def test_follower_makes_no_writes() -> None:
+    leader = [False]
+    planner, writer, rec = FirstFitPlanner(), MemoryWriter(), ListRecorder()
+    r = Reconciler(planner, writer, rec, is_leader=lambda: leader[0])
+    for k in Kind:
+        r.mark_synced(k)
+    r.enqueue(Kind.CLASS, EventType.ADDED, device_class())
+    r.enqueue(Kind.SLICE, EventType.ADDED, node_slice("n1", 1))
+    r.enqueue(Kind.CLAIM, EventType.ADDED, writer.put(claim("c")))
+    r.enqueue(Kind.POD, EventType.ADDED, writer.put(pod("p", ["c"])))
+    r.step()
+    assert writer.calls == []
+    leader[0] = True
+    r.step()
+    assert ("write_allocation", "c") in writer.calls
+
+
+def test_stale_watch_event_does_not_hide_our_write() -> None:
+    h = Harness(nodes={"n1": 1})
+    c = h.add(Kind.CLAIM, claim("c"))
+    h.add(Kind.POD, pod("p", ["c"]))
+    h.step()
+    # The claim's ADDED event with the old resourceVersion arrives late.
+    h.rec.enqueue(Kind.CLAIM, EventType.MODIFIED, c)
+    h.add(Kind.CLAIM, claim("d"))
+    h.add(Kind.POD, pod("q", ["d"]))
+    h.step()
+    assert len(h.allocated_devices()) == 1
+
+
+def test_postfilter_deallocation_is_replanned() -> None:
+    h = Harness(nodes={"n1": 1})
+    h.add(Kind.CLAIM, claim("c"))
+    h.add(Kind.POD, pod("p", ["c"]))
+    h.step()
+    # kube-scheduler PostFilter clears the allocation of the (ungated, unreserved) claim.
+    c = h.current("c")
+    c["status"].pop("allocation")
+    h.update(Kind.CLAIM, c)
+    h.rec.enqueue(Kind.POD, EventType.MODIFIED, h.current("p"))
+    h.step()
+    assert h.current("c")["status"].get("allocation")
+
+
+# -- release handshake (invariant 4) ----------------------------------------------------------
+
+
+def _allocated_claim(*finalizers: str, reserved: bool = False, deleting: bool = False) -> Obj:
+    c = claim("c")
+    c["metadata"]["finalizers"] = list(finalizers)
+    c["status"]["allocation"] = {"devices": {"results": []}}
+    if reserved:
+        c["status"]["reservedFor"] = [{"resource": "pods", "name": "p", "uid": "u"}]
+    if deleting:
+        c["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return c
+
+
+@pytest.mark.parametrize(
+    ("finalizers", "reserved", "deleting", "consumers", "expected"),
+    [
+        ((ALLOCATION_FINALIZER,), True, False, 0, ReleaseKind.KEEP),
+        ((ALLOCATION_FINALIZER,), False, False, 1, ReleaseKind.KEEP),
+        ((ALLOCATION_FINALIZER, NODE_FINALIZER), False, False, 0, ReleaseKind.WAIT_NODE),
+        ((ALLOCATION_FINALIZER,), False, False, 0, ReleaseKind.CLEAR),
+        ((ALLOCATION_FINALIZER, NODE_FINALIZER), False, True, 1, ReleaseKind.WAIT_NODE),
+        ((ALLOCATION_FINALIZER,), True, True, 0, ReleaseKind.KEEP),
+        ((ALLOCATION_FINALIZER,), False, True, 1, ReleaseKind.DROP_FINALIZER),
+        ((NODE_FINALIZER,), False, False, 0, ReleaseKind.KEEP),
+        # Another domain's finalizer is not a node's confirmation pending.
+        ((ALLOCATION_FINALIZER, "example.com/x"), False, False, 0, ReleaseKind.CLEAR),
+    ],
+)
+def test_release_action(
+    finalizers: tuple[str, ...],
+    reserved: bool,
+    deleting: bool,
+    consumers: int,
+    expected: ReleaseKind,
+) -> None:
+    c = _allocated_claim(*finalizers, reserved=reserved, deleting=deleting)
+    assert release_action(c, consumers, "mig.carve.dev") is expected
+
+
+def test_release_waits_for_node_finalizer_then_clears_then_drops() -> None:
+    h = Harness()
+    h.add(Kind.CLAIM, claim("c"))
+    p = h.add(Kind.POD, pod("p", ["c"]))
+    h.step()
+    # Node carved: plugin finalizer; pod bound and reserved.
+    c = h.current("c")
+    c["metadata"]["finalizers"].append(NODE_FINALIZER)
+    c["status"]["reservedFor"] = [{"resource": "pods", "name": "p", "uid": p["metadata"]["uid"]}]
+    h.update(Kind.CLAIM, c)
+    h.step()
+    # Pod finished; KCM removed the reservation; node has not torn down yet.
+    done = h.current("p")
+    done["status"]["phase"] = "Succeeded"
+    h.update(Kind.POD, done)
+    c = h.current("c")
+    c["status"]["reservedFor"] = []
+    h.update(Kind.CLAIM, c)
+    h.writer.calls.clear()
+    h.step()
+    assert h.writer.calls == []
+    assert h.current("c")["status"]["allocation"]
+    # Node confirms destruction.
+    c = h.current("c")
+    c["metadata"]["finalizers"].remove(NODE_FINALIZER)
+    h.update(Kind.CLAIM, c)
+    h.step()
+    assert h.writer.calls == [("clear_allocation", "c"), ("remove_finalizer", "c")]
+    assert not h.current("c")["status"].get("allocation")
+    assert not has_finalizer(h.current("c"), ALLOCATION_FINALIZER)
+
+
+def test_released_placement_is_reused() -> None:
+    h = Harness(nodes={"n1": 1})
+    h.add(Kind.CLAIM, claim("c"))
+    h.add(Kind.POD, pod("p", ["c"]))
+    h.add(Kind.CLAIM, claim("d"))
+    h.add(Kind.POD, pod("q", ["d"], created="2026-01-02T00:00:00Z"))
+    h.step()
+    assert not h.current("d")["status"].get("allocation")
+    done = h.current("p")
+    done["status"]["phase"] = "Succeeded"
+    h.update(Kind.POD, done)
+    h.step()
+    assert h.current("d")["status"]["allocation"]
+
+
+def test_deleting_claim_only_loses_its_finalizer() -> None:
+    h = Harness()
+    c = _allocated_claim(ALLOCATION_FINALIZER, deleting=True)
+    h.add(Kind.CLAIM, c)
+    h.step()
+    assert h.writer.calls == [("remove_finalizer", "c")]
+
+
+# -- native fallback ------------------------------------------------------------------------------
+
+
+def test_native_fallback_ungates_after_grace() -> None:
+    h = Harness(nodes={"n1": 0}, native_fallback_after=60.0)
+    h.add(Kind.CLAIM, claim("c"))
+    h.add(Kind.POD, pod("p", ["c"], created="2026-01-01T00:00:00Z"))
+    h.step()
+    assert has_gate(h.current("p"), SCHEDULING_GATE)
+    h.wall[0] += dt.timedelta(seconds=120)
+    h.now[0] += 60
+    h.step()
+    assert not has_gate(h.current("p"), SCHEDULING_GATE)
+    assert any(e[2] == "HandedToScheduler" for e in h.recorder.events)
+    # Never re-planned afterwards: it belongs to kube-scheduler now.
+    h.add(Kind.SLICE, node_slice("n2", 1))
+    h.step()
+    assert not h.current("c")["status"].get("allocation")
+
+
+# -- pure classification ------------------------------------------------------------------
+
+
+def test_template_claim_not_yet_created_waits() -> None:
+    p = pod("p", [])
+    p["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "t"}]
+    w = pod_work(p, {}, CarveClasses())
+    assert w.kind is WorkKind.WAIT
+    assert "kube-controller-manager" in w.message
+    p["status"]["resourceClaimStatuses"] = [{"name": "gpu", "resourceClaimName": "p-gpu-x"}]
+    c = claim("p-gpu-x")
+    assert pod_work(p, {"ns/p-gpu-x": c}, CarveClasses()).kind is WorkKind.PLACE
+
+
+def test_first_available_counts_as_carve() -> None:
+    c = claim("c", cls="other.example.com")
+    c["spec"]["devices"]["requests"] = [
+        {
+            "name": "gpu",
+            "firstAvailable": [
+                {"name": "big", "deviceClassName": "other.example.com"},
+                {"name": "small", "deviceClassName": "1g.mig.carve.dev"},
+            ],
+        }
+    ]
+    p = pod("p", ["c"])
+    assert pod_work(p, {"ns/c": c}, CarveClasses()).kind is WorkKind.PLACE
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(-5, 5), st.integers(0, 59)), min_size=1, max_size=30, unique=True
+    )
+)
+@settings(max_examples=50, deadline=None)
+def test_priority_key_is_total_order(entries: list[tuple[int, int]]) -> None:
+    pods = [
+        pod(f"p{i}", [], priority=p, created=f"2026-01-01T00:00:{s:02d}Z")
+        for i, (p, s) in enumerate(entries)
+    ]
+    ordered = sorted(pods, key=priority_key)
+    for a, b in itertools.pairwise(ordered):
+        pa, pb = a["spec"]["priority"], b["spec"]["priority"]
+        assert pa > pb or (
+            pa == pb and a["metadata"]["creationTimestamp"] <= b["metadata"]["creationTimestamp"]
+        )
+
+
+@given(
+    st.lists(st.tuples(st.integers(1, 3), st.booleans()), min_size=1, max_size=12),
+    st.integers(1, 8),
+)
+@settings(max_examples=40, deadline=None)
+def test_no_device_is_ever_double_booked(arrivals: list[tuple[int, bool]], capacity: int) -> None:
+    """Arrivals and completions in any order never give one device to two live claims."""
+    h = Harness(nodes={"n1": capacity, "n2": capacity})
+    live: list[str] = []
+    for i, (count, finish_one) in enumerate(arrivals):
+        h.add(Kind.CLAIM, claim(f"c{i}", count=count))
+        h.add(Kind.POD, pod(f"p{i}", [f"c{i}"], created=f"2026-01-01T00:{i:02d}:00Z"))
+        live.append(f"p{i}")
+        if finish_one and live:
+            done = h.current(live.pop(0))
+            done["status"]["phase"] = "Succeeded"
+            h.update(Kind.POD, done)
+        h.step()
+        devices = h.allocated_devices()
+        assert len(devices) == len(set(devices))
+        assert len(devices) <= 2 * capacity
