@@ -1,0 +1,266 @@
+"""ResourceClaims as the node agent sees them, and the API calls it makes on them.
+
+The kubelet's prepare request carries only namespace, name and UID, so the agent reads the claim
+itself. Parsing is pure (`parse_claim` takes the JSON the apiserver returns) and produces a small
+frozen view with exactly what preparation needs; the I/O lives in `KubernetesClaimClient`.
+
+Node finalizer (DESIGN invariant 4): while a MIG instance exists for a claim on a node, the claim
+carries the finalizer `<driver>/node-<node name>` (shortened with a hash when it would exceed the
+63-character limit of a finalizer's name part). The controller frees a placement only once
+`reservedFor` is empty and no finalizer with the prefix `<driver>/node-` remains.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from driver.config import OpaqueConfigEntry
+
+NODE_FINALIZER_PREFIX = "node-"
+_FINALIZER_NAME_MAX = 63
+
+
+def node_finalizer(driver_name: str, node_name: str) -> str:
+    """The finalizer this node's agent puts on claims whose instance it has carved."""
+    name = f"{NODE_FINALIZER_PREFIX}{node_name}"
+    if len(name) > _FINALIZER_NAME_MAX:
+        digest = hashlib.sha256(node_name.encode()).hexdigest()[:10]
+        name = f"{name[: _FINALIZER_NAME_MAX - 11].rstrip('.-')}-{digest}"
+    return f"{driver_name}/{name}"
+
+
+class ClaimFormatError(ValueError):
+    """The apiserver returned something that is not a ResourceClaim carve understands."""
+
+
+@dataclass(frozen=True)
+class AllocatedDevice:
+    """One `status.allocation.devices.results[]` entry."""
+
+    request: str
+    driver: str
+    pool: str
+    device: str
+    share_id: str | None = None
+    admin_access: bool = False
+
+
+@dataclass(frozen=True)
+class ClaimView:
+    namespace: str
+    name: str
+    uid: str
+    resource_version: str
+    deleting: bool
+    finalizers: tuple[str, ...]
+    allocated: bool
+    results: tuple[AllocatedDevice, ...]
+    config: tuple[OpaqueConfigEntry, ...]
+    reserved_for: tuple[str, ...]  # "<resource>/<name>" of each consumer, for logs
+
+    def results_for(self, driver: str) -> tuple[AllocatedDevice, ...]:
+        return tuple(r for r in self.results if r.driver == driver)
+
+
+def _str(obj: Mapping[str, Any], key: str, where: str) -> str:
+    value = obj.get(key)
+    if not isinstance(value, str):
+        raise ClaimFormatError(f"{where}.{key} is missing or not a string")
+    return value
+
+
+def parse_claim(obj: Mapping[str, Any]) -> ClaimView:
+    """Reduce an apiserver ResourceClaim object to a ClaimView."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping):
+        raise ClaimFormatError("ResourceClaim has no metadata")
+    status = obj.get("status") or {}
+    allocation = status.get("allocation") or None
+    results: list[AllocatedDevice] = []
+    config: list[OpaqueConfigEntry] = []
+    if allocation is not None:
+        devices = allocation.get("devices") or {}
+        for i, r in enumerate(devices.get("results") or ()):
+            where = f"status.allocation.devices.results[{i}]"
+            results.append(
+                AllocatedDevice(
+                    request=_str(r, "request", where),
+                    driver=_str(r, "driver", where),
+                    pool=_str(r, "pool", where),
+                    device=_str(r, "device", where),
+                    share_id=r.get("shareID"),
+                    admin_access=bool(r.get("adminAccess")),
+                )
+            )
+        for c in devices.get("config") or ():
+            opaque = c.get("opaque") or None
+            if opaque is None:
+                continue
+            config.append(
+                OpaqueConfigEntry(
+                    source=str(c.get("source", "FromClaim")),
+                    requests=tuple(c.get("requests") or ()),
+                    driver=str(opaque.get("driver", "")),
+                    parameters=opaque.get("parameters"),
+                )
+            )
+    return ClaimView(
+        namespace=_str(meta, "namespace", "metadata"),
+        name=_str(meta, "name", "metadata"),
+        uid=_str(meta, "uid", "metadata"),
+        resource_version=str(meta.get("resourceVersion", "")),
+        deleting=meta.get("deletionTimestamp") is not None,
+        finalizers=tuple(meta.get("finalizers") or ()),
+        allocated=allocation is not None,
+        results=tuple(results),
+        config=tuple(config),
+        reserved_for=tuple(
+            f"{r.get('resource', '?')}/{r.get('name', '?')}"
+            for r in status.get("reservedFor") or ()
+        ),
+    )
+
+
+class ClaimClient(Protocol):
+    """What the preparer needs from the API; the only seam tests may replace."""
+
+    def get(self, namespace: str, name: str) -> ClaimView | None:
+        """The claim, or None if it does not exist."""
+
+    def add_finalizer(self, namespace: str, name: str, uid: str, finalizer: str) -> None:
+        """Add `finalizer` to the claim with this UID (no-op if present)."""
+
+    def remove_finalizer(self, namespace: str, name: str, uid: str, finalizer: str) -> None:
+        """Remove `finalizer`; a missing claim, a different UID or an absent finalizer is fine."""
+
+
+class ClaimGoneError(Exception):
+    """The claim (with the expected UID) no longer exists."""
+
+
+class ApiError(Exception):
+    """A non-2xx answer from the apiserver."""
+
+    def __init__(self, status: int, body: str) -> None:
+        super().__init__(f"HTTP {status}: {body[:300]}")
+        self.status = status
+        self.body = body
+
+
+class KubeJson:
+    """JSON-in, JSON-out calls through the official client's transport (auth, TLS, retries).
+
+    The generated models validate strictly and lag behind the API; raw JSON keeps a field added
+    by a newer apiserver from breaking the agent, and makes HTTP status handling explicit.
+    """
+
+    def __init__(self, api_client: Any, *, request_timeout: float = 10.0) -> None:
+        self._client = api_client
+        self._timeout = request_timeout
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        query: Sequence[tuple[str, str]] = (),
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        m, url, headers, payload, _ = self._client.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=list(query) or None,
+            header_params={"Accept": "application/json", "Content-Type": content_type},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        resp = self._client.call_api(
+            m, url, header_params=headers, body=payload, _request_timeout=self._timeout
+        )
+        data = resp.read() or b""
+        text = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
+        if not 200 <= resp.status < 300:
+            raise ApiError(resp.status, text)
+        result: dict[str, Any] = json.loads(text) if text else {}
+        return result
+
+
+def _claim_path(namespace: str, name: str) -> str:
+    return f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
+
+
+class KubernetesClaimClient:
+    """ClaimClient over the apiserver (resource.k8s.io/v1)."""
+
+    def __init__(self, api: KubeJson) -> None:
+        self._api = api
+
+    def _read(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self._api.request("GET", _claim_path(namespace, name))
+        except ApiError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def get(self, namespace: str, name: str) -> ClaimView | None:
+        obj = self._read(namespace, name)
+        return None if obj is None else parse_claim(obj)
+
+    def _update_finalizers(
+        self, namespace: str, name: str, uid: str, finalizer: str, add: bool
+    ) -> None:
+        for _ in range(10):
+            obj = self._read(namespace, name)
+            if obj is None or obj["metadata"].get("uid") != uid:
+                if add:
+                    raise ClaimGoneError(
+                        f"ResourceClaim {namespace}/{name} with UID {uid} no longer exists"
+                    )
+                return
+            current: list[str] = list(obj["metadata"].get("finalizers") or [])
+            if (finalizer in current) == add:
+                return
+            if add and obj["metadata"].get("deletionTimestamp"):
+                raise ClaimGoneError(f"ResourceClaim {namespace}/{name} is being deleted")
+            wanted = [*current, finalizer] if add else [f for f in current if f != finalizer]
+            # The test ops make the patch conditional: it applies only to the object just read.
+            patch = [
+                {"op": "test", "path": "/metadata/uid", "value": uid},
+                {
+                    "op": "test",
+                    "path": "/metadata/resourceVersion",
+                    "value": obj["metadata"]["resourceVersion"],
+                },
+                {"op": "add", "path": "/metadata/finalizers", "value": wanted},
+            ]
+            try:
+                self._api.request(
+                    "PATCH",
+                    _claim_path(namespace, name),
+                    body=patch,
+                    content_type="application/json-patch+json",
+                )
+                return
+            except ApiError as e:
+                if e.status == 404 and not add:
+                    return
+                if e.status in (409, 422):  # changed since read: read again
+                    continue
+                raise
+        raise ApiError(409, f"ResourceClaim {namespace}/{name}: finalizer update kept conflicting")
+
+    def add_finalizer(self, namespace: str, name: str, uid: str, finalizer: str) -> None:
+        self._update_finalizers(namespace, name, uid, finalizer, add=True)
+
+    def remove_finalizer(self, namespace: str, name: str, uid: str, finalizer: str) -> None:
+        self._update_finalizers(namespace, name, uid, finalizer, add=False)
+
+
+def describe_results(results: Sequence[AllocatedDevice]) -> str:
+    return ", ".join(f"{r.driver}:{r.pool}/{r.device}" for r in results) or "none"

@@ -1,0 +1,94 @@
+"""/healthz, /readyz and /metrics for the node agent.
+
+Liveness (/healthz) says only that the process can answer: restarting a plugin because the
+apiserver is down would not help. Readiness (/readyz) reports each check by name, so
+`curl /readyz` tells an operator what is wrong: kubelet registration, apiserver reachability,
+start-up reconcile, ResourceSlice publication.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+log = logging.getLogger(__name__)
+
+ReadinessCheck = Callable[[], str]
+"""Returns "" when ready, else a short reason."""
+
+
+class OpsServer:
+    def __init__(
+        self,
+        address: str,
+        registry: CollectorRegistry,
+        checks: Mapping[str, ReadinessCheck],
+    ) -> None:
+        host, _, port = address.rpartition(":")
+        self._registry = registry
+        self._checks = dict(checks)
+        handler = self._handler()
+        self._httpd = ThreadingHTTPServer((host or "0.0.0.0", int(port)), handler)
+        self._httpd.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self._httpd.server_address[1])
+
+    def readiness(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for name, check in self._checks.items():
+            try:
+                out[name] = check()
+            except Exception as e:  # a failing check is "not ready", never a crash
+                out[name] = f"check failed: {e}"
+        return out
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _send(self, code: int, body: bytes, ctype: str = "text/plain") -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:
+                path = self.path.split("?")[0]
+                if path == "/healthz":
+                    self._send(200, b"ok\n")
+                elif path == "/readyz":
+                    results = server.readiness()
+                    lines = [
+                        f"[{'+' if not r else '-'}]{n} {r or 'ok'}" for n, r in results.items()
+                    ]
+                    ready = all(not r for r in results.values())
+                    text = "\n".join(lines) + ("\nreadyz check passed\n" if ready else "\n")
+                    self._send(200 if ready else 503, text.encode())
+                elif path == "/metrics":
+                    self._send(200, generate_latest(server._registry), CONTENT_TYPE_LATEST)
+                else:
+                    self._send(404, b"not found\n")
+
+            def log_message(self, format: str, *args: object) -> None:
+                log.debug("http %s", format % args)
+
+        return Handler
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, name="ops-http", daemon=True
+        )
+        self._thread.start()
+        log.info("serving /healthz, /readyz, /metrics", extra={"port": self.port})
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()

@@ -1,0 +1,59 @@
+"""Prometheus metrics of the node agent.
+
+Each agent owns its registry (instead of the process-global default) so that several agents can
+live in one test process and `/metrics` shows exactly this agent's series.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Carving touches hardware: sub-second normally, seconds with MIG-mode changes or a busy GPU.
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class PluginMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.prepare_seconds = Histogram(
+            "carve_prepare_duration_seconds",
+            "Time to prepare one claim (read, carve, CDI, checkpoint).",
+            registry=self.registry,
+            buckets=_LATENCY_BUCKETS,
+        )
+        self.unprepare_seconds = Histogram(
+            "carve_unprepare_duration_seconds",
+            "Time to unprepare one claim (destroy instances, remove CDI spec).",
+            registry=self.registry,
+            buckets=_LATENCY_BUCKETS,
+        )
+        self.errors = Counter(
+            "carve_claim_errors",
+            "Claims that failed to prepare or unprepare, by operation and reason.",
+            ["operation", "reason"],
+            registry=self.registry,
+        )
+        self.instances = Gauge(
+            "carve_mig_instances",
+            "MIG instances on this node owned by prepared claims, by profile.",
+            ["profile"],
+            registry=self.registry,
+        )
+        self.foreign_instances = Gauge(
+            "carve_foreign_mig_instances",
+            "MIG instances found on this node that carve did not create.",
+            registry=self.registry,
+        )
+        self.slice_publish = Counter(
+            "carve_resourceslice_sync",
+            "ResourceSlice synchronisations, by result.",
+            ["result"],
+            registry=self.registry,
+        )
+
+    def set_instances(self, by_profile: Mapping[str, int]) -> None:
+        self.instances.clear()
+        for profile, count in by_profile.items():
+            self.instances.labels(profile=profile).set(count)

@@ -1,0 +1,280 @@
+"""Keeps this node's ResourceSlices equal to what its GPUs offer.
+
+The desired slices come from `driver.resourceslice` (pure); this module converges the apiserver
+to them: create what is missing, replace what differs, delete what is no longer wanted. Every
+change of content bumps the pool generation, and all slices of the pool carry the same
+generation, because consumers use only the highest generation they see.
+
+The kubelet deletes a node's slices when it starts and 30 s after a plugin disappears, so the
+publisher resyncs periodically and on demand (`trigger()`, e.g. after registration), with
+exponential backoff while the apiserver is unreachable. On uninstall (`--cleanup`, or SIGTERM
+when configured) it deletes the node's slices for this driver.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tenacity import (
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
+
+from kubeletplugin.claims import ApiError, KubeJson
+from kubeletplugin.metrics import PluginMetrics
+
+log = logging.getLogger(__name__)
+
+SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
+SPLIT_COUNTERS_SINCE = (1, 35)
+
+SliceBuilder = Callable[[int, bool], list[dict[str, Any]]]
+"""(pool generation, split counters) -> desired ResourceSlice objects."""
+
+
+def parse_server_version(version: Mapping[str, Any]) -> tuple[int, int]:
+    """(major, minor) from the apiserver's /version (minor may read "35+")."""
+    major = re.match(r"\d+", str(version.get("major", "")))
+    minor = re.match(r"\d+", str(version.get("minor", "")))
+    if major and minor:
+        return int(major.group()), int(minor.group())
+    git = re.match(r"v(\d+)\.(\d+)", str(version.get("gitVersion", "")))
+    if git:
+        return int(git.group(1)), int(git.group(2))
+    raise ValueError(f"cannot read a Kubernetes version from {dict(version)!r}")
+
+
+def uses_split_counters(version: tuple[int, int]) -> bool:
+    """From 1.35 counter sets must live in their own slice of the pool."""
+    return version >= SPLIT_COUNTERS_SINCE
+
+
+def _sanitize(text: str) -> str:
+    return re.sub(r"[^a-z0-9.-]+", "-", text.lower()).strip("-.")
+
+
+@dataclass(frozen=True)
+class PublisherSettings:
+    driver_name: str
+    node_name: str
+    resync_seconds: float = 30.0
+    max_backoff_seconds: float = 60.0
+
+
+class SlicePublisher:
+    def __init__(
+        self,
+        settings: PublisherSettings,
+        api: KubeJson,
+        build: SliceBuilder,
+        metrics: PluginMetrics | None = None,
+    ) -> None:
+        self._s = settings
+        self._api = api
+        self._build = build
+        self._metrics = metrics or PluginMetrics()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._split: bool | None = None
+        self.last_error: str = ""
+        self.synced_once = threading.Event()
+
+    # -- API helpers --------------------------------------------------------------------------
+
+    def _selector(self) -> str:
+        return f"spec.nodeName={self._s.node_name},spec.driver={self._s.driver_name}"
+
+    def existing(self) -> list[dict[str, Any]]:
+        """This driver's slices on this node, as the apiserver has them."""
+        listing = self._api.request("GET", SLICES_PATH, query=[("fieldSelector", self._selector())])
+        items: list[dict[str, Any]] = listing.get("items") or []
+        return items
+
+    def split_counters(self) -> bool:
+        if self._split is None:
+            version = parse_server_version(self._api.request("GET", "/version"))
+            self._split = uses_split_counters(version)
+            log.info(
+                "apiserver version detected",
+                extra={"version": f"{version[0]}.{version[1]}", "splitCounters": self._split},
+            )
+        return self._split
+
+    def _node_owner(self) -> list[dict[str, Any]]:
+        """Owner reference to the Node, so slices go away with the node object."""
+        try:
+            node = self._api.request("GET", f"/api/v1/nodes/{self._s.node_name}")
+        except ApiError:
+            return []
+        return [
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "name": self._s.node_name,
+                "uid": node["metadata"]["uid"],
+                "controller": True,
+            }
+        ]
+
+    # -- convergence --------------------------------------------------------------------------
+
+    def _hash_key(self) -> str:
+        return f"{self._s.driver_name}/content-hash"
+
+    def _desired(
+        self, generation: int, split: bool, owner: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        slices = self._build(generation, split)
+        base = _sanitize(f"{self._s.node_name}-{self._s.driver_name}")
+        out: list[dict[str, Any]] = []
+        for i, obj in enumerate(slices):
+            meta = dict(obj.get("metadata") or {})
+            meta.pop("generateName", None)
+            meta.setdefault("name", f"{base}-{i}")
+            if owner:
+                meta.setdefault("ownerReferences", owner)
+            # The apiserver defaults fields, so the stored spec never compares equal to ours;
+            # a hash of our own rendering (generation excluded) says whether content changed.
+            meta["annotations"] = {
+                **(meta.get("annotations") or {}),
+                self._hash_key(): _content_hash(obj.get("spec") or {}),
+            }
+            out.append(
+                {
+                    "apiVersion": "resource.k8s.io/v1",
+                    "kind": "ResourceSlice",
+                    **obj,
+                    "metadata": meta,
+                }
+            )
+        return out
+
+    def sync(self) -> bool:
+        """Converge once; True if anything was written."""
+        split = self.split_counters()
+        current = {s["metadata"]["name"]: s for s in self.existing()}
+        generation = max(
+            (int(s["spec"]["pool"].get("generation", 0)) for s in current.values()), default=0
+        )
+        owner = self._node_owner()
+        wanted = {d["metadata"]["name"]: d for d in self._desired(max(generation, 1), split, owner)}
+        pool_generations = {int(s["spec"]["pool"].get("generation", 0)) for s in current.values()}
+        unchanged = (
+            set(current) == set(wanted)
+            and len(pool_generations) == 1
+            and all(
+                (current[n]["metadata"].get("annotations") or {}).get(self._hash_key())
+                == wanted[n]["metadata"]["annotations"][self._hash_key()]
+                for n in wanted
+            )
+        )
+        if unchanged:
+            return False
+        desired = self._desired(generation + 1, split, owner)
+        for d in desired:
+            name = d["metadata"]["name"]
+            if name in current:
+                rv = current[name]["metadata"]["resourceVersion"]
+                body = {**d, "metadata": {**d["metadata"], "resourceVersion": rv}}
+                self._api.request("PUT", f"{SLICES_PATH}/{name}", body=body)
+            else:
+                self._api.request("POST", SLICES_PATH, body=d)
+        for name in set(current) - {d["metadata"]["name"] for d in desired}:
+            self._delete(name)
+        log.info(
+            "ResourceSlices published",
+            extra={"slices": len(desired), "generation": generation + 1, "split": split},
+        )
+        return True
+
+    def _delete(self, name: str) -> None:
+        try:
+            self._api.request("DELETE", f"{SLICES_PATH}/{name}")
+        except ApiError as e:
+            if e.status != 404:
+                raise
+
+    def cleanup(self) -> int:
+        """Delete every slice of this driver on this node (uninstall); returns how many."""
+        names = [s["metadata"]["name"] for s in self.existing()]
+        for name in names:
+            self._delete(name)
+        log.info("ResourceSlices removed", extra={"slices": len(names)})
+        return len(names)
+
+    # -- background loop ----------------------------------------------------------------------
+
+    def _sync_with_backoff(self) -> None:
+        retrying = Retrying(
+            retry=retry_if_exception_type(Exception),
+            wait=wait_exponential_jitter(initial=0.5, max=self._s.max_backoff_seconds),
+            stop=stop_after_attempt(1_000_000),
+            sleep=self._sleep_unless_stopped,
+            reraise=True,
+            before_sleep=self._log_retry,
+        )
+        for attempt in retrying:
+            if self._stop.is_set():
+                return
+            with attempt:
+                self.sync()
+                self._metrics.slice_publish.labels(result="ok").inc()
+                self.last_error = ""
+                self.synced_once.set()
+
+    def _sleep_unless_stopped(self, seconds: float) -> None:
+        if self._stop.wait(seconds):
+            raise _StoppedError
+
+    def _log_retry(self, state: Any) -> None:
+        err = state.outcome.exception() if state.outcome else None
+        self.last_error = str(err)
+        self._metrics.slice_publish.labels(result="error").inc()
+        log.warning("ResourceSlice sync failed; retrying", extra={"error": str(err)})
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._sync_with_backoff()
+            except _StoppedError:
+                return
+            except Exception:  # never let the loop die
+                log.exception("ResourceSlice sync loop error")
+            self._wake.wait(self._s.resync_seconds)
+            self._wake.clear()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="slice-publisher", daemon=True)
+        self._thread.start()
+
+    def trigger(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+
+class _StoppedError(Exception):
+    pass
+
+
+def _content_hash(spec: Mapping[str, Any]) -> str:
+    without_generation = {
+        **spec,
+        "pool": {k: v for k, v in (spec.get("pool") or {}).items() if k != "generation"},
+    }
+    text = json.dumps(without_generation, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
