@@ -108,20 +108,18 @@ class PluginServer:
             if self._dra_server is not None:
                 raise RuntimeError("plugin server already started")
             self._stopped.clear()
-            self._health.start()
-            dra = self._new_server(self.paths.dra, "dra")
-            add_dra_services(dra, self._preparer)
-            add_health_services(dra, self._health)
-            self._bind(dra, self.paths.dra, "dra")
-            self._dra_server = dra
             try:
-                reg = self._new_server(self.paths.registration, "registration")
-                add_registration_service(reg, self._registration)
-                self._bind(reg, self.paths.registration, "registration")
+                self._health.start()
+                self._dra_server = self._new_server(self.paths.dra, "dra")
+                add_dra_services(self._dra_server, self._preparer)
+                add_health_services(self._dra_server, self._health)
+                self._bind(self._dra_server, self.paths.dra, "dra")
+                self._reg_server = self._new_server(self.paths.registration, "registration")
+                add_registration_service(self._reg_server, self._registration)
+                self._bind(self._reg_server, self.paths.registration, "registration")
             except BaseException:
                 self._stop_locked(grace=0)
                 raise
-            self._reg_server = reg
             _log.info(
                 "plugin %s waiting for the kubelet to register it via %s",
                 self.driver_name,
@@ -137,15 +135,15 @@ class PluginServer:
             ("registration", self._reg_server, self.paths.registration),
             ("dra", self._dra_server, self.paths.dra),
         ):
-            if server is not None:
-                server.stop(grace).wait()
-                _log.info("stopped %s server", name)
-            if server is not None:
-                try:
-                    if stat.S_ISSOCK(path.lstat().st_mode):
-                        os.unlink(path)
-                except FileNotFoundError:
-                    pass
+            if server is None:
+                continue
+            server.stop(grace).wait()
+            _log.info("stopped %s server", name)
+            try:
+                if stat.S_ISSOCK(path.lstat().st_mode):
+                    os.unlink(path)
+            except FileNotFoundError:
+                pass
         self._reg_server = None
         self._dra_server = None
         self._health.stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -143,10 +144,28 @@ def test_a_non_socket_in_the_way_is_refused_not_deleted(root: Path) -> None:
     paths.dra.parent.mkdir(parents=True)
     paths.dra.write_text("precious")
     server = PluginServer(DRIVER, root / "plugins_registry", root / "plugins", FakePreparer())
+    pollers = _health_pollers()
     with pytest.raises(FileExistsError, match="not a socket"):
         server.start()
     assert paths.dra.read_text() == "precious"
     assert not paths.registration.exists()
+    assert server.wait(timeout=0)  # a failed start leaves nothing running
+    assert _health_pollers() == pollers
+
+
+def test_a_failed_registration_socket_stops_the_dra_socket_too(root: Path) -> None:
+    paths = SocketPaths.for_driver(DRIVER, root / "plugins_registry", root / "plugins")
+    paths.registration.parent.mkdir(parents=True)
+    paths.registration.mkdir()
+    server = PluginServer(DRIVER, root / "plugins_registry", root / "plugins", FakePreparer())
+    with pytest.raises(FileExistsError, match="not a socket"):
+        server.start()
+    assert not paths.dra.exists()
+    assert paths.registration.is_dir()
+
+
+def _health_pollers() -> int:
+    return sum(1 for t in threading.enumerate() if t.name == "health-poller")
 
 
 def test_stop_removes_both_sockets_and_the_kubelet_deregisters(root: Path) -> None:
