@@ -1,0 +1,253 @@
+"""List-then-watch caches of raw API objects, one thread per resource.
+
+Objects are kept as the apiserver's JSON (dicts with camelCase keys) rather than the client's
+generated model classes: the models silently drop fields they do not know, and the DRA API grows
+fields every release (a 1.37 server may send what a 37.x client lacks). Lists and watches are
+requested with `_preload_content=False` and parsed here.
+
+Contract with the consumer (`Reconciler.enqueue` / `mark_synced`):
+- after the first complete list, every object has been delivered as ADDED and `on_synced` is
+  called once; a restarted controller therefore decides only on a full picture;
+- a relist (410 Gone, expired continue token, any watch failure we cannot resume from, or the
+  periodic resync) is diffed against the cache: changed objects come as MODIFIED, vanished ones
+  as DELETED, so missed events are repaired rather than replayed blindly.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from controller.reconciler import EventType, Kind, key_of
+
+Obj = dict[str, Any]
+Handler = Callable[[Kind, EventType, Obj], None]
+
+_log = logging.getLogger(__name__)
+
+
+class _ExpiredError(Exception):
+    """The resourceVersion we hold is too old (HTTP 410 or a watch ERROR event with code 410)."""
+
+
+@dataclass(frozen=True)
+class InformerConfig:
+    page_size: int = 500
+    watch_timeout_s: int = 300
+    resync_period_s: float = 600.0
+    backoff_max_s: float = 30.0
+
+
+class Informer:
+    """Keeps `cache` equal to the server's collection and reports every change to `handler`."""
+
+    def __init__(
+        self,
+        kind: Kind,
+        list_call: Callable[..., Any],
+        handler: Handler,
+        on_synced: Callable[[Kind], None],
+        config: InformerConfig | None = None,
+    ) -> None:
+        self.kind = kind
+        self._list_call = list_call
+        self._handler = handler
+        self._on_synced = on_synced
+        self._cfg = config or InformerConfig()
+        self._lock = threading.Lock()
+        self.cache: dict[str, Obj] = {}
+        self._synced = False
+        self._stop = threading.Event()
+        self._resp: Any = None
+        self.relists = 0
+
+    @property
+    def has_synced(self) -> bool:
+        return self._synced
+
+    # -- list ----------------------------------------------------------------------------------
+
+    def _list(self) -> str:
+        """Full paginated list; returns the list's resourceVersion to watch from."""
+        items: list[Obj] = []
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"limit": self._cfg.page_size, "_preload_content": False}
+            if token:
+                kwargs["_continue"] = token
+            try:
+                page = json.loads(self._list_call(**kwargs).data)
+            except Exception as exc:
+                if getattr(exc, "status", None) == 410 and token:
+                    # Continue token expired mid-list: start over for a consistent snapshot.
+                    items, token = [], None
+                    continue
+                raise
+            items.extend(page.get("items") or [])
+            token = page.get("metadata", {}).get("continue")
+            if not token:
+                rv = str(page.get("metadata", {}).get("resourceVersion", ""))
+                break
+        kind_name = str(self.kind)
+        fresh = {}
+        for item in items:
+            item.setdefault("kind", kind_name)
+            fresh[key_of(item)] = item
+        self._replace(fresh)
+        self.relists += 1
+        return rv
+
+    def _replace(self, fresh: dict[str, Obj]) -> None:
+        with self._lock:
+            old, self.cache = self.cache, dict(fresh)
+        for key, obj in old.items():
+            if key not in fresh:
+                self._handler(self.kind, EventType.DELETED, obj)
+        for key, obj in fresh.items():
+            prev = old.get(key)
+            if prev is None:
+                self._handler(self.kind, EventType.ADDED, obj)
+            elif _rv(prev) != _rv(obj):
+                self._handler(self.kind, EventType.MODIFIED, obj)
+        if not self._synced:
+            self._synced = True
+            self._on_synced(self.kind)
+
+    # -- watch ---------------------------------------------------------------------------------
+
+    def _watch(self, rv: str, until: float, clock: Callable[[], float]) -> str:
+        """Watch from `rv` until the server closes the stream or `until`; returns the last rv."""
+        while not self._stop.is_set() and clock() < until:
+            timeout = max(1, min(self._cfg.watch_timeout_s, int(until - clock())))
+            try:
+                resp = self._list_call(
+                    watch=True,
+                    resource_version=rv,
+                    allow_watch_bookmarks=True,
+                    timeout_seconds=timeout,
+                    _preload_content=False,
+                    _request_timeout=(10, timeout + 30),
+                )
+            except Exception as exc:
+                if getattr(exc, "status", None) == 410:
+                    raise _ExpiredError() from exc
+                raise
+            self._resp = resp
+            try:
+                for line in _lines(resp):
+                    if self._stop.is_set():
+                        break
+                    if not line:
+                        continue
+                    rv = self._on_watch_event(json.loads(line), rv)
+            finally:
+                self._resp = None
+                resp.close()
+        return rv
+
+    def _on_watch_event(self, event: Obj, rv: str) -> str:
+        type_ = event.get("type")
+        obj = event.get("object") or {}
+        if type_ == "ERROR":
+            if obj.get("code") == 410:
+                raise _ExpiredError()
+            raise RuntimeError(f"watch error for {self.kind}: {obj.get('message')}")
+        new_rv = str(obj.get("metadata", {}).get("resourceVersion", rv))
+        if type_ == "BOOKMARK":
+            return new_rv
+        obj.setdefault("kind", str(self.kind))
+        key = key_of(obj)
+        with self._lock:
+            if type_ == "DELETED":
+                self.cache.pop(key, None)
+            else:
+                self.cache[key] = obj
+        self._handler(self.kind, EventType(str(type_)), obj)
+        return new_rv
+
+    # -- loop ----------------------------------------------------------------------------------
+
+    def run(self, clock: Callable[[], float]) -> None:
+        """List, watch, relist on expiry and every resync period, until `stop()`."""
+        failures = 0
+        rv: str | None = None
+        while not self._stop.is_set():
+            try:
+                if rv is None:
+                    rv = self._list()
+                next_resync = clock() + self._cfg.resync_period_s
+                rv = self._watch(rv, next_resync, clock)
+                if clock() >= next_resync:
+                    rv = None  # periodic full relist repairs anything a watch lost
+                failures = 0
+            except _ExpiredError:
+                _log.info("%s watch expired; relisting", self.kind)
+                rv = None
+            except Exception as exc:
+                if self._stop.is_set():
+                    break
+                failures += 1
+                delay = min(self._cfg.backoff_max_s, 0.2 * 2**failures) * random.uniform(0.5, 1)
+                _log.warning("%s list/watch failed (%s); retrying in %.1fs", self.kind, exc, delay)
+                self._stop.wait(delay)
+
+    def stop(self) -> None:
+        self._stop.set()
+        resp = self._resp
+        if resp is not None:
+            try:
+                resp.shutdown() if hasattr(resp, "shutdown") else resp.close()
+            except Exception:
+                _log.debug("closing %s watch stream failed", self.kind, exc_info=True)
+
+
+def _lines(resp: Any) -> Iterator[str]:
+    """Split a streamed watch response into its newline-delimited JSON events."""
+    buffer = b""
+    for chunk in resp.stream(amt=None, decode_content=False):
+        buffer += chunk if isinstance(chunk, bytes) else str(chunk).encode()
+        *complete, buffer = buffer.split(b"\n")
+        for line in complete:
+            yield line.decode("utf-8", errors="replace")
+    if buffer.strip():
+        yield buffer.decode("utf-8", errors="replace")
+
+
+def _rv(obj: Obj) -> str:
+    return str(obj.get("metadata", {}).get("resourceVersion", ""))
+
+
+def start_informers(
+    informers: list[Informer], clock: Callable[[], float]
+) -> list[threading.Thread]:
+    threads = []
+    for inf in informers:
+        t = threading.Thread(
+            target=inf.run, args=(clock,), name=f"informer-{inf.kind}", daemon=True
+        )
+        t.start()
+        threads.append(t)
+    return threads
+
+
+def standard_informers(
+    core_api: Any,
+    resource_api: Any,
+    handler: Handler,
+    on_synced: Callable[[Kind], None],
+    config: InformerConfig | None = None,
+) -> list[Informer]:
+    """The five collections the controller watches, all cluster-wide."""
+    calls: dict[Kind, Callable[..., Any]] = {
+        Kind.POD: core_api.list_pod_for_all_namespaces,
+        Kind.NODE: core_api.list_node,
+        Kind.CLAIM: resource_api.list_resource_claim_for_all_namespaces,
+        Kind.SLICE: resource_api.list_resource_slice,
+        Kind.CLASS: resource_api.list_device_class,
+    }
+    return [Informer(k, call, handler, on_synced, config) for k, call in calls.items()]

@@ -1,0 +1,202 @@
+"""Leader election on a coordination.k8s.io/v1 Lease, so only one controller replica allocates.
+
+The algorithm is the one client-go uses, written for this controller:
+- a candidate trusts only its own monotonic clock: a lease held by someone else is considered
+  expired when *we* have not seen its record change for `lease_duration`, whatever timestamps the
+  record carries (so clock skew between replicas cannot make two leaders);
+- every write is a PUT with the lease's resourceVersion, so two candidates racing for an expired
+  lease cannot both win;
+- the leader renews every `retry_period` and gives up (fences itself) when it could not renew for
+  `renew_deadline`, which is shorter than `lease_duration`: it stops writing before anyone else may
+  take over.
+
+`is_leader()` is the fence that the reconciler and the claim writer check before each write.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+Obj = dict[str, Any]
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LeaseConfig:
+    name: str = "carve-controller"
+    namespace: str = "carve-system"
+    identity: str = "carve-controller"
+    lease_duration_s: float = 15.0
+    renew_deadline_s: float = 10.0
+    retry_period_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not self.retry_period_s < self.renew_deadline_s < self.lease_duration_s:
+            raise ValueError(
+                "leader election needs retry period < renew deadline < lease duration, got "
+                f"{self.retry_period_s} / {self.renew_deadline_s} / {self.lease_duration_s}"
+            )
+
+
+def _micro(now: dt.datetime) -> str:
+    return now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def may_take(
+    spec: Obj, identity: str, observed_at: float, now: float, lease_duration_s: float
+) -> bool:
+    """Whether `identity` may write itself into a lease whose spec is `spec`.
+
+    `observed_at` is our monotonic time when the record last changed (not the record's own
+    renewTime, which another replica's clock wrote).
+    """
+    holder = spec.get("holderIdentity") or ""
+    if not holder or holder == identity:
+        return True
+    duration = float(spec.get("leaseDurationSeconds") or lease_duration_s)
+    return now - observed_at >= duration
+
+
+class LeaderElector:
+    def __init__(
+        self,
+        coordination_api: Any,
+        config: LeaseConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+    ) -> None:
+        self._api = coordination_api
+        self._cfg = config
+        self._clock = clock
+        self._wall = wall_clock
+        self._observed_spec: Obj | None = None
+        self._observed_at = 0.0
+        self._last_renew: float | None = None
+        self._stop = threading.Event()
+        self.transitions_seen = 0
+
+    # -- fence -----------------------------------------------------------------------------------
+
+    def is_leader(self) -> bool:
+        last = self._last_renew
+        return last is not None and self._clock() - last < self._cfg.renew_deadline_s
+
+    # -- one attempt -----------------------------------------------------------------------------
+
+    def try_acquire_or_renew(self) -> bool:
+        """One round of the election; True when we hold the lease after it."""
+        cfg = self._cfg
+        now_wall = _micro(self._wall())
+        try:
+            lease = json.loads(
+                self._api.read_namespaced_lease(
+                    cfg.name, cfg.namespace, _preload_content=False
+                ).data
+            )
+        except Exception as exc:
+            if getattr(exc, "status", None) != 404:
+                _log.warning("reading lease %s/%s failed: %s", cfg.namespace, cfg.name, exc)
+                return False
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": cfg.name, "namespace": cfg.namespace},
+                "spec": self._spec_for({}, now_wall),
+            }
+            try:
+                self._api.create_namespaced_lease(cfg.namespace, body, _preload_content=False)
+            except Exception as create_exc:
+                _log.info("creating lease failed (%s); another candidate won", create_exc)
+                return False
+            self._won()
+            return True
+        spec = lease.get("spec") or {}
+        if spec != self._observed_spec:
+            self._observed_spec = spec
+            self._observed_at = self._clock()
+        if not may_take(spec, cfg.identity, self._observed_at, self._clock(), cfg.lease_duration_s):
+            self._last_renew = None
+            return False
+        lease["spec"] = self._spec_for(spec, now_wall)
+        try:
+            fresh = json.loads(
+                self._api.replace_namespaced_lease(
+                    cfg.name, cfg.namespace, lease, _preload_content=False
+                ).data
+            )
+        except Exception as exc:
+            _log.info("writing lease failed (%s)", exc)
+            return False
+        self._observed_spec = fresh.get("spec") or {}
+        self._observed_at = self._clock()
+        self._won()
+        return True
+
+    def _spec_for(self, current: Obj, now_wall: str) -> Obj:
+        cfg = self._cfg
+        ours = current.get("holderIdentity") == cfg.identity
+        transitions = int(current.get("leaseTransitions") or 0)
+        return {
+            "holderIdentity": cfg.identity,
+            "leaseDurationSeconds": int(cfg.lease_duration_s),
+            "acquireTime": current.get("acquireTime") if ours else now_wall,
+            "renewTime": now_wall,
+            "leaseTransitions": transitions if ours or not current else transitions + 1,
+        }
+
+    def _won(self) -> None:
+        if self._last_renew is None:
+            _log.info("became leader as %s", self._cfg.identity)
+        self._last_renew = self._clock()
+
+    # -- loop ------------------------------------------------------------------------------------
+
+    def run(self, on_started: Callable[[], None], on_stopped: Callable[[], None]) -> None:
+        """Campaign until elected, call `on_started`, renew; call `on_stopped` once lost."""
+        while not self._stop.is_set():
+            if self.try_acquire_or_renew():
+                break
+            self._stop.wait(self._cfg.retry_period_s)
+        if self._stop.is_set():
+            return
+        on_started()
+        while not self._stop.wait(self._cfg.retry_period_s):
+            self.try_acquire_or_renew()
+            if not self.is_leader():
+                _log.error("lost the lease (could not renew within the renew deadline)")
+                on_stopped()
+                return
+
+    def stop(self, release: bool = True) -> None:
+        """Stop campaigning; hand the lease back so a successor need not wait for expiry."""
+        self._stop.set()
+        if release and self.is_leader():
+            self._release()
+        self._last_renew = None
+
+    def _release(self) -> None:
+        cfg = self._cfg
+        try:
+            lease = json.loads(
+                self._api.read_namespaced_lease(
+                    cfg.name, cfg.namespace, _preload_content=False
+                ).data
+            )
+            if (lease.get("spec") or {}).get("holderIdentity") != cfg.identity:
+                return
+            lease["spec"]["holderIdentity"] = ""
+            lease["spec"]["leaseDurationSeconds"] = 1
+            self._api.replace_namespaced_lease(
+                cfg.name, cfg.namespace, lease, _preload_content=False
+            )
+        except Exception as exc:
+            _log.warning("releasing the lease failed: %s", exc)

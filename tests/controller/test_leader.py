@@ -1,0 +1,149 @@
+"""Lease leader election: the take-over rule, one leader among racing candidates, fencing.
+
+`LeaseStore` stands in for the apiserver's optimistic concurrency on one Lease; the elector is
+also run against the real kube-apiserver in tests/controller/cluster/test_controller_cluster.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import json
+from typing import Any
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from controller.leader import LeaderElector, LeaseConfig, may_take
+
+Obj = dict[str, Any]
+
+
+class _Resp:
+    def __init__(self, obj: Obj) -> None:
+        self.data = json.dumps(obj).encode()
+
+
+class LeaseStore:
+    def __init__(self) -> None:
+        self.lease: Obj | None = None
+        self.rv = 0
+        self.down = False
+
+    def _check(self) -> None:
+        if self.down:
+            raise ApiException(status=503, reason="unavailable")
+
+    def read_namespaced_lease(self, name: str, ns: str, **_: Any) -> _Resp:
+        self._check()
+        if self.lease is None:
+            raise ApiException(status=404, reason="Not Found")
+        return _Resp(self.lease)
+
+    def create_namespaced_lease(self, ns: str, body: Obj, **_: Any) -> _Resp:
+        self._check()
+        if self.lease is not None:
+            raise ApiException(status=409, reason="AlreadyExists")
+        return self._store(body)
+
+    def replace_namespaced_lease(self, name: str, ns: str, body: Obj, **_: Any) -> _Resp:
+        self._check()
+        assert self.lease is not None
+        if body["metadata"].get("resourceVersion") != self.lease["metadata"]["resourceVersion"]:
+            raise ApiException(status=409, reason="Conflict")
+        return self._store(body)
+
+    def _store(self, body: Obj) -> _Resp:
+        self.rv += 1
+        self.lease = copy.deepcopy(body)
+        self.lease["metadata"]["resourceVersion"] = str(self.rv)
+        return _Resp(self.lease)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _elector(store: LeaseStore, clock: Clock, who: str) -> LeaderElector:
+    cfg = LeaseConfig(identity=who, lease_duration_s=15, renew_deadline_s=10, retry_period_s=2)
+    epoch = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    return LeaderElector(
+        store, cfg, clock=clock, wall_clock=lambda: epoch + dt.timedelta(seconds=clock.t)
+    )
+
+
+def test_may_take_rules() -> None:
+    held = {"holderIdentity": "a", "leaseDurationSeconds": 15}
+    assert may_take({}, "b", 0, 0, 15)
+    assert may_take(held, "a", 0, 0, 15)
+    assert not may_take(held, "b", observed_at=100, now=114, lease_duration_s=15)
+    assert may_take(held, "b", observed_at=100, now=115, lease_duration_s=15)
+    assert may_take({"holderIdentity": ""}, "b", 100, 100, 15)
+
+
+def test_one_leader_then_failover_after_expiry() -> None:
+    store, clock = LeaseStore(), Clock()
+    a, b = _elector(store, clock, "a"), _elector(store, clock, "b")
+    assert a.try_acquire_or_renew()
+    assert not b.try_acquire_or_renew()
+    assert a.is_leader() and not b.is_leader()
+    # a keeps renewing: b never takes over.
+    for _ in range(10):
+        clock.t += 2
+        assert a.try_acquire_or_renew()
+        assert not b.try_acquire_or_renew()
+    # a dies silently. b takes over only once it has seen no change for a lease duration.
+    clock.t += 14
+    assert not b.try_acquire_or_renew()
+    assert not a.is_leader()  # past its renew deadline: fenced before b may win
+    clock.t += 2
+    assert b.try_acquire_or_renew()
+    assert store.lease is not None
+    assert store.lease["spec"]["holderIdentity"] == "b"
+    assert store.lease["spec"]["leaseTransitions"] == 1
+
+
+def test_race_for_an_expired_lease_has_one_winner() -> None:
+    store, clock = LeaseStore(), Clock()
+    a = _elector(store, clock, "a")
+    assert a.try_acquire_or_renew()
+    b, c = _elector(store, clock, "b"), _elector(store, clock, "c")
+    assert not b.try_acquire_or_renew() and not c.try_acquire_or_renew()
+    clock.t += 16
+    # Both read the same expired lease; both write; optimistic concurrency lets one through.
+    lease = copy.deepcopy(store.lease)
+    orig = store.read_namespaced_lease
+    store.read_namespaced_lease = lambda *a, **k: _Resp(lease)  # type: ignore[method-assign]
+    won = [b.try_acquire_or_renew(), c.try_acquire_or_renew()]
+    store.read_namespaced_lease = orig  # type: ignore[method-assign]
+    assert won.count(True) == 1
+
+
+def test_leader_fences_itself_when_apiserver_unreachable() -> None:
+    store, clock = LeaseStore(), Clock()
+    a = _elector(store, clock, "a")
+    assert a.try_acquire_or_renew()
+    store.down = True
+    clock.t += 9
+    assert not a.try_acquire_or_renew()
+    assert a.is_leader()  # still inside the renew deadline
+    clock.t += 2
+    assert not a.is_leader()
+
+
+def test_release_lets_successor_in_without_waiting() -> None:
+    store, clock = LeaseStore(), Clock()
+    a, b = _elector(store, clock, "a"), _elector(store, clock, "b")
+    assert a.try_acquire_or_renew()
+    assert not b.try_acquire_or_renew()
+    a.stop(release=True)
+    assert b.try_acquire_or_renew()
+
+
+def test_inconsistent_timings_are_refused() -> None:
+    with pytest.raises(ValueError, match="renew deadline"):
+        LeaseConfig(lease_duration_s=10, renew_deadline_s=10, retry_period_s=2)

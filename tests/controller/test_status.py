@@ -1,0 +1,273 @@
+"""KubeClaimWriter: allocation shape, optimistic-concurrency retries, and skip rules.
+
+`VersionedStore` is a minimal stand-in for the apiserver's optimistic concurrency (PUT with a
+stale resourceVersion -> 409), exposing the same client method names KubeClaimWriter calls. The
+same writer is exercised against the real kube-apiserver in tests/controller/cluster/.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from controller.status import (
+    ALLOCATION_FINALIZER,
+    SCHEDULING_GATE,
+    ClaimAllocation,
+    DeviceResult,
+    KubeClaimWriter,
+    ObjectGoneError,
+    WriteSkippedError,
+    build_allocation_status,
+    node_selector_for,
+)
+
+Obj = dict[str, Any]
+NOW = dt.datetime(2026, 3, 1, 12, 0, 0, tzinfo=dt.UTC)
+
+
+class _Resp:
+    def __init__(self, obj: Obj) -> None:
+        self.data = json.dumps(obj).encode()
+
+
+class VersionedStore:
+    def __init__(self) -> None:
+        self.objs: dict[tuple[str, str], Obj] = {}
+        self.rv = 10
+        self.puts = 0
+        self.before_put: Callable[[Obj], None] | None = None
+
+    def add(self, obj: Obj) -> Obj:
+        self.rv += 1
+        obj = copy.deepcopy(obj)
+        obj["metadata"]["resourceVersion"] = str(self.rv)
+        self.objs[(obj["metadata"]["namespace"], obj["metadata"]["name"])] = obj
+        return copy.deepcopy(obj)
+
+    def _read(self, name: str, ns: str, **_: Any) -> _Resp:
+        if (ns, name) not in self.objs:
+            raise ApiException(status=404, reason="Not Found")
+        return _Resp(self.objs[(ns, name)])
+
+    def _replace(self, name: str, ns: str, body: Obj, status: bool) -> _Resp:
+        self.puts += 1
+        if self.before_put is not None:
+            hook, self.before_put = self.before_put, None
+            hook(self.objs[(ns, name)])
+        cur = self.objs.get((ns, name))
+        if cur is None:
+            raise ApiException(status=404, reason="Not Found")
+        if body["metadata"]["resourceVersion"] != cur["metadata"]["resourceVersion"]:
+            raise ApiException(status=409, reason="Conflict")
+        new = copy.deepcopy(cur)
+        if status:
+            new["status"] = copy.deepcopy(body.get("status", {}))
+        else:
+            new["metadata"]["finalizers"] = list(body["metadata"].get("finalizers") or [])
+            new["spec"] = copy.deepcopy(body["spec"])
+        return _Resp(self.add(new))
+
+    read_namespaced_resource_claim = _read
+    read_namespaced_pod = _read
+
+    def replace_namespaced_resource_claim(self, name: str, ns: str, body: Obj, **_: Any) -> _Resp:
+        return self._replace(name, ns, body, status=False)
+
+    def replace_namespaced_resource_claim_status(
+        self, name: str, ns: str, body: Obj, **_: Any
+    ) -> _Resp:
+        return self._replace(name, ns, body, status=True)
+
+    def replace_namespaced_pod(self, name: str, ns: str, body: Obj, **_: Any) -> _Resp:
+        return self._replace(name, ns, body, status=False)
+
+
+def _claim(**extra: Any) -> Obj:
+    c: Obj = {
+        "metadata": {"name": "c", "namespace": "ns", "uid": "u1", "finalizers": []},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {
+                            "deviceClassName": "mig.carve.dev",
+                            "tolerations": [{"key": "k", "operator": "Exists"}],
+                        },
+                    },
+                    {
+                        "name": "alt",
+                        "firstAvailable": [
+                            {"name": "big", "deviceClassName": "mig.carve.dev"},
+                            {"name": "small", "deviceClassName": "1g.mig.carve.dev"},
+                        ],
+                    },
+                ],
+                "config": [
+                    {"requests": ["gpu"], "opaque": {"driver": "mig.carve.dev", "parameters": {}}}
+                ],
+            }
+        },
+        "status": {},
+    }
+    c.update(extra)
+    return c
+
+
+ALLOC = ClaimAllocation(
+    "ns",
+    "c",
+    "u1",
+    "node-a",
+    (
+        DeviceResult("gpu", "mig.carve.dev", "node-a", "gpu-0-3g-40gb-4", "3g.40gb"),
+        DeviceResult("alt/small", "mig.carve.dev", "node-a", "gpu-0-1g-10gb-0", "1g.10gb"),
+    ),
+)
+CLASSES = {
+    "1g.mig.carve.dev": {
+        "metadata": {"name": "1g.mig.carve.dev"},
+        "spec": {"config": [{"opaque": {"driver": "mig.carve.dev", "parameters": {"a": 1}}}]},
+    }
+}
+
+
+def test_allocation_status_shape() -> None:
+    status = build_allocation_status(_claim(), ALLOC, CLASSES, NOW)
+    assert status["nodeSelector"] == node_selector_for("node-a")
+    assert status["allocationTimestamp"] == "2026-03-01T12:00:00Z"
+    results = status["devices"]["results"]
+    assert [(r["request"], r["device"]) for r in results] == [
+        ("gpu", "gpu-0-3g-40gb-4"),
+        ("alt/small", "gpu-0-1g-10gb-0"),
+    ]
+    assert results[0]["tolerations"] == [{"key": "k", "operator": "Exists"}]
+    assert "tolerations" not in results[1]
+    assert status["devices"]["config"] == [
+        {
+            "source": "FromClass",
+            "requests": ["alt/small"],
+            "opaque": {"driver": "mig.carve.dev", "parameters": {"a": 1}},
+        },
+        {
+            "source": "FromClaim",
+            "requests": ["gpu"],
+            "opaque": {"driver": "mig.carve.dev", "parameters": {}},
+        },
+    ]
+
+
+def _writer(store: VersionedStore, **kw: Any) -> KubeClaimWriter:
+    return KubeClaimWriter(store, store, clock=lambda: NOW, **kw)
+
+
+def test_conflict_is_retried_on_the_fresh_object() -> None:
+    store = VersionedStore()
+    c = store.add(_claim())
+
+    def someone_else_adds_a_finalizer(cur: Obj) -> None:
+        cur["metadata"]["finalizers"].append("example.com/other")
+        store.add(cur)
+
+    store.before_put = someone_else_adds_a_finalizer
+    out = _writer(store).add_finalizer(c)
+    assert out["metadata"]["finalizers"] == ["example.com/other", ALLOCATION_FINALIZER]
+    assert store.puts == 2
+
+
+def test_allocation_requires_our_finalizer_and_skips_foreign_allocation() -> None:
+    store = VersionedStore()
+    w = _writer(store)
+    c = store.add(_claim())
+    with pytest.raises(WriteSkippedError, match="finalizer"):
+        w.write_allocation(c, ALLOC, CLASSES)
+    c = w.add_finalizer(c)
+
+    def scheduler_allocates(cur: Obj) -> None:
+        cur["status"]["allocation"] = {"devices": {"results": [{"device": "x"}]}}
+        store.add(cur)
+
+    store.before_put = scheduler_allocates
+    with pytest.raises(WriteSkippedError, match="someone else"):
+        w.write_allocation(c, ALLOC, CLASSES)
+
+
+def test_lost_response_retry_recognises_own_allocation() -> None:
+    store = VersionedStore()
+    w = _writer(store)
+    c = w.add_finalizer(store.add(_claim()))
+    done = w.write_allocation(c, ALLOC, CLASSES)
+    # Retrying with the pre-write copy: 409, re-read, sees our allocation, no further write.
+    again = w.write_allocation(c, ALLOC, CLASSES)
+    assert again["status"] == done["status"]
+
+
+def test_deleted_claim_is_reported_as_gone() -> None:
+    store = VersionedStore()
+    c = store.add(_claim())
+    del store.objs[("ns", "c")]
+    with pytest.raises(ObjectGoneError):
+        _writer(store).add_finalizer(c)
+
+
+def test_replaced_claim_with_new_uid_is_gone() -> None:
+    store = VersionedStore()
+    c = store.add(_claim())
+    replacement = _claim()
+    replacement["metadata"]["uid"] = "u2"
+    store.add(replacement)
+    with pytest.raises(ObjectGoneError, match="replaced"):
+        _writer(store).add_finalizer(c)
+
+
+def test_clear_refuses_reserved_claim() -> None:
+    store = VersionedStore()
+    c = _claim()
+    c["status"] = {"allocation": {"x": 1}, "reservedFor": [{"name": "p"}]}
+    with pytest.raises(WriteSkippedError, match="reserved"):
+        _writer(store).clear_allocation(store.add(c))
+
+
+def test_fenced_writer_writes_nothing() -> None:
+    store = VersionedStore()
+    c = store.add(_claim())
+    with pytest.raises(WriteSkippedError, match="leader"):
+        _writer(store, fence=lambda: False).add_finalizer(c)
+    assert store.puts == 0
+
+
+def test_remove_gate_keeps_other_gates() -> None:
+    store = VersionedStore()
+    pod = store.add(
+        {
+            "metadata": {"name": "p", "namespace": "ns", "uid": "pu"},
+            "spec": {"schedulingGates": [{"name": "other/gate"}, {"name": SCHEDULING_GATE}]},
+        }
+    )
+    out = _writer(store).remove_gate(pod)
+    assert out["spec"]["schedulingGates"] == [{"name": "other/gate"}]
+
+
+def test_conflict_storm_gives_up_after_bounded_attempts() -> None:
+    store = VersionedStore()
+    c = store.add(_claim())
+
+    calls = {"n": 0}
+    original = store.replace_namespaced_resource_claim
+
+    def always_conflict(name: str, ns: str, body: Obj, **kw: Any) -> _Resp:
+        calls["n"] += 1
+        store.add(store.objs[(ns, name)])  # bump resourceVersion under the writer's feet
+        return original(name, ns, body, **kw)
+
+    store.replace_namespaced_resource_claim = always_conflict  # type: ignore[method-assign]
+    with pytest.raises(ApiException):
+        _writer(store, attempts=4).add_finalizer(c)
+    assert calls["n"] == 4
