@@ -61,7 +61,7 @@ def client() -> Path:
         binary.parent.mkdir(parents=True, exist_ok=True)
         tmp = binary.with_suffix(".tmp")
         build = subprocess.run(
-            [GO, "build", "-mod=readonly", "-o", str(tmp), "."],
+            [GO, "build", "-mod=readonly", "-buildvcs=false", "-o", str(tmp), "."],
             cwd=SOURCE,
             capture_output=True,
             text=True,
