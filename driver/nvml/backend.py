@@ -1,0 +1,805 @@
+"""carve's one NVML backend, written against the ``pynvml`` API.
+
+The binding is a constructor argument: ``pynvml`` (nvidia-ml-py) on a GPU node, or
+``driver.nvml.sim`` anywhere else. The code never asks which one it has, so every test on the
+simulator exercises exactly the calls and error handling that run on hardware.
+
+What the backend does for carve (reference: mig-and-nvml.md §9-§15):
+- enumerates GPUs and discovers their GPU-instance profiles from NVML (index -> info.id), so
+  the node agent needs no catalog on real hardware;
+- creates a GPU instance at an explicit placement plus its full-size compute instance and
+  resolves the MIG device UUID by walking MIG handles (the CI info's device is the parent);
+- lists and destroys instances (compute first, then GPU instance), idempotently;
+- computes nvidia-caps device numbers for the container's CDI spec.
+
+GPU-instance ids are whatever NVML returns; nothing here derives them from placements.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import re
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+from driver.catalog import Architecture, Engines, Evidence, GpuModel, Placement, ProfileSpec
+from driver.nvml import errors
+from driver.nvml.errors import (
+    InstanceInUse,
+    InstanceMismatch,
+    InvalidPlacement,
+    MigDisabled,
+    NotFound,
+    NotSupported,
+    NvmlError,
+    NvmlFailure,
+    PlacementTaken,
+    ResetRequired,
+)
+from driver.nvml.types import (
+    CapDevice,
+    CarvedInstance,
+    ComputeInstance,
+    GpuInfo,
+    GpuInstance,
+    MigMode,
+)
+
+_T = TypeVar("_T")
+_MIB = 1024 * 1024
+
+# NVML constants the backend needs (nvml.h); numeric so the binding can be any pynvml-shaped
+# module. They are part of NVML's ABI and never change.
+_GI_PROFILE_COUNT = 0x12
+_CI_PROFILE_COUNT = 0x9
+_CI_PROFILE_1_SLICE_REV1 = 0x7  # media-extension CI profile; carve wants the plain full-size one
+_CI_ENGINE_PROFILE_SHARED = 0
+_MIG_DISABLE = 0
+_MIG_ENABLE = 1
+_SUCCESS = 0
+
+_ARCHITECTURES = {7: Architecture.AMPERE, 9: Architecture.HOPPER, 10: Architecture.BLACKWELL}
+
+NVIDIA_CAPS_DEVICE_DIR = "/dev/nvidia-caps"
+
+
+def gi_cap_minor(gpu_minor: int, gi_id: int) -> int:
+    """nvidia-caps minor of ``gpu<gpu_minor>/gi<gi_id>/access`` (RM nv-caps.c table order)."""
+    return 3 + 135 * gpu_minor + 9 * gi_id
+
+
+def ci_cap_minor(gpu_minor: int, gi_id: int, ci_id: int) -> int:
+    """nvidia-caps minor of ``gpu<gpu_minor>/gi<gi_id>/ci<ci_id>/access``."""
+    return 4 + 135 * gpu_minor + 9 * gi_id + ci_id
+
+
+def parse_char_major(proc_devices: str, name: str) -> int | None:
+    """The major number ``name`` has in the "Character devices" part of /proc/devices."""
+    in_char = False
+    for line in proc_devices.splitlines():
+        stripped = line.strip()
+        if stripped.endswith(":"):
+            in_char = stripped == "Character devices:"
+            continue
+        parts = stripped.split()
+        if in_char and len(parts) == 2 and parts[1] == name and parts[0].isdigit():
+            return int(parts[0])
+    return None
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+class NvmlBackend:
+    """MIG operations on the GPUs of this node through a pynvml-shaped module.
+
+    Use as a context manager (or call ``open``/``close``): it initialises NVML once and caches
+    device handles and discovered profiles, which NVML keeps stable for the process lifetime.
+    Methods are safe to call from several threads; NVML serialises conflicting changes itself
+    and reports them as errors, which become the typed exceptions of ``driver.nvml.errors``.
+    """
+
+    def __init__(self, nvml: Any, *, proc_root: str | Path = "/proc") -> None:
+        self._nvml = nvml
+        self._proc_root = Path(proc_root)
+        self._lock = threading.RLock()
+        self._opened = 0
+        self._handles: dict[str, Any] = {}
+        self._gpus: dict[str, GpuInfo] = {}
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def open(self) -> NvmlBackend:
+        with self._lock:
+            if self._opened == 0:
+                self._call("initialise NVML", None, self._nvml.nvmlInit)
+            self._opened += 1
+        return self
+
+    def close(self) -> None:
+        with self._lock:
+            if self._opened == 0:
+                return
+            self._opened -= 1
+            if self._opened == 0:
+                self._handles.clear()
+                self._gpus.clear()
+                # Shutting down anyway: an error here leaves nothing to act on.
+                with contextlib.suppress(self._nvml.NVMLError):
+                    self._nvml.nvmlShutdown()
+
+    def __enter__(self) -> NvmlBackend:
+        return self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- error translation ------------------------------------------------------------------
+
+    def _call(self, what: str, gpu: str | None, fn: Callable[..., _T], *args: Any) -> _T:
+        try:
+            return fn(*args)
+        except self._nvml.NVMLError as exc:
+            raise errors.from_code(int(exc.value), what, gpu=gpu) from exc
+
+    @contextlib.contextmanager
+    def _translating(self, what: str, gpu: str | None) -> Iterator[None]:
+        try:
+            yield
+        except self._nvml.NVMLError as exc:
+            raise errors.from_code(int(exc.value), what, gpu=gpu) from exc
+
+    def _code(self, exc: BaseException) -> int | None:
+        if isinstance(exc, self._nvml.NVMLError):
+            return int(exc.value)
+        return None
+
+    # --- GPUs -------------------------------------------------------------------------------
+
+    def gpus(self) -> tuple[GpuInfo, ...]:
+        """Every GPU of the node, in NVML index order, with its discovered MIG profiles."""
+        with self._lock:
+            count = self._call("count GPUs", None, self._nvml.nvmlDeviceGetCount)
+            out = []
+            for index in range(count):
+                handle = self._call(
+                    f"get GPU {index}", None, self._nvml.nvmlDeviceGetHandleByIndex, index
+                )
+                uuid = self._call(
+                    f"read GPU {index} UUID", None, self._nvml.nvmlDeviceGetUUID, handle
+                )
+                self._handles[uuid] = handle
+                if uuid not in self._gpus:
+                    self._gpus[uuid] = self._describe(index, uuid, handle)
+                out.append(self._gpus[uuid])
+            return tuple(out)
+
+    def gpu(self, gpu_uuid: str) -> GpuInfo:
+        with self._lock:
+            if gpu_uuid not in self._gpus:
+                self.gpus()
+            info = self._gpus.get(gpu_uuid)
+        if info is None:
+            raise NotFound(f"no GPU with UUID {gpu_uuid} on this node", gpu=gpu_uuid)
+        return info
+
+    def _handle(self, gpu_uuid: str) -> Any:
+        with self._lock:
+            if gpu_uuid not in self._handles:
+                self.gpus()
+            handle = self._handles.get(gpu_uuid)
+        if handle is None:
+            raise NotFound(f"no GPU with UUID {gpu_uuid} on this node", gpu=gpu_uuid)
+        return handle
+
+    def _describe(self, index: int, uuid: str, handle: Any) -> GpuInfo:
+        nv = self._nvml
+        with self._translating("describe the GPU", uuid):
+            name = nv.nvmlDeviceGetName(handle)
+            minor = nv.nvmlDeviceGetMinorNumber(handle)
+            pci = nv.nvmlDeviceGetPciInfo(handle)
+            memory = nv.nvmlDeviceGetMemoryInfo(handle)
+            arch_code = int(nv.nvmlDeviceGetArchitecture(handle))
+            cc = nv.nvmlDeviceGetCudaComputeCapability(handle)
+            driver_version = nv.nvmlSystemGetDriverVersion()
+        bus_id = pci.busId.decode() if isinstance(pci.busId, bytes) else str(pci.busId)
+        try:
+            nv.nvmlDeviceGetMigMode(handle)
+            mig_capable = True
+        except nv.NVMLError as exc:
+            if self._code(exc) != errors.NVML_ERROR_NOT_SUPPORTED:
+                raise errors.from_code(int(exc.value), "read MIG mode", gpu=uuid) from exc
+            mig_capable = False
+        profiles = self._discover_profiles(uuid, handle) if mig_capable else ()
+        return GpuInfo(
+            index=index,
+            uuid=uuid,
+            minor=int(minor),
+            name=str(name),
+            architecture=_ARCHITECTURES.get(arch_code),
+            architecture_code=arch_code,
+            memory_mib=int(memory.total) // _MIB,
+            pci_bus_id=bus_id,
+            pci_device_id=int(pci.pciDeviceId) >> 16,
+            driver_version=str(driver_version),
+            cuda_compute_capability=(int(cc[0]), int(cc[1])),
+            mig_capable=mig_capable,
+            profiles=profiles,
+        )
+
+    def _discover_profiles(self, uuid: str, handle: Any) -> tuple[ProfileSpec, ...]:
+        """Loop the profile index 0..COUNT-1 as nvml.h prescribes; absent indices give
+        NOT_SUPPORTED and out-of-range ones INVALID_ARGUMENT, both skipped."""
+        nv = self._nvml
+        profiles = []
+        for index in range(_GI_PROFILE_COUNT):
+            try:
+                info = nv.nvmlDeviceGetGpuInstanceProfileInfo(handle, index, 2)
+            except nv.NVMLError as exc:
+                if self._code(exc) in (
+                    errors.NVML_ERROR_NOT_SUPPORTED,
+                    errors.NVML_ERROR_INVALID_ARGUMENT,
+                ):
+                    continue
+                raise errors.from_code(int(exc.value), "read MIG profiles", gpu=uuid) from exc
+            raw_name = info.name.decode() if isinstance(info.name, bytes) else str(info.name)
+            placements = self._placements(uuid, handle, int(info.id))
+            if not placements:
+                continue  # a profile with nowhere to go cannot be carved
+            profiles.append(
+                ProfileSpec(
+                    index=index,
+                    id=int(info.id),
+                    name=raw_name.removeprefix("MIG ").strip(),
+                    memory_mib=int(info.memorySizeMB),
+                    slices=int(info.sliceCount),
+                    multiprocessors=int(info.multiprocessorCount),
+                    engines=Engines(
+                        copy=int(info.copyEngineCount),
+                        decoders=int(info.decoderCount),
+                        encoders=int(info.encoderCount),
+                        jpeg=int(info.jpegCount),
+                        ofa=int(info.ofaCount),
+                    ),
+                    max_instances=int(info.instanceCount),
+                    placements=placements,
+                    evidence=Evidence.VERIFIED,
+                    note="discovered from NVML",
+                )
+            )
+        return tuple(profiles)
+
+    def _placements(self, uuid: str, handle: Any, profile_id: int) -> tuple[Placement, ...]:
+        nv = self._nvml
+        count = ctypes.c_uint(0)
+        what = f"list placements of profile id {profile_id}"
+        self._call(
+            what,
+            uuid,
+            nv.nvmlDeviceGetGpuInstancePossiblePlacements,
+            handle,
+            profile_id,
+            None,
+            ctypes.byref(count),
+        )
+        if count.value == 0:
+            return ()
+        array = (nv.c_nvmlGpuInstancePlacement_t * count.value)()
+        self._call(
+            what,
+            uuid,
+            nv.nvmlDeviceGetGpuInstancePossiblePlacements,
+            handle,
+            profile_id,
+            array,
+            ctypes.byref(count),
+        )
+        return tuple(
+            sorted(Placement(int(array[i].start), int(array[i].size)) for i in range(count.value))
+        )
+
+    def gpu_model(self, gpu_uuid: str) -> GpuModel:
+        """The GPU's MIG geometry as NVML reports it (evidence VERIFIED): what the geometry
+        module and the ResourceSlice builder need, with no catalog lookup."""
+        info = self.gpu(gpu_uuid)
+        if not info.profiles:
+            raise NotSupported(f"GPU {gpu_uuid} ({info.name}) offers no MIG profiles", gpu=gpu_uuid)
+        if info.architecture is None:
+            raise NotSupported(
+                f"GPU {gpu_uuid} ({info.name}) has NVML architecture code "
+                f"{info.architecture_code}, which carve does not know yet",
+                gpu=gpu_uuid,
+            )
+        return GpuModel(
+            key=_slug(info.name),
+            product_name=info.name,
+            pci_device_ids=(info.pci_device_id,),
+            architecture=info.architecture,
+            memory_mib=info.memory_mib,
+            memory_units=max(pl.end for p in info.profiles for pl in p.placements),
+            compute_slices=max(p.slices for p in info.profiles),
+            cuda_compute_capability=info.cuda_compute_capability,
+            profiles=info.profiles,
+        )
+
+    def possible_placements(self, gpu_uuid: str, profile_id: int) -> tuple[Placement, ...]:
+        return self._placements(gpu_uuid, self._handle(gpu_uuid), profile_id)
+
+    def remaining_capacity(self, gpu_uuid: str, profile_id: int) -> int:
+        """How many more instances of the profile NVML would create now (MIG must be on)."""
+        handle = self._handle(gpu_uuid)
+        try:
+            return int(self._nvml.nvmlDeviceGetGpuInstanceRemainingCapacity(handle, profile_id))
+        except self._nvml.NVMLError as exc:
+            raise self._mig_aware(exc, gpu_uuid, "read remaining capacity") from exc
+
+    # --- MIG mode ---------------------------------------------------------------------------
+
+    def mig_mode(self, gpu_uuid: str) -> MigMode:
+        handle = self._handle(gpu_uuid)
+        current, pending = self._call(
+            "read MIG mode", gpu_uuid, self._nvml.nvmlDeviceGetMigMode, handle
+        )
+        return MigMode(current=current == _MIG_ENABLE, pending=pending == _MIG_ENABLE)
+
+    def mig_enabled(self, gpu_uuid: str) -> bool:
+        info = self.gpu(gpu_uuid)
+        return info.mig_capable and self.mig_mode(gpu_uuid).current
+
+    def set_mig_mode(self, gpu_uuid: str, enabled: bool) -> MigMode:
+        """Ask NVML for a MIG-mode change and check the activation status it returns
+        (pynvml raises only for the call itself; a refused activation is a return value)."""
+        handle = self._handle(gpu_uuid)
+        want = "enable" if enabled else "disable"
+        status = self._call(
+            f"{want} MIG mode",
+            gpu_uuid,
+            self._nvml.nvmlDeviceSetMigMode,
+            handle,
+            _MIG_ENABLE if enabled else _MIG_DISABLE,
+        )
+        mode = self.mig_mode(gpu_uuid)
+        if int(status) == _SUCCESS and mode.current == enabled:
+            return mode
+        if int(status) == errors.NVML_ERROR_IN_USE:
+            raise InstanceInUse(
+                f"GPU {gpu_uuid}: cannot {want} MIG mode while MIG instances or other clients "
+                "(DCGM, nvidia-persistenced, Xorg) use the GPU; remove them and retry",
+                code=int(status),
+                gpu=gpu_uuid,
+            )
+        if int(status) in (
+            _SUCCESS,
+            errors.NVML_ERROR_RESET_REQUIRED,
+            errors.NVML_ERROR_NOT_SUPPORTED,
+        ):
+            raise ResetRequired(
+                f"GPU {gpu_uuid}: MIG mode is now pending {want}d but takes effect only after "
+                "a GPU reset (nvidia-smi --gpu-reset -i <index>) or a reboot; drain the GPU "
+                "and reset it",
+                code=int(status) or None,
+                gpu=gpu_uuid,
+            )
+        raise NvmlFailure(
+            f"GPU {gpu_uuid}: {want} MIG mode was not activated", code=int(status), gpu=gpu_uuid
+        )
+
+    def enable_mig(self, gpu_uuid: str) -> MigMode:
+        """Turn MIG mode on where that needs no GPU reset (Hopper and later). On Ampere carve
+        never resets a GPU itself: it refuses with ResetRequired and says what to run."""
+        info = self.gpu(gpu_uuid)
+        if not info.mig_capable:
+            raise NotSupported(f"GPU {gpu_uuid} ({info.name}) does not support MIG", gpu=gpu_uuid)
+        mode = self.mig_mode(gpu_uuid)
+        if mode.current:
+            return mode
+        if info.mig_toggle_needs_reset:
+            pending = " (an enable is already pending)" if mode.pending else ""
+            raise ResetRequired(
+                f"GPU {gpu_uuid} ({info.name}) has MIG mode off{pending}; on this architecture "
+                "enabling it needs a GPU reset, which carve does not do on its own. Run "
+                "`nvidia-smi -i <index> -mig 1` and reset the GPU or reboot the node",
+                gpu=gpu_uuid,
+            )
+        return self.set_mig_mode(gpu_uuid, True)
+
+    def _mig_aware(self, exc: BaseException, gpu_uuid: str, what: str) -> NvmlError:
+        """NOT_SUPPORTED from an instance call usually means MIG mode is off: say so."""
+        code = self._code(exc)
+        if code == errors.NVML_ERROR_NOT_SUPPORTED:
+            try:
+                off = not self.mig_mode(gpu_uuid).current
+            except NvmlError:
+                off = False
+            if off:
+                return MigDisabled(
+                    f"GPU {gpu_uuid}: cannot {what}: MIG mode is off; enable it first",
+                    code=code,
+                    gpu=gpu_uuid,
+                )
+        return errors.from_code(code if code is not None else -1, what, gpu=gpu_uuid)
+
+    # --- carving ----------------------------------------------------------------------------
+
+    def carve(self, gpu_uuid: str, profile_id: int, placement_start: int) -> CarvedInstance:
+        """Create a GPU instance of ``profile_id`` at ``placement_start`` plus a full-size
+        compute instance, and resolve its MIG UUID. On any failure after the GPU instance
+        exists, it is destroyed again, so a failed carve leaves nothing behind."""
+        info = self.gpu(gpu_uuid)
+        profile = info.profile(profile_id)
+        if profile is None:
+            raise NotSupported(
+                f"GPU {gpu_uuid} ({info.name}) has no MIG profile with id {profile_id}; "
+                f"it offers {', '.join(f'{p.name} (id {p.id})' for p in info.profiles) or 'none'}",
+                gpu=gpu_uuid,
+            )
+        placement = next((p for p in profile.placements if p.start == placement_start), None)
+        if placement is None:
+            raise InvalidPlacement(
+                f"GPU {gpu_uuid}: {profile.name} cannot start at memory slice {placement_start}; "
+                f"valid starts are {', '.join(str(p.start) for p in profile.placements)}",
+                gpu=gpu_uuid,
+            )
+        nv = self._nvml
+        handle = self._handle(gpu_uuid)
+        where = f"{profile.name} (id {profile_id}) at {placement.start}:{placement.size}"
+        c_placement = nv.c_nvmlGpuInstancePlacement_t()
+        c_placement.start = placement.start
+        c_placement.size = placement.size
+        try:
+            gi = nv.nvmlDeviceCreateGpuInstanceWithPlacement(
+                handle, profile_id, ctypes.byref(c_placement)
+            )
+        except nv.NVMLError as exc:
+            code = self._code(exc)
+            if code == errors.NVML_ERROR_INSUFFICIENT_RESOURCES:
+                raise PlacementTaken(
+                    f"GPU {gpu_uuid}: cannot create {where}: its memory slices, an engine it "
+                    "needs, or the profile's instance limit is taken by existing instances; "
+                    "choose another placement or destroy the instance that holds it",
+                    code=code,
+                    gpu=gpu_uuid,
+                ) from exc
+            if code == errors.NVML_ERROR_INVALID_ARGUMENT:
+                raise InvalidPlacement(
+                    f"GPU {gpu_uuid}: NVML rejected {where} as invalid for this GPU",
+                    code=code,
+                    gpu=gpu_uuid,
+                ) from exc
+            if code == errors.NVML_ERROR_IN_USE:
+                raise InstanceInUse(
+                    f"GPU {gpu_uuid}: cannot create {where}: a non-MIG client (e.g. Xorg) holds "
+                    "the GPU; stop it",
+                    code=code,
+                    gpu=gpu_uuid,
+                ) from exc
+            raise self._mig_aware(exc, gpu_uuid, f"create {where}") from exc
+        gi_info = self._call("read the new GPU instance", gpu_uuid, nv.nvmlGpuInstanceGetInfo, gi)
+        gi_id = int(gi_info.id)
+        try:
+            return self._complete(info, gi, gi_id, profile, placement)
+        except BaseException as exc:
+            self._roll_back(gpu_uuid, gi_id, exc)
+            raise
+
+    def _roll_back(self, gpu_uuid: str, gi_id: int, cause: BaseException) -> None:
+        try:
+            self.destroy(gpu_uuid, gi_id)
+        except NvmlError as undo:
+            cause.add_note(
+                f"rolling back GPU instance {gi_id} on {gpu_uuid} also failed: {undo}; "
+                "it is left in place and shows up in the instance list"
+            )
+
+    def ensure_compute_instance(self, gpu_uuid: str, gi_id: int) -> CarvedInstance:
+        """Finish a GPU instance whose compute instance is missing (a carve interrupted by a
+        crash) or return the one it has. Raises NotFound if the GPU instance is gone."""
+        info = self.gpu(gpu_uuid)
+        gi = self._gi_by_id(gpu_uuid, gi_id)
+        if gi is None:
+            raise NotFound(f"GPU {gpu_uuid} has no GPU instance {gi_id}", gpu=gpu_uuid)
+        gi_info = self._call("read a GPU instance", gpu_uuid, self._nvml.nvmlGpuInstanceGetInfo, gi)
+        profile = info.profile(int(gi_info.profileId))
+        if profile is None:
+            raise NotSupported(
+                f"GPU {gpu_uuid}: GPU instance {gi_id} has profile id {gi_info.profileId}, "
+                "which NVML did not list for this GPU",
+                gpu=gpu_uuid,
+            )
+        placement = Placement(int(gi_info.placement.start), int(gi_info.placement.size))
+        return self._complete(info, gi, gi_id, profile, placement)
+
+    def _complete(
+        self,
+        info: GpuInfo,
+        gi: Any,
+        gi_id: int,
+        profile: ProfileSpec,
+        placement: Placement,
+    ) -> CarvedInstance:
+        """Make sure ``gi`` has exactly one full-size compute instance; return the result."""
+        nv = self._nvml
+        uuid = info.uuid
+        existing = self._compute_instances(uuid, gi)
+        if len(existing) > 1:
+            raise InstanceMismatch(
+                f"GPU {uuid}: GPU instance {gi_id} has {len(existing)} compute instances; "
+                "carve manages only instances with one full-size compute instance",
+                gpu=uuid,
+            )
+        if existing:
+            ci_id = existing[0][0]
+        else:
+            ci_profile = self._full_ci_profile(uuid, gi, profile)
+            try:
+                ci = nv.nvmlGpuInstanceCreateComputeInstance(gi, int(ci_profile.id))
+            except nv.NVMLError as exc:
+                raise errors.from_code(
+                    int(exc.value), f"create the compute instance in GPU instance {gi_id}", gpu=uuid
+                ) from exc
+            ci_info = self._call(
+                "read the new compute instance", uuid, nv.nvmlComputeInstanceGetInfo, ci
+            )
+            ci_id = int(ci_info.id)
+        mig_uuid = self._mig_uuids(uuid).get((gi_id, ci_id))
+        if mig_uuid is None:
+            raise NvmlFailure(
+                f"GPU {uuid}: no MIG device handle matches GPU instance {gi_id} / compute "
+                f"instance {ci_id}; NVML's MIG device list is inconsistent",
+                gpu=uuid,
+            )
+        return CarvedInstance(
+            gpu_uuid=uuid,
+            gpu_minor=info.minor,
+            gi_id=gi_id,
+            ci_id=ci_id,
+            profile_id=profile.id,
+            placement=placement,
+            mig_uuid=mig_uuid,
+        )
+
+    def _full_ci_profile(self, uuid: str, gi: Any, profile: ProfileSpec) -> Any:
+        for ci_info in self._ci_profiles(uuid, gi):
+            if int(ci_info.sliceCount) == profile.slices:
+                return ci_info
+        raise NotSupported(
+            f"GPU {uuid}: {profile.name} offers no full-size compute-instance profile", gpu=uuid
+        )
+
+    def _ci_profiles(self, uuid: str, gi: Any) -> list[Any]:
+        nv = self._nvml
+        out = []
+        for index in range(_CI_PROFILE_COUNT):
+            if index == _CI_PROFILE_1_SLICE_REV1:
+                continue
+            try:
+                out.append(
+                    nv.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+                        gi, index, _CI_ENGINE_PROFILE_SHARED, 2
+                    )
+                )
+            except nv.NVMLError as exc:
+                if self._code(exc) in (
+                    errors.NVML_ERROR_NOT_SUPPORTED,
+                    errors.NVML_ERROR_INVALID_ARGUMENT,
+                ):
+                    continue
+                raise errors.from_code(
+                    int(exc.value), "read compute-instance profiles", gpu=uuid
+                ) from exc
+        return out
+
+    def _compute_instances(self, uuid: str, gi: Any) -> list[tuple[int, int, int, Any]]:
+        """(CI id, CI profile id, slices, handle) of every compute instance in ``gi``."""
+        nv = self._nvml
+        found = []
+        for ci_profile in self._ci_profiles(uuid, gi):
+            capacity = max(int(ci_profile.instanceCount), 1)
+            array = (nv.c_nvmlComputeInstance_t * capacity)()
+            count = ctypes.c_uint(capacity)
+            self._call(
+                "list compute instances",
+                uuid,
+                nv.nvmlGpuInstanceGetComputeInstances,
+                gi,
+                int(ci_profile.id),
+                array,
+                ctypes.byref(count),
+            )
+            for i in range(count.value):
+                ci_info = self._call(
+                    "read a compute instance", uuid, nv.nvmlComputeInstanceGetInfo, array[i]
+                )
+                found.append(
+                    (int(ci_info.id), int(ci_profile.id), int(ci_profile.sliceCount), array[i])
+                )
+        return sorted(found, key=lambda f: f[0])
+
+    def _mig_uuids(self, uuid: str) -> dict[tuple[int, int], str]:
+        """(GI id, CI id) -> MIG UUID, by walking the GPU's MIG device handles (the compute
+        instance's info names the parent GPU, not the MIG device)."""
+        nv = self._nvml
+        handle = self._handle(uuid)
+        out: dict[tuple[int, int], str] = {}
+        limit = self._call("count MIG devices", uuid, nv.nvmlDeviceGetMaxMigDeviceCount, handle)
+        for index in range(int(limit)):
+            try:
+                mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, index)
+            except nv.NVMLError as exc:
+                if self._code(exc) in (
+                    errors.NVML_ERROR_NOT_FOUND,
+                    errors.NVML_ERROR_INVALID_ARGUMENT,
+                ):
+                    continue  # an empty slot: the index space need not be dense
+                raise errors.from_code(int(exc.value), "walk MIG devices", gpu=uuid) from exc
+            with self._translating("read a MIG device", uuid):
+                key = (
+                    int(nv.nvmlDeviceGetGpuInstanceId(mig)),
+                    int(nv.nvmlDeviceGetComputeInstanceId(mig)),
+                )
+                out[key] = str(nv.nvmlDeviceGetUUID(mig))
+        return out
+
+    # --- listing and destroying -------------------------------------------------------------
+
+    def instances(self, gpu_uuid: str) -> tuple[GpuInstance, ...]:
+        """Every GPU instance on the GPU (carve's or not), ordered by GI id. Empty when MIG
+        mode is off, since no instance can exist then."""
+        info = self.gpu(gpu_uuid)
+        if not info.mig_capable or not self.mig_mode(gpu_uuid).current:
+            return ()
+        nv = self._nvml
+        handle = self._handle(gpu_uuid)
+        found: list[tuple[int, int, Placement, Any]] = []
+        for profile in info.profiles:
+            capacity = max(profile.max_instances, 1)
+            array = (nv.c_nvmlGpuInstance_t * capacity)()
+            count = ctypes.c_uint(capacity)
+            try:
+                nv.nvmlDeviceGetGpuInstances(handle, profile.id, array, ctypes.byref(count))
+            except nv.NVMLError as exc:
+                raise self._mig_aware(exc, gpu_uuid, "list GPU instances") from exc
+            for i in range(count.value):
+                gi_info = self._call(
+                    "read a GPU instance", gpu_uuid, nv.nvmlGpuInstanceGetInfo, array[i]
+                )
+                placement = Placement(int(gi_info.placement.start), int(gi_info.placement.size))
+                found.append((int(gi_info.id), profile.id, placement, array[i]))
+        mig_uuids = self._mig_uuids(gpu_uuid) if found else {}
+        result = []
+        for gi_id, profile_id, placement, gi in sorted(found, key=lambda f: f[0]):
+            cis = tuple(
+                ComputeInstance(
+                    id=ci_id,
+                    profile_id=ci_profile_id,
+                    slices=slices,
+                    mig_uuid=mig_uuids.get((gi_id, ci_id)),
+                )
+                for ci_id, ci_profile_id, slices, _ in self._compute_instances(gpu_uuid, gi)
+            )
+            result.append(GpuInstance(gpu_uuid, gi_id, profile_id, placement, cis))
+        return tuple(result)
+
+    def _gi_by_id(self, gpu_uuid: str, gi_id: int) -> Any | None:
+        nv = self._nvml
+        try:
+            return nv.nvmlDeviceGetGpuInstanceById(self._handle(gpu_uuid), gi_id)
+        except nv.NVMLError as exc:
+            code = self._code(exc)
+            if code == errors.NVML_ERROR_NOT_FOUND:
+                return None
+            if code == errors.NVML_ERROR_NOT_SUPPORTED and not self.mig_mode(gpu_uuid).current:
+                return None  # MIG off: no instance can exist
+            raise errors.from_code(
+                int(exc.value), f"look up GPU instance {gi_id}", gpu=gpu_uuid
+            ) from exc
+
+    def destroy(
+        self,
+        gpu_uuid: str,
+        gi_id: int,
+        *,
+        expect_profile_id: int | None = None,
+        expect_placement: Placement | None = None,
+    ) -> None:
+        """Destroy GPU instance ``gi_id`` and its compute instances (compute first).
+
+        Idempotent: an instance that is already gone is success. With ``expect_*`` given, an
+        instance under that id with another profile or placement is not touched
+        (InstanceMismatch), since GI ids are reused and it may belong to someone else.
+        """
+        nv = self._nvml
+        gi = self._gi_by_id(gpu_uuid, gi_id)
+        if gi is None:
+            return
+        if expect_profile_id is not None or expect_placement is not None:
+            try:
+                gi_info = nv.nvmlGpuInstanceGetInfo(gi)
+            except nv.NVMLError as exc:
+                if self._code(exc) == errors.NVML_ERROR_INVALID_ARGUMENT:
+                    return  # destroyed while we looked
+                raise errors.from_code(int(exc.value), "read a GPU instance", gpu=gpu_uuid) from exc
+            placement = Placement(int(gi_info.placement.start), int(gi_info.placement.size))
+            if (expect_profile_id is not None and int(gi_info.profileId) != expect_profile_id) or (
+                expect_placement is not None and placement != expect_placement
+            ):
+                raise InstanceMismatch(
+                    f"GPU {gpu_uuid}: GPU instance {gi_id} is profile id {gi_info.profileId} at "
+                    f"{placement.start}:{placement.size}, not the recorded one; left untouched",
+                    gpu=gpu_uuid,
+                )
+        try:
+            cis = self._compute_instances(gpu_uuid, gi)
+        except NvmlError as exc:
+            if exc.code == errors.NVML_ERROR_INVALID_ARGUMENT:
+                return  # the GPU instance vanished meanwhile
+            raise
+        for ci_id, _, _, ci in cis:
+            try:
+                nv.nvmlComputeInstanceDestroy(ci)
+            except nv.NVMLError as exc:
+                code = self._code(exc)
+                if code in (errors.NVML_ERROR_NOT_FOUND, errors.NVML_ERROR_INVALID_ARGUMENT):
+                    continue  # already gone
+                if code == errors.NVML_ERROR_IN_USE:
+                    raise InstanceInUse(
+                        f"GPU {gpu_uuid}: compute instance {ci_id} of GPU instance {gi_id} "
+                        "still has processes; stop the workload and retry",
+                        code=code,
+                        gpu=gpu_uuid,
+                    ) from exc
+                raise errors.from_code(
+                    int(exc.value), f"destroy compute instance {ci_id}", gpu=gpu_uuid
+                ) from exc
+        try:
+            nv.nvmlGpuInstanceDestroy(gi)
+        except nv.NVMLError as exc:
+            code = self._code(exc)
+            if code in (errors.NVML_ERROR_NOT_FOUND, errors.NVML_ERROR_INVALID_ARGUMENT):
+                return
+            if code == errors.NVML_ERROR_IN_USE:
+                raise InstanceInUse(
+                    f"GPU {gpu_uuid}: GPU instance {gi_id} is still in use (a compute instance "
+                    "or process appeared); retry after it is gone",
+                    code=code,
+                    gpu=gpu_uuid,
+                ) from exc
+            raise errors.from_code(
+                int(exc.value), f"destroy GPU instance {gi_id}", gpu=gpu_uuid
+            ) from exc
+
+    # --- device nodes -----------------------------------------------------------------------
+
+    def caps_major(self) -> int:
+        """The dynamic major of the nvidia-caps character devices, from <proc>/devices."""
+        path = self._proc_root / "devices"
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise NvmlFailure(
+                f"cannot read {path} to find the nvidia-caps major ({exc.strerror}); mount the "
+                "host's /proc or set the proc root"
+            ) from exc
+        major = parse_char_major(text, "nvidia-caps")
+        if major is None:
+            raise NvmlFailure(
+                f"{path} lists no nvidia-caps device; is the NVIDIA driver (with MIG support) "
+                "loaded?"
+            )
+        return major
+
+    def cap_minors(self, gpu_minor: int, gi_id: int, ci_id: int) -> tuple[int, int]:
+        """(GI access minor, CI access minor) under /dev/nvidia-caps."""
+        return gi_cap_minor(gpu_minor, gi_id), ci_cap_minor(gpu_minor, gi_id, ci_id)
+
+    def cap_devices(self, gpu_minor: int, gi_id: int, ci_id: int) -> tuple[CapDevice, CapDevice]:
+        major = self.caps_major()
+        gi_minor, ci_minor = self.cap_minors(gpu_minor, gi_id, ci_id)
+        return (
+            CapDevice(f"{NVIDIA_CAPS_DEVICE_DIR}/nvidia-cap{gi_minor}", major, gi_minor),
+            CapDevice(f"{NVIDIA_CAPS_DEVICE_DIR}/nvidia-cap{ci_minor}", major, ci_minor),
+        )
