@@ -263,7 +263,8 @@ def test_random_sequences_keep_every_rule(key: str, data: st.DataObject) -> None
     state = EMPTY_STATE
     for _ in range(data.draw(st.integers(1, 14), label="steps")):
         listing = list(state.instances)
-        if listing and data.draw(st.booleans(), label="remove?"):
+        remove = data.draw(st.booleans(), label="remove?")
+        if listing and remove:
             pid, start = data.draw(st.sampled_from(listing), label="victim")
             after = geometry.remove(state, pid, start)
             assert geometry.place(after, pid, start) == state

@@ -1,0 +1,727 @@
+"""ResourceSlices that publish MIG GPUs as DRA partitionable devices, and their inverse.
+
+The node's kubelet plugin publishes what could be carved, not what is carved: per GPU one device
+per (profile, listed placement) plus the whole GPU, all drawing on one counter set. The counter
+set holds the GPU's capacities (memory in bytes, multiprocessors, engine pools) and one counter
+`memory-slice-<i>` of value 1 per memory unit. A MIG device consumes its capacities and the memory
+slices its placement covers, so kube-scheduler (and Cluster Autoscaler, and Kueue, which charges
+the `memory` counter) enforce the same overlap and engine-pool rules as `driver.geometry` without
+knowing anything about MIG. The controller reads the slices back with `parse_resource_slices`.
+
+Layouts: Kubernetes >= 1.35 requires counters and devices in different slices of one pool and
+generation (`split_counters=True`); 1.34 wants both in one slice. Slices using counters hold at
+most 64 devices, so every GPU gets its own slice(s).
+
+Everything here is pure: manifests are plain JSON-ready dicts with the API's camelCase keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from types import MappingProxyType
+from typing import Any
+
+from driver.catalog import (
+    Architecture,
+    Engines,
+    Evidence,
+    GpuModel,
+    Placement,
+    ProfileSpec,
+)
+from driver.geometry import EMPTY_STATE, Geometry, geometry_for
+from driver.naming import (
+    counter_set_name,
+    gpu_device_name,
+    memory_slice_counter,
+    mig_device_name,
+    parse_device_name,
+)
+
+__all__ = [
+    "API_VERSION",
+    "MAX_DEVICES_PER_SLICE",
+    "PCI_BUS_ID_ATTRIBUTE",
+    "PublishedGpu",
+    "SlicedGpu",
+    "build_resource_slices",
+    "parse_quantity",
+    "parse_resource_slices",
+]
+
+API_VERSION = "resource.k8s.io/v1"
+PCI_BUS_ID_ATTRIBUTE = "resource.kubernetes.io/pciBusID"
+
+# API limits (resource/v1 types.go, 1.34-1.37); checked here so a bad inventory fails on the
+# node with a specific message instead of as an apiserver rejection.
+MAX_DEVICES_PER_SLICE = 64  # with consumesCounters (128 without)
+_MAX_ATTRIBUTES_AND_CAPACITIES = 32
+_MAX_ATTRIBUTE_STRING = 64
+_MAX_COUNTERS_PER_SET = 32
+_MAX_DRIVER_NAME = 63
+_MAX_OBJECT_NAME = 253
+
+_MIB = 1 << 20
+
+# Capacity name (device, camelCase) -> counter name (counter set, DNS label), in publish order.
+_CAPACITY_COUNTERS = (
+    ("memory", "memory"),
+    ("multiprocessors", "multiprocessors"),
+    ("copyEngines", "copy-engines"),
+    ("decoders", "decoders"),
+    ("encoders", "encoders"),
+    ("jpegEngines", "jpeg-engines"),
+    ("ofaEngines", "ofa-engines"),
+)
+
+_DNS_SUBDOMAIN = re.compile(
+    r"[a-z0-9](?:[a-z0-9-]*[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)*"
+)
+_MEMORY_SLICE = re.compile(r"memory-slice-(0|[1-9][0-9]*)")
+
+
+@dataclass(frozen=True)
+class PublishedGpu:
+    """One physical GPU as the node discovered it (from NVML or the simulator)."""
+
+    minor: int  # device minor of /dev/nvidia<minor>
+    uuid: str  # "GPU-..."
+    model: GpuModel
+    pci_bus_id: str
+    driver_version: str  # as NVML prints it, e.g. "580.105.08"
+
+
+@dataclass(frozen=True)
+class SlicedGpu:
+    """One GPU as the controller sees it in a node's ResourceSlices."""
+
+    node_name: str
+    pool: str
+    generation: int
+    minor: int
+    uuid: str
+    product_name: str
+    model: GpuModel  # rebuilt from devices and counters; equal for equal GPUs on any node
+    devices: Mapping[tuple[int, int], str]  # (profile_id, placement start) -> device name
+    whole_gpu_device: str
+    counter_set: str
+    pci_bus_id: str | None = None
+    driver_version: str | None = None
+
+
+# ---- building -------------------------------------------------------------------------------
+
+
+def build_resource_slices(
+    *,
+    driver: str,
+    node_name: str,
+    pool_generation: int,
+    gpus: Sequence[PublishedGpu],
+    split_counters: bool = True,
+) -> list[dict[str, Any]]:
+    """The complete pool of `node_name` as resource.k8s.io/v1 ResourceSlice manifests.
+
+    The pool is named after the node; every slice carries the same generation and the pool's
+    total slice count (counter-only slices included). Slice names are deterministic, so a
+    publisher can create-or-update them and delete any other slice of the pool. No GPUs give
+    no slices (a pool needs at least one), which tells the publisher to delete them all.
+    Raises ValueError when the inventory cannot be published within the API's limits.
+    """
+    _check_dns_subdomain("driver name", driver, _MAX_DRIVER_NAME)
+    _check_dns_subdomain("node name", node_name, _MAX_OBJECT_NAME)
+    if pool_generation < 0:
+        raise ValueError(f"pool generation must be >= 0, got {pool_generation}")
+    _check_unique("GPU minor", [g.minor for g in gpus])
+    _check_unique("GPU UUID", [g.uuid for g in gpus])
+
+    specs: list[tuple[str, dict[str, Any]]] = []  # (slice name, spec without pool)
+    for gpu in sorted(gpus, key=lambda g: g.minor):
+        counter_set = _counter_set(gpu)
+        devices = _devices(gpu)
+        base = f"gpu-{gpu.minor}"
+        if split_counters:
+            specs.append((f"{base}-counters", {"sharedCounters": [counter_set]}))
+            chunks = [
+                devices[i : i + MAX_DEVICES_PER_SLICE]
+                for i in range(0, len(devices), MAX_DEVICES_PER_SLICE)
+            ]
+            for n, chunk in enumerate(chunks):
+                suffix = f"{base}-devices" if n == 0 else f"{base}-devices-{n}"
+                specs.append((suffix, {"devices": chunk}))
+        else:
+            if len(devices) > MAX_DEVICES_PER_SLICE:
+                raise ValueError(
+                    f"GPU {gpu.minor} ({gpu.model.key}) needs {len(devices)} devices; a combined "
+                    f"slice (Kubernetes 1.34) holds at most {MAX_DEVICES_PER_SLICE} and cannot "
+                    "share its counter set with another slice"
+                )
+            specs.append((base, {"sharedCounters": [counter_set], "devices": devices}))
+
+    return [
+        {
+            "apiVersion": API_VERSION,
+            "kind": "ResourceSlice",
+            "metadata": {"name": _slice_name(node_name, driver, suffix)},
+            "spec": {
+                "driver": driver,
+                "pool": {
+                    "name": node_name,
+                    "generation": pool_generation,
+                    "resourceSliceCount": len(specs),
+                },
+                "nodeName": node_name,
+                **body,
+            },
+        }
+        for suffix, body in specs
+    ]
+
+
+def _counter_set(gpu: PublishedGpu) -> dict[str, Any]:
+    model = gpu.model
+    counters = {
+        name: {"value": str(value)}
+        for (_, name), value in zip(_CAPACITY_COUNTERS, _whole_gpu_amounts(model), strict=True)
+    }
+    for unit in range(model.memory_units):
+        counters[memory_slice_counter(unit)] = {"value": "1"}
+    if len(counters) > _MAX_COUNTERS_PER_SET:
+        raise ValueError(
+            f"{model.key} has {model.memory_units} memory units: {len(counters)} counters exceed "
+            f"the API's {_MAX_COUNTERS_PER_SET} per counter set"
+        )
+    return {"name": counter_set_name(gpu.minor), "counters": counters}
+
+
+def _whole_gpu_amounts(model: GpuModel) -> tuple[int, ...]:
+    return (model.memory_mib * _MIB, model.multiprocessors, *_engine_tuple(model.engine_totals))
+
+
+def _profile_amounts(spec: ProfileSpec) -> tuple[int, ...]:
+    return (spec.memory_mib * _MIB, spec.multiprocessors, *_engine_tuple(spec.engines))
+
+
+def _engine_tuple(e: Engines) -> tuple[int, int, int, int, int]:
+    return (e.copy, e.decoders, e.encoders, e.jpeg, e.ofa)
+
+
+def _devices(gpu: PublishedGpu) -> list[dict[str, Any]]:
+    """The GPU's devices in preference order.
+
+    kube-scheduler takes the first device in a slice that matches a request and whose counters
+    are free, so the order is the only placement policy the native path has. It is static (the
+    scheduler knows nothing of the current state), so it is chosen against an empty GPU:
+
+    * smaller profiles before larger ones, and profiles using fewer media engines before those
+      using more, so that a request that matches several (a memory-capacity selector, say) gets
+      the smallest device that satisfies it and leaves the OFA and decoders to those who ask;
+    * within a profile, placements that leave the most room for big profiles first (compared
+      by what the GPU still admits, biggest profile first), ties going to the higher start.
+      On 8-unit GPUs this fills the upper half first, as NVML's own auto-placement does, so the
+      4g (only at 0) and a 3g stay possible as long as possible;
+    * the whole GPU last, because taking it blocks every MIG device.
+    """
+    model = gpu.model
+    geometry = geometry_for(model)
+    big_first = sorted(model.profiles, key=lambda p: (-p.size, -p.slices, -p.memory_mib, p.id))
+
+    def room_left(spec: ProfileSpec, start: int) -> tuple[int, ...]:
+        after = geometry.place(EMPTY_STATE, spec.id, start)
+        admits = geometry.admits(after)
+        return tuple(admits[p.id] for p in big_first)
+
+    def footprint(spec: ProfileSpec) -> tuple[int, ...]:
+        e = spec.engines
+        media = e.decoders + e.encoders + e.jpeg + e.ofa
+        return (spec.size, spec.memory_mib, spec.slices, spec.multiprocessors, media, spec.id)
+
+    placements = sorted(
+        ((spec, start) for spec in model.profiles for start in spec.starts),
+        key=lambda ps: (
+            footprint(ps[0]),
+            tuple(-n for n in room_left(*ps)),
+            -ps[1],
+        ),
+    )
+    _check_placements_fit_alone(geometry, placements)
+    devices = [_mig_device(gpu, spec, start) for spec, start in placements]
+    devices.append(_whole_gpu_device(gpu))
+    return devices
+
+
+def _check_placements_fit_alone(
+    geometry: Geometry, placements: Iterable[tuple[ProfileSpec, int]]
+) -> None:
+    for spec, start in placements:
+        if not geometry.fits(EMPTY_STATE, spec.id, start):
+            raise ValueError(
+                f"{geometry.model.key}: {spec.name} at {start} cannot be created even on an "
+                "empty GPU (placement outside the memory units or engines beyond the GPU's "
+                "totals); refusing to publish a device that can never be carved"
+            )
+
+
+def _common_attributes(gpu: PublishedGpu) -> dict[str, dict[str, Any]]:
+    model = gpu.model
+    major, minor = model.cuda_compute_capability
+    return {
+        "productName": _string(model.product_name),
+        "architecture": _string(str(model.architecture)),
+        "cudaComputeCapability": {"version": f"{major}.{minor}.0"},
+        "driverVersion": {"version": _semver(gpu.driver_version)},
+        PCI_BUS_ID_ATTRIBUTE: _string(gpu.pci_bus_id),
+    }
+
+
+def _capacity(amounts: tuple[int, ...]) -> dict[str, dict[str, str]]:
+    return {cap: {"value": str(v)} for (cap, _), v in zip(_CAPACITY_COUNTERS, amounts, strict=True)}
+
+
+def _consumption(counter_set: str, amounts: tuple[int, ...], units: range) -> list[Any]:
+    counters = {
+        name: {"value": str(v)}
+        for (_, name), v in zip(_CAPACITY_COUNTERS, amounts, strict=True)
+        if v
+    }
+    counters.update({memory_slice_counter(u): {"value": "1"} for u in units})
+    return [{"counterSet": counter_set, "counters": counters}]
+
+
+def _mig_device(gpu: PublishedGpu, spec: ProfileSpec, start: int) -> dict[str, Any]:
+    amounts = _profile_amounts(spec)
+    attributes: dict[str, dict[str, Any]] = {
+        "type": _string("mig"),
+        "profile": _string(spec.name),
+        "profileId": {"int": spec.id},
+        # carve extras beyond the NVIDIA set, so the controller can rebuild the exact geometry
+        "profileIndex": {"int": spec.index},
+        "maxInstances": {"int": spec.max_instances},
+        "placementStart": {"int": start},
+        "placementSize": {"int": spec.size},
+        "parentUUID": _string(gpu.uuid),
+        **_common_attributes(gpu),
+    }
+    return _device(
+        mig_device_name(gpu.minor, spec.name, spec.id, start),
+        attributes,
+        _capacity(amounts),
+        _consumption(counter_set_name(gpu.minor), amounts, range(start, start + spec.size)),
+    )
+
+
+def _whole_gpu_device(gpu: PublishedGpu) -> dict[str, Any]:
+    amounts = _whole_gpu_amounts(gpu.model)
+    attributes = {
+        "type": _string("gpu"),
+        "uuid": _string(gpu.uuid),
+        **_common_attributes(gpu),
+    }
+    return _device(
+        gpu_device_name(gpu.minor),
+        attributes,
+        _capacity(amounts),
+        _consumption(counter_set_name(gpu.minor), amounts, range(gpu.model.memory_units)),
+    )
+
+
+def _device(
+    name: str,
+    attributes: dict[str, dict[str, Any]],
+    capacity: dict[str, dict[str, str]],
+    consumes: list[Any],
+) -> dict[str, Any]:
+    if len(attributes) + len(capacity) > _MAX_ATTRIBUTES_AND_CAPACITIES:
+        raise ValueError(
+            f"device {name}: {len(attributes)} attributes + {len(capacity)} capacities exceed "
+            f"the API's {_MAX_ATTRIBUTES_AND_CAPACITIES}"
+        )
+    return {
+        "name": name,
+        "attributes": attributes,
+        "capacity": capacity,
+        "consumesCounters": consumes,
+    }
+
+
+def _string(value: str) -> dict[str, str]:
+    if len(value) > _MAX_ATTRIBUTE_STRING:
+        raise ValueError(
+            f"attribute value {value!r} is longer than the API's {_MAX_ATTRIBUTE_STRING} chars"
+        )
+    return {"string": value}
+
+
+def _semver(version: str) -> str:
+    """NVML driver versions ("580.105.08") as the semver DRA version attributes require
+    ("580.105.8": no leading zeros, exactly three parts)."""
+    parts = version.strip().split(".")
+    if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+        raise ValueError(f"driver version {version!r} is not of the form N[.N[.N]]")
+    numbers = [int(p) for p in parts] + [0] * (3 - len(parts))
+    text = ".".join(map(str, numbers))
+    if len(text) > _MAX_ATTRIBUTE_STRING:
+        raise ValueError(f"driver version {version!r} is too long for a version attribute")
+    return text
+
+
+def _slice_name(node_name: str, driver: str, suffix: str) -> str:
+    """`<node>-<driver>-<suffix>`, shortened with a hash when it would exceed 253 chars."""
+    name = f"{node_name}-{driver}-{suffix}"
+    if len(name) <= _MAX_OBJECT_NAME:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:10]
+    keep = _MAX_OBJECT_NAME - len(suffix) - len(digest) - 2
+    head = node_name[:keep].rstrip(".-")
+    return f"{head}-{digest}-{suffix}"
+
+
+def _check_dns_subdomain(what: str, value: str, limit: int) -> None:
+    if len(value) > limit or not _DNS_SUBDOMAIN.fullmatch(value):
+        raise ValueError(f"{what} {value!r} is not a DNS subdomain of at most {limit} characters")
+
+
+def _check_unique(what: str, values: Sequence[object]) -> None:
+    dupes = sorted({str(v) for v in values if values.count(v) > 1})
+    if dupes:
+        raise ValueError(f"duplicate {what}: {', '.join(dupes)}")
+
+
+# ---- parsing --------------------------------------------------------------------------------
+
+_QUANTITY = re.compile(
+    r"(?P<num>[+-]?(?:\d+(?:\.\d*)?|\.\d+))"
+    r"(?:(?P<bin>Ki|Mi|Gi|Ti|Pi|Ei)|(?P<dec>[numkMGTPE])|[eE](?P<exp>[+-]?\d+))?"
+)
+_BINARY = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
+_DECIMAL = {"n": -9, "u": -6, "m": -3, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+
+
+def parse_quantity(value: object) -> int:
+    """A Kubernetes Quantity ("40Gi", "42949672960", "1e3", 7) as an exact integer.
+
+    The apiserver may hand back a canonical form different from what was written, so every
+    suffix is accepted; fractional results are rejected since carve counts whole units.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"quantity {value!r} is not a number")
+    if isinstance(value, int):
+        return value
+    if not isinstance(value, str) or not (m := _QUANTITY.fullmatch(value.strip())):
+        raise ValueError(f"{value!r} is not a Kubernetes quantity")
+    try:
+        number = Decimal(m["num"])
+    except InvalidOperation as err:  # pragma: no cover - the regex admits only decimals
+        raise ValueError(f"{value!r} is not a Kubernetes quantity") from err
+    if m["bin"]:
+        number *= 1 << _BINARY[m["bin"]]
+    elif m["dec"]:
+        number *= Decimal(10) ** _DECIMAL[m["dec"]]
+    elif m["exp"]:
+        number *= Decimal(10) ** int(m["exp"])
+    if number != number.to_integral_value():
+        raise ValueError(f"quantity {value!r} is not a whole number")
+    return int(number)
+
+
+def parse_resource_slices(
+    slices: Iterable[Mapping[str, Any]],
+    driver: str,
+    *,
+    on_error: Callable[[ValueError], None] | None = None,
+) -> list[SlicedGpu]:
+    """The GPUs that `driver`'s ResourceSlices publish, the inverse of `build_resource_slices`.
+
+    Slices of other drivers are skipped. Per pool only the highest generation counts, as in the
+    scheduler. A malformed pool or GPU raises ValueError naming the slice and what is wrong;
+    with `on_error` the error is reported there instead and only that pool or GPU is skipped,
+    so one broken node never hides the rest of the cluster from the controller.
+    """
+    pools: dict[str, list[Mapping[str, Any]]] = {}
+    for obj in slices:
+        spec = obj.get("spec") if isinstance(obj, Mapping) else None
+        if not isinstance(spec, Mapping) or spec.get("driver") != driver:
+            continue
+        pool = spec.get("pool")
+        name = pool.get("name") if isinstance(pool, Mapping) else None
+        if not isinstance(name, str):
+            _report(on_error, ValueError(f"ResourceSlice {_slice_label(obj)} has no pool name"))
+            continue
+        pools.setdefault(name, []).append(obj)
+
+    result: list[SlicedGpu] = []
+    for pool_name in sorted(pools):
+        try:
+            result.extend(_parse_pool(pool_name, pools[pool_name], on_error))
+        except ValueError as err:
+            _report(on_error, err)
+    return result
+
+
+def _report(on_error: Callable[[ValueError], None] | None, err: ValueError) -> None:
+    if on_error is None:
+        raise err
+    on_error(err)
+
+
+def _slice_label(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata")
+    name = meta.get("name") if isinstance(meta, Mapping) else None
+    return repr(name) if isinstance(name, str) else "<unnamed>"
+
+
+def _generation(obj: Mapping[str, Any]) -> int:
+    generation = obj["spec"]["pool"].get("generation", 0)
+    if isinstance(generation, bool) or not isinstance(generation, int):
+        raise ValueError(f"ResourceSlice {_slice_label(obj)}: pool generation is not an integer")
+    return generation
+
+
+def _parse_pool(
+    pool_name: str,
+    objs: list[Mapping[str, Any]],
+    on_error: Callable[[ValueError], None] | None,
+) -> list[SlicedGpu]:
+    generation = max(_generation(o) for o in objs)
+    current = [o for o in objs if _generation(o) == generation]
+    where = f"pool {pool_name!r} generation {generation}"
+    expected = current[0]["spec"]["pool"].get("resourceSliceCount")
+    if not isinstance(expected, int) or len(current) < expected:
+        raise ValueError(
+            f"{where} is incomplete: {len(current)} of {expected} slices present "
+            "(the node is probably republishing; retry later)"
+        )
+    node_names = {o["spec"].get("nodeName") for o in current}
+    if len(node_names) != 1 or not isinstance(node_name := node_names.pop(), str):
+        raise ValueError(f"{where}: slices must all name the same node in spec.nodeName")
+
+    counter_sets: dict[str, dict[str, int]] = {}
+    devices: dict[int, list[tuple[Mapping[str, Any], str]]] = {}
+    for obj in current:
+        label = _slice_label(obj)
+        for cs in obj["spec"].get("sharedCounters") or []:
+            name, counters = _counter_set_values(cs, label)
+            if name in counter_sets:
+                raise ValueError(f"{where}: counter set {name!r} is published twice")
+            counter_sets[name] = counters
+        for dev in obj["spec"].get("devices") or []:
+            if not isinstance(dev, Mapping) or not isinstance(dev.get("name"), str):
+                raise ValueError(f"ResourceSlice {label}: a device has no name")
+            minor = parse_device_name(dev["name"]).minor
+            devices.setdefault(minor, []).append((dev, label))
+
+    gpus = []
+    for minor in sorted(devices):
+        try:
+            gpus.append(
+                _parse_gpu(
+                    node_name=node_name,
+                    pool=pool_name,
+                    generation=generation,
+                    minor=minor,
+                    entries=devices[minor],
+                    counter_sets=counter_sets,
+                )
+            )
+        except ValueError as err:
+            _report(on_error, ValueError(f"{where}, GPU {minor}: {err}"))
+    return gpus
+
+
+def _counter_set_values(cs: object, label: str) -> tuple[str, dict[str, int]]:
+    if not isinstance(cs, Mapping) or not isinstance(cs.get("name"), str):
+        raise ValueError(f"ResourceSlice {label}: a counter set has no name")
+    counters = cs.get("counters")
+    if not isinstance(counters, Mapping):
+        raise ValueError(f"ResourceSlice {label}: counter set {cs['name']!r} has no counters")
+    values: dict[str, int] = {}
+    for key, counter in counters.items():
+        if not isinstance(counter, Mapping) or "value" not in counter:
+            raise ValueError(f"ResourceSlice {label}: counter {key!r} has no value")
+        values[str(key)] = parse_quantity(counter["value"])
+    return cs["name"], values
+
+
+def _attr(dev: Mapping[str, Any], name: str, kind: str) -> Any:
+    attrs = dev.get("attributes")
+    entry = attrs.get(name) if isinstance(attrs, Mapping) else None
+    if not isinstance(entry, Mapping) or kind not in entry:
+        raise ValueError(f"device {dev['name']!r} lacks the {kind} attribute {name!r}")
+    value = entry[kind]
+    expected = int if kind == "int" else str
+    if isinstance(value, bool) or not isinstance(value, expected):
+        raise ValueError(f"device {dev['name']!r}: attribute {name!r} is not a {kind}")
+    return value
+
+
+def _capacities(dev: Mapping[str, Any]) -> tuple[int, ...]:
+    cap = dev.get("capacity")
+    if not isinstance(cap, Mapping):
+        raise ValueError(f"device {dev['name']!r} has no capacity")
+    values = []
+    for name, _ in _CAPACITY_COUNTERS:
+        entry = cap.get(name)
+        if not isinstance(entry, Mapping) or "value" not in entry:
+            raise ValueError(f"device {dev['name']!r} lacks capacity {name!r}")
+        values.append(parse_quantity(entry["value"]))
+    return tuple(values)
+
+
+def _consumed(dev: Mapping[str, Any]) -> tuple[str, dict[str, int]]:
+    entries = dev.get("consumesCounters")
+    if not isinstance(entries, list) or len(entries) != 1 or not isinstance(entries[0], Mapping):
+        raise ValueError(f"device {dev['name']!r} must consume exactly one counter set")
+    entry = entries[0]
+    counters = entry.get("counters")
+    if not isinstance(entry.get("counterSet"), str) or not isinstance(counters, Mapping):
+        raise ValueError(f"device {dev['name']!r} has a malformed consumesCounters entry")
+    values = {}
+    for key, counter in counters.items():
+        if not isinstance(counter, Mapping) or "value" not in counter:
+            raise ValueError(f"device {dev['name']!r}: consumed counter {key!r} has no value")
+        values[str(key)] = parse_quantity(counter["value"])
+    return entry["counterSet"], values
+
+
+def _parse_gpu(
+    *,
+    node_name: str,
+    pool: str,
+    generation: int,
+    minor: int,
+    entries: list[tuple[Mapping[str, Any], str]],
+    counter_sets: Mapping[str, Mapping[str, int]],
+) -> SlicedGpu:
+    whole = [dev for dev, _ in entries if not parse_device_name(dev["name"]).is_mig]
+    if len(whole) != 1:
+        raise ValueError(f"expected one whole-GPU device {gpu_device_name(minor)!r}")
+    gpu_dev = whole[0]
+    if _attr(gpu_dev, "type", "string") != "gpu":
+        raise ValueError(f"device {gpu_dev['name']!r} must have type 'gpu'")
+    counter_set, _ = _consumed(gpu_dev)
+    counters = counter_sets.get(counter_set)
+    if counters is None:
+        raise ValueError(f"counter set {counter_set!r} is not published in the pool")
+    units = sorted(int(m[1]) for k in counters if (m := _MEMORY_SLICE.fullmatch(k)))
+    if not units or units != list(range(len(units))):
+        raise ValueError(f"counter set {counter_set!r} must have memory-slice-0..N-1 counters")
+    memory_units = len(units)
+    uuid = _attr(gpu_dev, "uuid", "string")
+    product = _attr(gpu_dev, "productName", "string")
+    arch_name = _attr(gpu_dev, "architecture", "string")
+    try:
+        architecture = Architecture(arch_name)
+    except ValueError:
+        known = ", ".join(a.value for a in Architecture)
+        raise ValueError(f"unknown architecture {arch_name!r} (known: {known})") from None
+    cc = _attr(gpu_dev, "cudaComputeCapability", "version").split(".")
+    if len(cc) < 2 or not (cc[0].isdigit() and cc[1].isdigit()):
+        raise ValueError(f"cudaComputeCapability {'.'.join(cc)!r} is not a version")
+    whole_amounts = _capacities(gpu_dev)
+
+    rows: dict[int, dict[str, Any]] = {}
+    names: dict[tuple[int, int], str] = {}
+    for dev, _ in entries:
+        if dev is gpu_dev:
+            continue
+        parsed = parse_device_name(dev["name"])
+        pid = _attr(dev, "profileId", "int")
+        start = _attr(dev, "placementStart", "int")
+        size = _attr(dev, "placementSize", "int")
+        if (pid, start) != (parsed.profile_id, parsed.placement_start):
+            raise ValueError(f"device {dev['name']!r}: name and attributes disagree")
+        if _attr(dev, "parentUUID", "string") != uuid:
+            raise ValueError(f"device {dev['name']!r}: parentUUID is not {uuid!r}")
+        used_set, used = _consumed(dev)
+        slices_used = sorted(int(m[1]) for k in used if (m := _MEMORY_SLICE.fullmatch(k)))
+        if used_set != counter_set or slices_used != list(range(start, start + size)):
+            raise ValueError(
+                f"device {dev['name']!r} must consume memory-slice-{start}.."
+                f"{start + size - 1} of {counter_set!r}"
+            )
+        if start + size > memory_units:
+            raise ValueError(f"device {dev['name']!r} lies beyond {memory_units} memory units")
+        name = _attr(dev, "profile", "string")
+        row = rows.setdefault(
+            pid,
+            {
+                "name": name,
+                "index": _attr(dev, "profileIndex", "int"),
+                "max": _attr(dev, "maxInstances", "int"),
+                "amounts": _capacities(dev),
+                "size": size,
+                "starts": [],
+            },
+        )
+        if (row["name"], row["size"], row["amounts"]) != (name, size, _capacities(dev)):
+            raise ValueError(f"devices of profile id {pid} disagree on name, size or capacity")
+        row["starts"].append(start)
+        names[(pid, start)] = dev["name"]
+
+    profiles = []
+    for pid, row in rows.items():
+        amounts = row["amounts"]
+        slices = row["name"].split("g.", 1)[0]
+        if not slices.isdigit():
+            raise ValueError(f"profile {row['name']!r} does not start with '<slices>g.'")
+        profiles.append(
+            ProfileSpec(
+                index=row["index"],
+                id=pid,
+                name=row["name"],
+                memory_mib=amounts[0] // _MIB,
+                slices=int(slices),
+                multiprocessors=amounts[1],
+                engines=Engines(*amounts[2:7]),
+                max_instances=row["max"],
+                placements=tuple(Placement(s, row["size"]) for s in sorted(row["starts"])),
+                evidence=Evidence.INFERRED,
+                note="reconstructed from ResourceSlices",
+            )
+        )
+    if not profiles:
+        raise ValueError("no MIG devices published")
+    profiles.sort(key=lambda p: p.index)
+    model = GpuModel(
+        key=product,
+        product_name=product,
+        pci_device_ids=(),
+        architecture=architecture,
+        memory_mib=whole_amounts[0] // _MIB,
+        memory_units=memory_units,
+        compute_slices=max(p.slices for p in profiles),
+        cuda_compute_capability=(int(cc[0]), int(cc[1])),
+        profiles=tuple(profiles),
+        placement_evidence=Evidence.INFERRED,
+        note="reconstructed from ResourceSlices",
+    )
+    return SlicedGpu(
+        node_name=node_name,
+        pool=pool,
+        generation=generation,
+        minor=minor,
+        uuid=uuid,
+        product_name=product,
+        model=model,
+        devices=MappingProxyType(names),
+        whole_gpu_device=gpu_dev["name"],
+        counter_set=counter_set,
+        pci_bus_id=_optional_string(gpu_dev, PCI_BUS_ID_ATTRIBUTE),
+        driver_version=_optional_version(gpu_dev, "driverVersion"),
+    )
+
+
+def _optional_string(dev: Mapping[str, Any], name: str) -> str | None:
+    entry = (dev.get("attributes") or {}).get(name)
+    value = entry.get("string") if isinstance(entry, Mapping) else None
+    return value if isinstance(value, str) else None
+
+
+def _optional_version(dev: Mapping[str, Any], name: str) -> str | None:
+    entry = (dev.get("attributes") or {}).get(name)
+    value = entry.get("version") if isinstance(entry, Mapping) else None
+    return value if isinstance(value, str) else None
