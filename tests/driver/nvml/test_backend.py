@@ -1,0 +1,243 @@
+"""The NVML backend on the simulator: discovery, carving, listing, destroying, typed errors."""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from driver.catalog import Architecture, Placement, gpu_model
+from driver.nvml import sim
+from driver.nvml.backend import NvmlBackend, ci_cap_minor, gi_cap_minor, parse_char_major
+from driver.nvml.errors import (
+    InstanceInUse,
+    InstanceMismatch,
+    InvalidPlacement,
+    MigDisabled,
+    NoPermission,
+    NotFound,
+    NotSupported,
+    NvmlFailure,
+    NvmlUnavailable,
+    PlacementTaken,
+    ResetRequired,
+)
+
+MakeBackend = Callable[..., NvmlBackend]
+A100 = "A100-SXM4-40GB"
+H100 = "H100-SXM5-80GB"
+RTX = "RTX-PRO-6000-Blackwell"
+
+
+def test_enumerates_gpus_with_device_facts(make_backend: MakeBackend) -> None:
+    b = make_backend([A100, {"model": H100, "minor": 5}])
+    a, h = b.gpus()
+    assert (a.index, a.minor, a.name, a.architecture) == (
+        0,
+        0,
+        "NVIDIA A100-SXM4-40GB",
+        Architecture.AMPERE,
+    )
+    assert (h.minor, h.architecture, h.cuda_compute_capability) == (5, Architecture.HOPPER, (9, 0))
+    assert a.pci_device_id == 0x20B0 and a.pci_bus_id.startswith("00000000:")
+    assert a.memory_mib == gpu_model(A100).memory_mib
+    assert a.driver_version == "580.105.08"
+    assert a.mig_capable and a.mig_toggle_needs_reset and not h.mig_toggle_needs_reset
+    assert b.gpu(h.uuid) is h
+
+
+@pytest.mark.parametrize("key", [A100, H100, RTX, "A30-24GB", "B200-180GB"])
+def test_discovered_model_matches_the_catalog_geometry(make_backend: MakeBackend, key: str) -> None:
+    """Discovery rebuilds, from NVML calls alone, the facts the simulator was given."""
+    b = make_backend([key])
+    uuid = b.gpus()[0].uuid
+    found = b.gpu_model(uuid)
+    expected = gpu_model(key)
+    assert (found.memory_units, found.compute_slices) == (
+        expected.memory_units,
+        expected.compute_slices,
+    )
+    assert found.architecture is expected.architecture
+
+    def facts(m: object) -> set[tuple[object, ...]]:
+        return {
+            (
+                p.index,
+                p.id,
+                p.slices,
+                p.memory_mib,
+                p.multiprocessors,
+                p.engines,
+                p.max_instances,
+                p.placements,
+            )
+            for p in m.profiles  # type: ignore[attr-defined]
+        }
+
+    assert facts(found) == facts(expected)
+    assert all(p.evidence == "VERIFIED" for p in found.profiles)
+    assert {p.name for p in found.profiles} == {p.name for p in expected.profiles}
+
+
+def test_carve_list_and_destroy(make_backend: MakeBackend) -> None:
+    b = make_backend([A100])
+    uuid = b.gpus()[0].uuid
+    carved = b.carve(uuid, 9, 4)
+    assert carved.placement == Placement(4, 4) and carved.ci_id == 0 and carved.gpu_minor == 0
+    assert carved.mig_uuid.startswith("MIG-")
+    (inst,) = b.instances(uuid)
+    assert (inst.gi_id, inst.profile_id, inst.placement, inst.ci_ids) == (
+        carved.gi_id,
+        9,
+        Placement(4, 4),
+        (0,),
+    )
+    assert inst.mig_uuid == carved.mig_uuid
+    assert inst.compute_instances[0].slices == 3
+    assert b.remaining_capacity(uuid, 9) == 1
+    b.destroy(uuid, carved.gi_id)
+    assert b.instances(uuid) == ()
+    b.destroy(uuid, carved.gi_id)  # idempotent
+    assert sim.sim_snapshot()["gpus"][0]["gis"] == []
+
+
+def test_gi_ids_come_from_nvml_not_from_placements(make_backend: MakeBackend) -> None:
+    b = make_backend(
+        [{"model": A100, "gi_id_layout": "identity"}, {"model": A100, "gi_id_layout": "half-swap"}]
+    )
+    ids = [b.carve(g.uuid, 9, 4).gi_id for g in b.gpus()]
+    assert ids == [2, 1]
+
+
+def test_carve_errors_are_typed_and_say_what_to_do(make_backend: MakeBackend) -> None:
+    b = make_backend([A100])
+    uuid = b.gpus()[0].uuid
+    b.carve(uuid, 9, 4)
+    with pytest.raises(PlacementTaken, match="choose another placement") as taken:
+        b.carve(uuid, 14, 4)
+    assert taken.value.code == 23 and taken.value.gpu == uuid
+    with pytest.raises(InvalidPlacement, match="valid starts are 0, 4"):
+        b.carve(uuid, 9, 2)
+    with pytest.raises(NotSupported, match="no MIG profile with id 77"):
+        b.carve(uuid, 77, 0)
+    with pytest.raises(NotFound):
+        b.carve("GPU-nope", 9, 0)
+    b.carve(uuid, 20, 0)  # 1g+me takes the OFA
+    with pytest.raises(PlacementTaken):
+        b.carve(uuid, 20, 1)
+
+
+def test_failed_compute_instance_rolls_back_the_gpu_instance(make_backend: MakeBackend) -> None:
+    b = make_backend([A100])
+    uuid = b.gpus()[0].uuid
+    sim.sim_inject_fault("GpuInstanceCreateComputeInstance", error="INSUFFICIENT_RESOURCES")
+    with pytest.raises(NvmlFailure) as failure:
+        b.carve(uuid, 19, 3)
+    assert failure.value.code == 23
+    assert b.instances(uuid) == ()
+
+
+def test_ensure_compute_instance_finishes_a_half_carved_instance(make_backend: MakeBackend) -> None:
+    b = make_backend([H100])
+    uuid = b.gpus()[0].uuid
+    dev = sim.nvmlDeviceGetHandleByIndex(0)
+    pl = sim.c_nvmlGpuInstancePlacement_t()
+    pl.start, pl.size = 2, 2
+    gi = sim.nvmlDeviceCreateGpuInstanceWithPlacement(dev, 14, ctypes.byref(pl))
+    gi_id = sim.nvmlGpuInstanceGetInfo(gi).id
+    (half,) = b.instances(uuid)
+    assert half.ci_ids == () and half.mig_uuid is None
+    done = b.ensure_compute_instance(uuid, gi_id)
+    assert (done.gi_id, done.profile_id, done.placement) == (gi_id, 14, Placement(2, 2))
+    again = b.ensure_compute_instance(uuid, gi_id)
+    assert again == done
+    with pytest.raises(NotFound):
+        b.ensure_compute_instance(uuid, 14)
+
+
+def test_destroy_guards_against_a_reused_gi_id(make_backend: MakeBackend) -> None:
+    b = make_backend([A100])
+    uuid = b.gpus()[0].uuid
+    carved = b.carve(uuid, 19, 6)
+    with pytest.raises(InstanceMismatch, match="left untouched"):
+        b.destroy(uuid, carved.gi_id, expect_profile_id=20)
+    assert len(b.instances(uuid)) == 1
+    b.destroy(uuid, carved.gi_id, expect_profile_id=19, expect_placement=Placement(6, 1))
+    assert b.instances(uuid) == ()
+
+
+def test_destroy_refuses_while_processes_run(make_backend: MakeBackend) -> None:
+    b = make_backend([A100])
+    uuid = b.gpus()[0].uuid
+    carved = b.carve(uuid, 14, 0)
+    sim.sim_set_busy(0, carved.gi_id, carved.ci_id)
+    with pytest.raises(InstanceInUse, match="still has processes"):
+        b.destroy(uuid, carved.gi_id)
+    sim.sim_set_busy(0, carved.gi_id, carved.ci_id, busy=False)
+    b.destroy(uuid, carved.gi_id)
+    assert b.instances(uuid) == ()
+
+
+def test_mig_mode_on_hopper_is_enabled_on_demand(make_backend: MakeBackend) -> None:
+    b = make_backend([{"model": H100, "mig": False}])
+    uuid = b.gpus()[0].uuid
+    assert not b.mig_enabled(uuid)
+    assert b.instances(uuid) == ()
+    with pytest.raises(MigDisabled, match="MIG mode is off"):
+        b.carve(uuid, 19, 0)
+    assert b.enable_mig(uuid).current
+    b.carve(uuid, 19, 0)
+    with pytest.raises(InstanceInUse, match="cannot disable MIG mode"):
+        b.set_mig_mode(uuid, False)
+
+
+def test_mig_mode_on_ampere_is_refused_with_a_reset_hint(make_backend: MakeBackend) -> None:
+    b = make_backend([{"model": A100, "mig": False}])
+    uuid = b.gpus()[0].uuid
+    with pytest.raises(ResetRequired, match="needs a GPU reset"):
+        b.enable_mig(uuid)
+    assert not b.mig_mode(uuid).pending  # enable_mig changed nothing
+    with pytest.raises(ResetRequired, match="pending enabled"):
+        b.set_mig_mode(uuid, True)
+    assert b.mig_mode(uuid).change_pending
+    sim.sim_reset_gpu(0)
+    assert b.enable_mig(uuid).current
+
+
+def test_missing_privileges_become_no_permission(make_sim: Callable[..., object]) -> None:
+    nv = make_sim([A100], options={"privileged": False})
+    with NvmlBackend(nv) as b, pytest.raises(NoPermission, match="privileged"):
+        b.gpus()
+
+
+def test_no_simulator_configured_is_nvml_unavailable(make_sim: Callable[..., object]) -> None:
+    make_sim([A100])
+    sim.configure(None)
+    with pytest.raises(NvmlUnavailable, match="NVIDIA driver"):
+        NvmlBackend(sim).open()
+
+
+def test_caps_minors_match_the_reference_cross_checks() -> None:
+    assert ci_cap_minor(3, 3, 3) == 439  # DRA nvcaps.go
+    assert ci_cap_minor(6, 11, 7) == 920
+    assert (gi_cap_minor(0, 7), ci_cap_minor(0, 7, 0)) == (66, 67)  # GB200 capture
+    assert gi_cap_minor(2, 2) == 291  # H100 Slurm host
+    assert [gi_cap_minor(2, i) for i in (7, 8, 9)] == [336, 345, 354]
+
+
+def test_caps_major_from_proc_devices(make_backend: MakeBackend, tmp_path: Path) -> None:
+    b = make_backend([A100])
+    gi_dev, ci_dev = b.cap_devices(0, 7, 0)
+    assert (gi_dev.path, gi_dev.minor, ci_dev.minor) == ("/dev/nvidia-caps/nvidia-cap66", 66, 67)
+    assert (
+        gi_dev.major
+        == b.caps_major()
+        == parse_char_major((sim.sim_proc_root() / "devices").read_text(), "nvidia-caps")
+    )
+    text = "Character devices:\n195 nvidia\n511 nvidia-caps\n\nBlock devices:\n511 nvidia-caps-b\n"
+    assert parse_char_major(text, "nvidia-caps") == 511
+    assert parse_char_major("Block devices:\n 12 nvidia-caps\n", "nvidia-caps") is None
+    with pytest.raises(NvmlFailure, match="cannot read"):
+        NvmlBackend(sim, proc_root=tmp_path / "nowhere").caps_major()
