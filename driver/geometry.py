@@ -139,7 +139,11 @@ class _Facts:
 
 
 class Geometry:
-    """The MIG placement rules of one GPU model, with per-state answers cached."""
+    """The MIG placement rules of one GPU model, with per-state answers cached.
+
+    Safe to share between threads: caches only ever gain equal answers, so a race at worst
+    computes one twice.
+    """
 
     # States per model are few; the cap only guards against callers feeding endless garbage.
     _MAX_CACHED_STATES = 1 << 16

@@ -436,6 +436,9 @@ def parse_resource_slices(
 ) -> list[SlicedGpu]:
     """The GPUs that `driver`'s ResourceSlices publish, the inverse of `build_resource_slices`.
 
+    `slices` are in the API's JSON form (camelCase keys), as a watch with raw JSON or
+    `ApiClient().sanitize_for_serialization(obj)` gives them.
+
     Slices of other drivers are skipped. Per pool only the highest generation counts, as in the
     scheduler. A malformed pool or GPU raises ValueError naming the slice and what is wrong;
     with `on_error` the error is reported there instead and only that pool or GPU is skipped,
@@ -445,6 +448,16 @@ def parse_resource_slices(
     for obj in slices:
         spec = obj.get("spec") if isinstance(obj, Mapping) else None
         if not isinstance(spec, Mapping) or spec.get("driver") != driver:
+            continue
+        if "node_name" in spec or "shared_counters" in spec:
+            _report(
+                on_error,
+                ValueError(
+                    f"ResourceSlice {_slice_label(obj)} uses snake_case keys (a client model's "
+                    "to_dict()); pass the API's JSON form, e.g. "
+                    "kubernetes.client.ApiClient().sanitize_for_serialization(obj)"
+                ),
+            )
             continue
         pool = spec.get("pool")
         name = pool.get("name") if isinstance(pool, Mapping) else None

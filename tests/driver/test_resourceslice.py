@@ -468,6 +468,22 @@ def test_on_error_skips_only_the_broken_part() -> None:
     assert "node-a" in str(errors[0]) and "GPU 0" in str(errors[0])
 
 
+def test_client_models_in_the_api_json_form_parse_and_to_dict_is_explained() -> None:
+    """The kubernetes client's objects: sanitize_for_serialization gives the API's JSON, which
+    parses; to_dict() gives snake_case keys, which get a message saying what to pass."""
+    import json
+
+    from kubernetes import client
+
+    api = client.ApiClient()
+    slices = _build([_gpu("A30-24GB")])
+    objs = [api.deserialize(json.dumps(s), "V1ResourceSlice", "application/json") for s in slices]
+    parsed = parse_resource_slices([api.sanitize_for_serialization(o) for o in objs], DRIVER)
+    assert len(parsed) == 1 and parsed[0].model.memory_units == 4
+    with pytest.raises(ValueError, match="sanitize_for_serialization"):
+        parse_resource_slices([o.to_dict() for o in objs], DRIVER)
+
+
 def test_parsed_gpu_feeds_the_geometry() -> None:
     (sliced,) = parse_resource_slices(_build([_gpu("A100-SXM4-40GB")]), DRIVER)
     assert isinstance(sliced, SlicedGpu)
