@@ -1,0 +1,693 @@
+"""Prepare and unprepare: the node agent's crash-safe state machine (the ClaimPreparer).
+
+Per claim, every step is announced in the checkpoint before it touches the GPU:
+
+    prepare:    read claim -> plan devices -> PREPARE_STARTED(intents) -> node finalizer
+                -> per device: [GPU lock] enable MIG if needed, carve GI at the allocated placement
+                   + full CI, record ids -> CDI spec -> PREPARE_COMPLETED
+    unprepare:  UNPREPARE_STARTED -> per device: [GPU lock] destroy CI then GI -> remove CDI spec
+                -> remove node finalizer -> drop record
+
+A failure inside prepare tears down what this attempt built (the same path unprepare takes), so
+the kubelet's retry starts clean. After a crash, `reconcile()` does the same for every claim left
+in PREPARE_STARTED or UNPREPARE_STARTED, so nothing leaks and nothing is carved twice. MIG
+instances that no record owns are *foreign*: they are recorded and handled by policy (adopt,
+leave, refuse the GPU) and never destroyed silently.
+
+Locks: one per claim UID (the kubelet may retry a claim while an earlier call still runs), one
+per GPU (NVML changes to one GPU are serialised; different GPUs proceed in parallel), and one for
+the in-memory checkpoint (held only while a new snapshot is saved, never across NVML calls).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter as CountBy
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from typing import Protocol
+
+from driver.catalog import Placement, ProfileSpec
+from driver.cdi import CdiDevice, CdiWriter, mig_device_nodes, whole_gpu_device_nodes
+from driver.config import ConfigError, resolve_config
+from driver.naming import parse_device_name
+from driver.nvml.types import CarvedInstance, GpuInfo, GpuInstance
+from kubeletplugin.checkpoint import (
+    Checkpoint,
+    CheckpointStore,
+    ClaimRecord,
+    ClaimState,
+    DeviceRecord,
+    ForeignInstance,
+)
+from kubeletplugin.claims import (
+    AllocatedDevice,
+    ClaimClient,
+    ClaimGoneError,
+    ClaimView,
+    describe_results,
+    node_finalizer,
+)
+from kubeletplugin.draservice import ClaimRef, PreparedDevice, PrepareResult
+from kubeletplugin.metrics import PluginMetrics
+
+log = logging.getLogger(__name__)
+
+
+class ForeignPolicy(StrEnum):
+    """What to do with MIG instances that carve finds but did not create."""
+
+    ADOPT = "adopt"  # a claim allocated exactly that profile and placement takes it over
+    LEAVE = "leave"  # keep it; its placement stays unusable for carve
+    REFUSE_GPU = "refuse-gpu"  # keep it, and refuse every claim on that GPU
+
+
+# --- the NVML layer as the state machine needs it -------------------------------------------
+
+
+class MigBackend(Protocol):
+    """The slice of the NVML backend the state machine uses (see driver.nvml.backend)."""
+
+    def gpus(self) -> Sequence[GpuInfo]: ...
+    def mig_enabled(self, gpu_uuid: str) -> bool: ...
+    def enable_mig(self, gpu_uuid: str) -> object: ...
+    def instances(self, gpu_uuid: str) -> Sequence[GpuInstance]: ...
+    def carve(self, gpu_uuid: str, profile_id: int, placement_start: int) -> CarvedInstance: ...
+    def ensure_compute_instance(self, gpu_uuid: str, gi_id: int) -> CarvedInstance: ...
+    def destroy(
+        self,
+        gpu_uuid: str,
+        gi_id: int,
+        *,
+        expect_profile_id: int | None = None,
+        expect_placement: Placement | None = None,
+    ) -> None: ...
+    def caps_major(self) -> int: ...
+    def cap_minors(self, gpu_minor: int, gi_id: int, ci_id: int) -> tuple[int, int]: ...
+
+
+# --- errors with a reason label (for metrics) and a message for the claim's user ------------
+
+
+class ClaimError(Exception):
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class _Planned:
+    result: AllocatedDevice
+    gpu: GpuInfo
+    profile: ProfileSpec | None
+    placement: Placement | None
+    env: Mapping[str, str]
+
+    def record(self) -> DeviceRecord:
+        return DeviceRecord(
+            device_name=self.result.device,
+            request_names=(self.result.request,),
+            pool_name=self.result.pool,
+            gpu_uuid=self.gpu.uuid,
+            gpu_minor=self.gpu.minor,
+            profile_id=None if self.profile is None else self.profile.id,
+            placement_start=None if self.placement is None else self.placement.start,
+            placement_size=None if self.placement is None else self.placement.size,
+        )
+
+
+@dataclass(frozen=True)
+class PreparerSettings:
+    driver_name: str
+    node_name: str
+    pool_name: str
+    foreign_policy: ForeignPolicy = ForeignPolicy.LEAVE
+    parallelism: int = 8
+
+
+class Preparer:
+    """ClaimPreparer over NVML, the checkpoint, CDI and the claim API."""
+
+    def __init__(
+        self,
+        *,
+        settings: PreparerSettings,
+        backend: MigBackend,
+        claims: ClaimClient,
+        store: CheckpointStore,
+        cdi: CdiWriter,
+        metrics: PluginMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._s = settings
+        self._backend = backend
+        self._claims = claims
+        self._store = store
+        self._cdi = cdi
+        self.metrics = metrics or PluginMetrics()
+        self._clock = clock
+        self._finalizer = node_finalizer(settings.driver_name, settings.node_name)
+        self._gpus: dict[int, GpuInfo] = {g.minor: g for g in backend.gpus()}
+        self._cp = store.load()
+        self._cp_lock = threading.Lock()
+        self._locks_lock = threading.Lock()
+        self._gpu_locks: dict[str, threading.Lock] = {}
+        self._claim_locks: dict[str, threading.Lock] = {}
+        self._refused: dict[str, str] = {}  # gpu uuid -> why
+        self._pool = ThreadPoolExecutor(
+            max_workers=max(1, settings.parallelism), thread_name_prefix="prepare"
+        )
+
+    # -- public surface ---------------------------------------------------------------------
+
+    @property
+    def finalizer(self) -> str:
+        return self._finalizer
+
+    def checkpoint(self) -> Checkpoint:
+        with self._cp_lock:
+            return self._cp
+
+    def refused_gpus(self) -> Mapping[str, str]:
+        return dict(self._refused)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
+        futures = {c.uid: self._pool.submit(self._timed_prepare, c) for c in claims}
+        return {uid: f.result() for uid, f in futures.items()}
+
+    def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
+        futures = {c.uid: self._pool.submit(self._timed_unprepare, c) for c in claims}
+        return {uid: f.result() for uid, f in futures.items()}
+
+    # -- locking and checkpoint helpers ------------------------------------------------------
+
+    @contextmanager
+    def _lock(self, table: dict[str, threading.Lock], key: str) -> Iterator[None]:
+        with self._locks_lock:
+            lock = table.setdefault(key, threading.Lock())
+        with lock:
+            yield
+
+    def _save(self, change: Callable[[Checkpoint], Checkpoint]) -> Checkpoint:
+        with self._cp_lock:
+            new = change(self._cp)
+            self._store.save(new)
+            self._cp = new
+            self._update_instance_gauge(new)
+            return new
+
+    def _put(self, record: ClaimRecord) -> ClaimRecord:
+        return self._save(lambda cp: cp.with_claim(record)).claims[record.uid]
+
+    def _update_instance_gauge(self, cp: Checkpoint) -> None:
+        names: CountBy[str] = CountBy()
+        for rec in cp.claims.values():
+            for d in rec.devices:
+                if d.gi_id is not None and d.profile_id is not None:
+                    gpu = self._gpus.get(d.gpu_minor)
+                    p = gpu.profile(d.profile_id) if gpu else None
+                    names[p.name if p else str(d.profile_id)] += 1
+        self.metrics.set_instances(names)
+        self.metrics.foreign_instances.set(len(cp.foreign))
+
+    # -- prepare ------------------------------------------------------------------------------
+
+    def _timed_prepare(self, ref: ClaimRef) -> PrepareResult:
+        start = self._clock()
+        ctx: dict[str, object] = {"claim": f"{ref.namespace}/{ref.name}", "claimUID": ref.uid}
+        try:
+            with self._lock(self._claim_locks, ref.uid):
+                devices = self._prepare_claim(ref, ctx)
+            log.info("claim prepared", extra={**ctx, "devices": [d.device_name for d in devices]})
+            return PrepareResult(devices=devices)
+        except ClaimError as e:
+            self.metrics.errors.labels(operation="prepare", reason=e.reason).inc()
+            log.warning("prepare failed", extra={**ctx, "reason": e.reason, "error": str(e)})
+            return PrepareResult(error=f"{ref}: {e}")
+        except Exception as e:
+            self.metrics.errors.labels(operation="prepare", reason="internal").inc()
+            log.exception("prepare failed unexpectedly", extra=ctx)
+            return PrepareResult(error=f"{ref}: internal error: {type(e).__name__}: {e}")
+        finally:
+            self.metrics.prepare_seconds.observe(self._clock() - start)
+
+    def _prepare_claim(self, ref: ClaimRef, ctx: dict[str, object]) -> tuple[PreparedDevice, ...]:
+        existing = self.checkpoint().claims.get(ref.uid)
+        if existing is not None and existing.state is ClaimState.PREPARE_COMPLETED:
+            return _prepared_devices(existing)  # idempotent: the kubelet asked again
+        if existing is not None:
+            # Left half-done by a failed or crashed attempt: start over from a clean slate.
+            self._teardown(existing, ctx)
+        claim = self._read_claim(ref)
+        ctx["pods"] = list(claim.reserved_for)
+        plan = self._plan(claim)
+        record = self._put(
+            ClaimRecord(
+                ref.uid,
+                ref.namespace,
+                ref.name,
+                ClaimState.PREPARE_STARTED,
+                tuple(p.record() for p in plan),
+            )
+        )
+        try:
+            try:
+                self._claims.add_finalizer(ref.namespace, ref.name, ref.uid, self._finalizer)
+            except ClaimGoneError as e:
+                raise ClaimError("claim-deleted", str(e)) from e
+            record = self._put(replace(record, finalizer_added=True))
+            for i, p in enumerate(plan):
+                record = self._carve(p, record, i, ref)
+            cdi_ids = self._cdi.write(ref.uid, self._cdi_devices(plan, record.devices))
+            done = tuple(
+                replace(d, cdi_ids=(c,)) for d, c in zip(record.devices, cdi_ids, strict=True)
+            )
+            record = self._put(replace(record, state=ClaimState.PREPARE_COMPLETED, devices=done))
+        except BaseException:
+            current = self.checkpoint().claims.get(ref.uid)
+            if current is not None:
+                try:
+                    self._teardown(current, ctx)
+                except Exception:
+                    log.exception("rollback failed; will retry", extra=ctx)
+            raise
+        return _prepared_devices(record)
+
+    def _read_claim(self, ref: ClaimRef) -> ClaimView:
+        try:
+            claim = self._claims.get(ref.namespace, ref.name)
+        except Exception as e:
+            raise ClaimError("api", f"cannot read the ResourceClaim from the API: {e}") from e
+        if claim is None:
+            raise ClaimError("claim-deleted", "ResourceClaim not found (was it deleted?)")
+        if claim.uid != ref.uid:
+            raise ClaimError(
+                "wrong-uid",
+                f"ResourceClaim {ref.namespace}/{ref.name} now has UID {claim.uid}, not {ref.uid}"
+                " (deleted and recreated?)",
+            )
+        if claim.deleting:
+            raise ClaimError("claim-deleted", "ResourceClaim is being deleted")
+        if not claim.allocated:
+            raise ClaimError("not-allocated", "ResourceClaim is not allocated")
+        return claim
+
+    def _plan(self, claim: ClaimView) -> list[_Planned]:
+        ours = claim.results_for(self._s.driver_name)
+        if not ours:
+            raise ClaimError(
+                "no-results",
+                f"no device is allocated by driver {self._s.driver_name} "
+                f"(allocated: {describe_results(claim.results)})",
+            )
+        plan: list[_Planned] = []
+        used: dict[str, list[Placement | None]] = {}
+        for r in ours:
+            if r.pool != self._s.pool_name:
+                raise ClaimError(
+                    "wrong-node",
+                    f"device {r.device} is allocated from pool {r.pool!r}, but this is node "
+                    f"{self._s.node_name!r} (pool {self._s.pool_name!r})",
+                )
+            if r.admin_access:
+                raise ClaimError("admin-access", f"device {r.device}: adminAccess is not supported")
+            try:
+                parsed = parse_device_name(r.device)
+            except ValueError:
+                parsed = None
+            gpu = self._gpus.get(parsed.minor) if parsed else None
+            if parsed is None or gpu is None:
+                raise ClaimError(
+                    "unknown-device",
+                    f"device {r.device!r} (request {r.request}) is not a device of this node "
+                    f"(GPUs: {', '.join(f'gpu-{m}' for m in sorted(self._gpus))})",
+                )
+            if gpu.uuid in self._refused:
+                raise ClaimError(
+                    "gpu-refused", f"{_label(gpu)} is refused: {self._refused[gpu.uuid]}"
+                )
+            profile_id, start = parsed.profile_id, parsed.placement_start
+            profile = placement = None
+            if profile_id is not None:
+                profile = gpu.profile(profile_id)
+                placement = (
+                    next((pl for pl in profile.placements if pl.start == start), None)
+                    if profile
+                    else None
+                )
+                if profile is None or placement is None:
+                    raise ClaimError(
+                        "unknown-device",
+                        f"device {r.device!r}: {_label(gpu)} has no MIG profile id {profile_id} "
+                        f"with a placement starting at {start}",
+                    )
+            for other in used.get(gpu.uuid, ()):
+                if other is None or placement is None or _overlap(other, placement):
+                    raise ClaimError(
+                        "conflicting-devices",
+                        f"device {r.device!r} overlaps another device of the same claim",
+                    )
+            used.setdefault(gpu.uuid, []).append(placement)
+            try:
+                cfg = resolve_config(claim.config, self._s.driver_name, r.request)
+            except ConfigError as e:
+                raise ClaimError("bad-config", f"invalid opaque config: {e}") from e
+            plan.append(_Planned(r, gpu, profile, placement, cfg.container_env()))
+        return plan
+
+    def _carve(self, p: _Planned, record: ClaimRecord, i: int, ref: ClaimRef) -> ClaimRecord:
+        """Carve device `i` of `record`; the new ids are checkpointed before the GPU lock is
+        released, so a concurrent teardown can never mistake the fresh instance for an orphan."""
+        with self._lock(self._gpu_locks, p.gpu.uuid):
+            d = self._carve_locked(p, record.devices[i], ref)
+            new = replace(record, devices=(*record.devices[:i], d, *record.devices[i + 1 :]))
+            # One save both records the instance and drops it from the foreign list (adoption).
+            return self._save(
+                lambda cp: cp.with_claim(new).with_foreign(
+                    tuple(
+                        f
+                        for f in cp.foreign
+                        if not (f.gpu_uuid == d.gpu_uuid and f.gi_id == d.gi_id)
+                    )
+                )
+            ).claims[new.uid]
+
+    def _carve_locked(self, p: _Planned, rec: DeviceRecord, ref: ClaimRef) -> DeviceRecord:
+        gpu = p.gpu
+        live = self._backend.instances(gpu.uuid) if self._backend.mig_enabled(gpu.uuid) else ()
+        if p.profile is None or p.placement is None:
+            if live:
+                raise ClaimError(
+                    "placement-taken",
+                    f"whole-GPU device {p.result.device}: {_label(gpu)} has {len(live)} "
+                    "MIG instance(s)",
+                )
+            return rec
+        self._ensure_mig_mode(gpu)
+        for inst in live:
+            if not _overlap(inst.placement, p.placement):
+                continue
+            exact = inst.placement == p.placement and inst.profile_id == p.profile.id
+            owner = self.checkpoint().owner_of(gpu.uuid, inst.gi_id)
+            if owner is not None:
+                raise ClaimError(
+                    "placement-taken",
+                    f"{p.result.device}: placement {_span(p.placement)} on {_label(gpu)} is "
+                    f"already taken by claim {owner.namespace}/{owner.name}",
+                )
+            foreign = self._foreign(gpu.uuid, inst.gi_id)
+            if exact and foreign is not None and self._s.foreign_policy is ForeignPolicy.ADOPT:
+                c = self._backend.ensure_compute_instance(gpu.uuid, inst.gi_id)
+                log.info(
+                    "adopted foreign MIG instance",
+                    extra={"claimUID": ref.uid, "gpu": gpu.uuid, "giID": inst.gi_id},
+                )
+                return replace(rec, gi_id=c.gi_id, ci_id=c.ci_id, mig_uuid=c.mig_uuid, adopted=True)
+            raise ClaimError(
+                "placement-taken",
+                f"{p.result.device}: placement {_span(p.placement)} on {_label(gpu)} is "
+                f"occupied by MIG instance GI {inst.gi_id} (profile id {inst.profile_id}, "
+                f"{_span(inst.placement)}) that carve did not create; foreign-instance "
+                f"policy is {self._s.foreign_policy.value}",
+            )
+        try:
+            c = self._backend.carve(gpu.uuid, p.profile.id, p.placement.start)
+        except Exception as e:
+            raise ClaimError(
+                "carve-failed",
+                f"{p.result.device}: creating {p.profile.name} at {_span(p.placement)} on "
+                f"{_label(gpu)} failed: {e}",
+            ) from e
+        return replace(rec, gi_id=c.gi_id, ci_id=c.ci_id, mig_uuid=c.mig_uuid)
+
+    def _ensure_mig_mode(self, gpu: GpuInfo) -> None:
+        if self._backend.mig_enabled(gpu.uuid):
+            return
+        if gpu.mig_toggle_needs_reset:
+            raise ClaimError(
+                "mig-disabled",
+                f"MIG mode is disabled on {_label(gpu)}; this architecture applies a MIG-mode "
+                f"change only after a GPU reset, so carve will not do it: run "
+                f"`nvidia-smi -i {gpu.uuid} -mig 1`, reset the GPU, then the claim is retried",
+            )
+        try:
+            self._backend.enable_mig(gpu.uuid)
+        except Exception as e:
+            raise ClaimError("mig-enable-failed", f"enabling MIG on {_label(gpu)}: {e}") from e
+        if not self._backend.mig_enabled(gpu.uuid):
+            raise ClaimError(
+                "mig-enable-failed", f"MIG mode on {_label(gpu)} is still disabled after enabling"
+            )
+
+    def _foreign(self, gpu_uuid: str, gi_id: int) -> ForeignInstance | None:
+        return next(
+            (f for f in self.checkpoint().foreign if f.gpu_uuid == gpu_uuid and f.gi_id == gi_id),
+            None,
+        )
+
+    def _cdi_devices(
+        self, plan: Sequence[_Planned], records: Sequence[DeviceRecord]
+    ) -> list[CdiDevice]:
+        visible = ",".join(r.mig_uuid or r.gpu_uuid for r in records)
+        out: list[CdiDevice] = []
+        for p, r in zip(plan, records, strict=True):
+            env = {**p.env, "NVIDIA_VISIBLE_DEVICES": visible}
+            if r.is_mig:
+                assert r.gi_id is not None and r.ci_id is not None
+                gi_minor, ci_minor = self._backend.cap_minors(r.gpu_minor, r.gi_id, r.ci_id)
+                nodes = mig_device_nodes(
+                    gpu_minor=r.gpu_minor,
+                    caps_major=self._backend.caps_major(),
+                    gi_cap_minor=gi_minor,
+                    ci_cap_minor=ci_minor,
+                )
+            else:
+                nodes = whole_gpu_device_nodes(gpu_minor=r.gpu_minor)
+            out.append(CdiDevice(r.device_name, nodes, env))
+        return out
+
+    # -- unprepare and teardown ---------------------------------------------------------------
+
+    def _timed_unprepare(self, ref: ClaimRef) -> str:
+        start = self._clock()
+        ctx = {"claim": f"{ref.namespace}/{ref.name}", "claimUID": ref.uid}
+        try:
+            with self._lock(self._claim_locks, ref.uid):
+                record = self.checkpoint().claims.get(ref.uid)
+                if record is None:
+                    self._cdi.remove(ref.uid)  # a spec orphaned by a crash, if any
+                    return ""
+                self._teardown(record, ctx)
+            log.info("claim unprepared", extra=ctx)
+            return ""
+        except ClaimError as e:
+            self.metrics.errors.labels(operation="unprepare", reason=e.reason).inc()
+            log.warning("unprepare failed", extra={**ctx, "reason": e.reason, "error": str(e)})
+            return f"{ref}: {e}"
+        except Exception as e:
+            self.metrics.errors.labels(operation="unprepare", reason="internal").inc()
+            log.exception("unprepare failed unexpectedly", extra=ctx)
+            return f"{ref}: internal error: {type(e).__name__}: {e}"
+        finally:
+            self.metrics.unprepare_seconds.observe(self._clock() - start)
+
+    def _teardown(self, record: ClaimRecord, ctx: Mapping[str, object]) -> None:
+        """Destroy the claim's instances, spec and finalizer, then forget the claim."""
+        record = self._put(replace(record, state=ClaimState.UNPREPARE_STARTED))
+        for i, d in enumerate(record.devices):
+            if not d.is_mig:
+                continue
+            self._destroy_device(d, ctx)
+            cleared = replace(d, gi_id=None, ci_id=None, mig_uuid=None)
+            record = self._put(
+                replace(record, devices=(*record.devices[:i], cleared, *record.devices[i + 1 :]))
+            )
+        self._cdi.remove(record.uid)
+        if record.finalizer_added:
+            try:
+                self._claims.remove_finalizer(
+                    record.namespace, record.name, record.uid, self._finalizer
+                )
+            except Exception as e:
+                raise ClaimError(
+                    "api",
+                    f"instances destroyed, but removing finalizer {self._finalizer} failed: {e}",
+                ) from e
+        self._save(lambda cp: cp.without_claim(record.uid))
+
+    def _destroy_device(self, d: DeviceRecord, ctx: Mapping[str, object]) -> None:
+        with self._lock(self._gpu_locks, d.gpu_uuid):
+            if not self._backend.mig_enabled(d.gpu_uuid):
+                return
+            live = self._backend.instances(d.gpu_uuid)
+            target = _find_own_instance(d, live, self.checkpoint())
+            if target is None:
+                return
+            try:
+                self._backend.destroy(
+                    d.gpu_uuid,
+                    target.gi_id,
+                    expect_profile_id=target.profile_id,
+                    expect_placement=target.placement,
+                )
+            except Exception as e:
+                raise ClaimError(
+                    "destroy-failed",
+                    f"destroying MIG instance GI {target.gi_id} of {d.device_name}: {e}",
+                ) from e
+            log.info(
+                "destroyed MIG instance",
+                extra={**ctx, "gpu": d.gpu_uuid, "giID": target.gi_id, "device": d.device_name},
+            )
+
+    # -- start-up reconcile ---------------------------------------------------------------------
+
+    def reconcile(self) -> None:
+        """Bring checkpoint, NVML and CDI into agreement after a start or a crash."""
+        for record in list(self.checkpoint().claims.values()):
+            ctx = {"claim": f"{record.namespace}/{record.name}", "claimUID": record.uid}
+            if record.state is ClaimState.PREPARE_COMPLETED:
+                continue
+            log.warning(
+                "finishing interrupted operation",
+                extra={**ctx, "state": record.state.value, "action": "tear down"},
+            )
+            try:
+                with self._lock(self._claim_locks, record.uid):
+                    self._teardown(record, ctx)
+            except Exception:
+                log.exception("could not finish interrupted operation; will retry", extra=ctx)
+        self._record_foreign()
+        known = set(self.checkpoint().claims)
+        for uid in self._cdi.claim_uids_on_disk() - known:
+            log.warning("removing orphaned CDI spec", extra={"claimUID": uid})
+            self._cdi.remove(uid)
+        self._check_completed()
+
+    def retry_pending(self) -> None:
+        """Retry teardowns that could not finish (e.g. the API was unreachable)."""
+        for record in list(self.checkpoint().claims.values()):
+            if record.state is ClaimState.PREPARE_COMPLETED:
+                continue
+            ctx = {"claim": f"{record.namespace}/{record.name}", "claimUID": record.uid}
+            try:
+                with self._lock(self._claim_locks, record.uid):
+                    current = self.checkpoint().claims.get(record.uid)
+                    if current is not None and current.state is not ClaimState.PREPARE_COMPLETED:
+                        self._teardown(current, ctx)
+            except Exception as e:
+                log.warning("pending teardown still failing", extra={**ctx, "error": str(e)})
+
+    def _record_foreign(self) -> None:
+        cp = self.checkpoint()
+        previous = {(f.gpu_uuid, f.gi_id): f for f in cp.foreign}
+        now = time.time()
+        found: list[ForeignInstance] = []
+        self._refused.clear()
+        for gpu in self._gpus.values():
+            if not self._backend.mig_enabled(gpu.uuid):
+                continue
+            for inst in self._backend.instances(gpu.uuid):
+                if cp.owner_of(gpu.uuid, inst.gi_id) is not None:
+                    continue
+                old = previous.get((gpu.uuid, inst.gi_id))
+                found.append(
+                    ForeignInstance(
+                        gpu.uuid,
+                        inst.gi_id,
+                        inst.profile_id,
+                        inst.placement.start,
+                        inst.placement.size,
+                        inst.ci_ids,
+                        old.first_seen if old else now,
+                    )
+                )
+                log.warning(
+                    "foreign MIG instance (not created by carve)",
+                    extra={
+                        "gpu": gpu.uuid,
+                        "giID": inst.gi_id,
+                        "profileID": inst.profile_id,
+                        "placement": _span(inst.placement),
+                        "policy": self._s.foreign_policy.value,
+                    },
+                )
+                if self._s.foreign_policy is ForeignPolicy.REFUSE_GPU:
+                    self._refused[gpu.uuid] = (
+                        "it holds MIG instances carve did not create (policy refuse-gpu); "
+                        "remove them or restart the plugin with another foreign-instance policy"
+                    )
+        self._save(lambda c: c.with_foreign(tuple(found)))
+
+    def _check_completed(self) -> None:
+        for record in self.checkpoint().claims.values():
+            for d in record.devices:
+                if not d.is_mig or d.gi_id is None:
+                    continue
+                live = (
+                    self._backend.instances(d.gpu_uuid)
+                    if self._backend.mig_enabled(d.gpu_uuid)
+                    else ()
+                )
+                if _find_own_instance(d, live, self.checkpoint()) is None:
+                    self.metrics.errors.labels(operation="reconcile", reason="instance-lost").inc()
+                    log.error(
+                        "prepared claim's MIG instance is gone (GPU reset?)",
+                        extra={"claimUID": record.uid, "device": d.device_name, "giID": d.gi_id},
+                    )
+
+
+def _find_own_instance(
+    d: DeviceRecord, live: Sequence[GpuInstance], cp: Checkpoint
+) -> GpuInstance | None:
+    """The live instance a device record refers to, never one that belongs to someone else.
+
+    By GI id when the record has one (and the instance still sits at the recorded placement: ids
+    are reused); otherwise (crash between create and checkpoint) by the recorded intent, unless
+    the instance is known foreign.
+    """
+    for inst in live:
+        if inst.placement.start != d.placement_start or inst.profile_id != d.profile_id:
+            continue
+        if d.gi_id is not None:
+            if inst.gi_id == d.gi_id:
+                return inst
+            continue
+        if cp.owner_of(d.gpu_uuid, inst.gi_id) is not None:
+            continue
+        if any(f.gpu_uuid == d.gpu_uuid and f.gi_id == inst.gi_id for f in cp.foreign):
+            continue
+        return inst
+    return None
+
+
+def _label(gpu: GpuInfo) -> str:
+    return f"gpu-{gpu.minor} ({gpu.product_name}, {gpu.uuid})"
+
+
+def _overlap(a: Placement, b: Placement) -> bool:
+    return a.start < b.end and b.start < a.end
+
+
+def _span(p: Placement) -> str:
+    return f"memory slices {p.start}-{p.end - 1}" if p.size > 1 else f"memory slice {p.start}"
+
+
+def _prepared_devices(record: ClaimRecord) -> tuple[PreparedDevice, ...]:
+    return tuple(
+        PreparedDevice(
+            request_names=d.request_names,
+            pool_name=d.pool_name,
+            device_name=d.device_name,
+            cdi_device_ids=d.cdi_ids,
+        )
+        for d in record.devices
+    )

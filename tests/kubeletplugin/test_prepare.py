@@ -1,0 +1,336 @@
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from driver import cdi
+from driver.config import API_VERSION
+from driver.nvml import sim
+from kubeletplugin.checkpoint import CheckpointStore, ClaimState
+from kubeletplugin.prepare import ForeignPolicy
+from tests.kubeletplugin.node_harness import DRIVER, NODE, Node, mig, open_node, whole
+
+H100 = "H100-SXM5-80GB"
+A100 = "A100-SXM4-40GB"
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Node]:
+    n = open_node(tmp_path, [H100, H100])
+    n.start()
+    yield n
+    n.p.close()
+    n.backend.close()
+    sim.configure(None)
+
+
+def _spec(n: Node, uid: str) -> dict[str, Any]:
+    return cdi.load_spec(CdiWriterPath(n, uid))
+
+
+def CdiWriterPath(n: Node, uid: str) -> Path:  # noqa: N802 - reads like a constructor
+    return n.cdi_root / f"{DRIVER}-claim_{uid}.json"
+
+
+def test_prepare_carves_exact_placement_and_writes_cdi(node: Node) -> None:
+    dev = mig(node.backend, 0, 19, 3)  # 1g.10gb at memory slice 3
+    ref = node.claims.add("c1", [dev])
+    result = node.p.prepare([ref])[ref.uid]
+    assert result.error == ""
+    (prepared,) = result.devices
+    assert prepared.device_name == dev and prepared.pool_name == NODE
+    assert prepared.request_names == ("req0",)
+    assert prepared.cdi_device_ids == (f"{DRIVER}/claim={ref.uid}-{dev}",)
+    assert node.instances() == [(0, 19, 3, 1)]
+
+    rec = node.p.checkpoint().claims[ref.uid]
+    assert rec.state is ClaimState.PREPARE_COMPLETED
+    (d,) = rec.devices
+    assert d.gi_id is not None and d.ci_id is not None and d.mig_uuid
+    live = node.backend.instances(node.gpu_uuid(0))
+    assert [(i.gi_id, i.mig_uuid) for i in live] == [(d.gi_id, d.mig_uuid)]
+    assert node.claims.finalizers(ref) == [f"{DRIVER}/node-{NODE}"]
+
+    edits = cdi.resolve([node.cdi_root], prepared.cdi_device_ids)
+    assert f"NVIDIA_VISIBLE_DEVICES={d.mig_uuid}" in edits.env
+    paths = {n["path"]: n for n in edits.device_nodes}
+    gi_minor, ci_minor = node.backend.cap_minors(0, d.gi_id, d.ci_id)
+    assert set(paths) == {
+        "/dev/nvidia0",
+        "/dev/nvidiactl",
+        f"/dev/nvidia-caps/nvidia-cap{gi_minor}",
+        f"/dev/nvidia-caps/nvidia-cap{ci_minor}",
+    }
+    assert paths[f"/dev/nvidia-caps/nvidia-cap{gi_minor}"]["major"] == node.backend.caps_major()
+
+
+def test_prepare_is_idempotent(node: Node) -> None:
+    ref = node.claims.add("c1", [mig(node.backend, 1, 9, 4)])
+    first = node.p.prepare([ref])[ref.uid]
+    reads = node.claims.reads
+    second = node.p.prepare([ref])[ref.uid]
+    assert first == second and first.error == ""
+    assert node.instances() == [(1, 9, 4, 1)]
+    assert node.claims.reads == reads  # answered from the checkpoint
+
+
+def test_unprepare_destroys_and_is_idempotent(node: Node) -> None:
+    ref = node.claims.add("c1", [mig(node.backend, 0, 14, 2)])
+    assert node.p.prepare([ref])[ref.uid].error == ""
+    assert node.p.unprepare([ref]) == {ref.uid: ""}
+    assert node.instances() == []
+    assert not CdiWriterPath(node, ref.uid).exists()
+    assert node.claims.finalizers(ref) == []
+    assert ref.uid not in node.p.checkpoint().claims
+    assert node.p.unprepare([ref]) == {ref.uid: ""}
+    # the placement is free again for the next claim
+    ref2 = node.claims.add("c2", [mig(node.backend, 0, 14, 2)])
+    assert node.p.prepare([ref2])[ref2.uid].error == ""
+
+
+def test_bad_claims_fail_individually_with_specific_messages(node: Node) -> None:
+    good = node.claims.add("good", [mig(node.backend, 0, 19, 0)])
+    taken_owner = node.claims.add("owner", [mig(node.backend, 1, 15, 2)])
+    assert node.p.prepare([taken_owner])[taken_owner.uid].error == ""
+
+    unknown = node.claims.add("unknown", ["gpu-7-mig-1g10gb-19-0"])
+    bad_profile = node.claims.add("badprofile", ["gpu-0-mig-1g10gb-99-0"])
+    other_driver = node.claims.add("otherdrv", [("gpu.nvidia.com", NODE, "gpu-0")])
+    other_node = node.claims.add("othernode", [(DRIVER, "node-b", mig(node.backend, 0, 19, 1))])
+    wrong_uid = node.claims.add("wronguid", [mig(node.backend, 0, 19, 2)])
+    wrong_uid = type(wrong_uid)(wrong_uid.namespace, wrong_uid.name, "not-the-uid")
+    deleted = node.claims.add("deleted", [mig(node.backend, 0, 19, 4)])
+    node.claims.delete(deleted)
+    deleting = node.claims.add("deleting", [mig(node.backend, 0, 19, 4)])
+    node.claims.objects[("default", "deleting")]["metadata"]["finalizers"] = ["other.io/x"]
+    node.claims.delete(deleting)
+    taken = node.claims.add("taken", [mig(node.backend, 1, 19, 3)])  # overlaps owner's 2-3
+    bad_config = node.claims.add(
+        "badconfig",
+        [mig(node.backend, 0, 19, 5)],
+        config=[
+            {
+                "source": "FromClaim",
+                "opaque": {
+                    "driver": DRIVER,
+                    "parameters": {
+                        "apiVersion": API_VERSION,
+                        "kind": "MigDeviceConfig",
+                        "sharing": {"strategy": "MPS", "mpsConfig": {"threads": 3}},
+                    },
+                },
+            }
+        ],
+    )
+    unallocated = node.claims.add("unalloc", [], allocated=False)
+    refs = [
+        good, unknown, bad_profile, other_driver, other_node, wrong_uid, deleted, taken,
+        bad_config, unallocated, deleting,
+    ]  # fmt: skip
+    results = node.p.prepare(refs)
+    assert set(results) == {r.uid for r in refs}
+    assert results[good.uid].error == "" and len(results[good.uid].devices) == 1
+    expect = {
+        unknown.uid: "not a device of this node",
+        bad_profile.uid: "has no MIG profile id 99",
+        other_driver.uid: f"no device is allocated by driver {DRIVER}",
+        other_node.uid: "allocated from pool 'node-b'",
+        wrong_uid.uid: "now has UID",
+        deleted.uid: "not found (was it deleted?)",
+        taken.uid: "already taken by claim default/owner",
+        bad_config.uid: "unknown field(s) 'threads'",
+        unallocated.uid: "not allocated",
+        deleting.uid: "being deleted",
+    }
+    for uid, fragment in expect.items():
+        assert fragment in results[uid].error, (fragment, results[uid].error)
+        assert results[uid].devices == ()
+    # nothing leaked from the failures: the good claim and the owner hold one instance each
+    assert node.instances() == [(0, 19, 0, 1), (1, 15, 2, 1)]
+    assert set(node.p.checkpoint().claims) == {good.uid, taken_owner.uid}
+    assert node.claims.finalizers(taken) == []
+    assert sorted(p.name for p in node.cdi_root.iterdir()) == sorted(
+        f"{DRIVER}-claim_{u}.json" for u in (good.uid, taken_owner.uid)
+    )
+
+
+def test_opaque_config_lands_in_cdi_env(node: Node) -> None:
+    params = {
+        "apiVersion": API_VERSION,
+        "kind": "MigDeviceConfig",
+        "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 25}},
+    }
+    ref = node.claims.add(
+        "cfg",
+        [mig(node.backend, 0, 19, 0)],
+        config=[
+            {"source": "FromClass", "opaque": {"driver": DRIVER, "parameters": {
+                **params, "sharing": {"strategy": "TimeSlicing"}}}},
+            {"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": params}},
+        ],
+    )  # fmt: skip
+    res = node.p.prepare([ref])[ref.uid]
+    env = cdi.resolve([node.cdi_root], res.devices[0].cdi_device_ids).env
+    assert "CARVE_SHARING_STRATEGY=MPS" in env
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25" in env
+
+
+def test_multi_device_claim_sees_all_its_slices(node: Node) -> None:
+    ref = node.claims.add("two", [mig(node.backend, 0, 19, 0), mig(node.backend, 0, 19, 1)])
+    res = node.p.prepare([ref])[ref.uid]
+    assert res.error == "" and len(res.devices) == 2
+    uuids = [d.mig_uuid for d in node.p.checkpoint().claims[ref.uid].devices]
+    env = cdi.resolve([node.cdi_root], res.devices[0].cdi_device_ids).env
+    assert f"NVIDIA_VISIBLE_DEVICES={','.join(u or '' for u in uuids)}" in env
+
+
+def test_overlapping_devices_in_one_claim_rejected(node: Node) -> None:
+    ref = node.claims.add("overlap", [mig(node.backend, 0, 14, 0), mig(node.backend, 0, 19, 1)])
+    assert "overlaps another device" in node.p.prepare([ref])[ref.uid].error
+    assert node.instances() == []
+
+
+def test_many_claims_in_parallel_on_two_gpus(node: Node) -> None:
+    refs = [node.claims.add(f"c{g}{s}", [mig(node.backend, g, 19, s)]) for g in (0, 1)
+            for s in range(7)]  # fmt: skip
+    results = node.p.prepare(refs)
+    assert all(r.error == "" for r in results.values()), results
+    assert len(node.instances()) == 14
+    assert set(node.p.unprepare(refs).values()) == {""}
+    assert node.instances() == []
+
+
+def test_whole_gpu_device(node: Node) -> None:
+    ref = node.claims.add("whole", [whole(1)])
+    res = node.p.prepare([ref])[ref.uid]
+    assert res.error == ""
+    edits = cdi.resolve([node.cdi_root], res.devices[0].cdi_device_ids)
+    assert f"NVIDIA_VISIBLE_DEVICES={node.gpu_uuid(1)}" in edits.env
+    busy = node.claims.add("slice", [mig(node.backend, 0, 19, 0)])
+    node.p.prepare([busy])
+    ref2 = node.claims.add("whole0", [whole(0)])
+    assert "MIG instance" in node.p.prepare([ref2])[ref2.uid].error
+
+
+def test_nvml_failure_mid_prepare_rolls_back(node: Node) -> None:
+    ref = node.claims.add("c1", [mig(node.backend, 0, 19, 0), mig(node.backend, 1, 19, 0)])
+    sim.sim_inject_fault("CreateComputeInstance", error="INSUFFICIENT_RESOURCES", gpu=1)
+    res = node.p.prepare([ref])[ref.uid]
+    assert "creating 1g.10gb" in res.error
+    assert node.instances() == []  # gpu-0's slice was torn down too
+    assert node.p.checkpoint().claims == {}
+    assert node.claims.finalizers(ref) == []
+    assert node.p.prepare([ref])[ref.uid].error == ""  # the kubelet's retry works
+    assert len(node.instances()) == 2
+
+
+def test_destroy_in_use_keeps_record_until_retry(node: Node) -> None:
+    ref = node.claims.add("busy", [mig(node.backend, 0, 19, 6)])
+    node.p.prepare([ref])
+    d = node.p.checkpoint().claims[ref.uid].devices[0]
+    assert d.gi_id is not None and d.ci_id is not None
+    sim.sim_set_busy(0, d.gi_id, d.ci_id)
+    err = node.p.unprepare([ref])[ref.uid]
+    assert "still has processes" in err
+    assert node.p.checkpoint().claims[ref.uid].state is ClaimState.UNPREPARE_STARTED
+    assert node.claims.finalizers(ref)  # the placement stays busy for the controller
+    sim.sim_set_busy(0, d.gi_id, d.ci_id, busy=False)
+    assert node.p.unprepare([ref])[ref.uid] == ""
+    assert node.instances() == [] and node.claims.finalizers(ref) == []
+
+
+def test_finalizer_removal_failure_is_retried(node: Node) -> None:
+    ref = node.claims.add("fin", [mig(node.backend, 0, 19, 6)])
+    node.p.prepare([ref])
+    node.claims.fail_finalizer_removal = True
+    assert "removing finalizer" in node.p.unprepare([ref])[ref.uid]
+    assert node.instances() == []
+    node.claims.fail_finalizer_removal = False
+    node.p.retry_pending()
+    assert node.claims.finalizers(ref) == [] and node.p.checkpoint().claims == {}
+
+
+def test_ampere_with_mig_off_gives_actionable_error(tmp_path: Path) -> None:
+    n = open_node(tmp_path, [{"model": A100, "mig": False}, {"model": H100, "mig": False}])
+    try:
+        n.start()
+        a = n.claims.add("a", [mig(n.backend, 0, 19, 0)])
+        h = n.claims.add("h", [mig(n.backend, 1, 19, 0)])
+        res = n.p.prepare([a, h])
+        assert "needs a GPU reset" in res[a.uid].error or "reset" in res[a.uid].error
+        assert "nvidia-smi" in res[a.uid].error
+        assert res[h.uid].error == ""  # Hopper: enabled on the fly
+        assert n.backend.mig_enabled(n.gpu_uuid(1)) and not n.backend.mig_enabled(n.gpu_uuid(0))
+    finally:
+        n.p.close()
+        n.backend.close()
+        sim.configure(None)
+
+
+def _carve_foreign(n: Node, minor: int, profile_id: int, start: int) -> None:
+    n.backend.carve(n.gpu_uuid(minor), profile_id, start)
+
+
+@pytest.mark.parametrize("policy", list(ForeignPolicy))
+def test_foreign_instances_by_policy(tmp_path: Path, policy: ForeignPolicy) -> None:
+    n = open_node(tmp_path, [H100, H100], policy=policy)
+    try:
+        _carve_foreign(n, 0, 9, 0)  # 3g.40gb at 0, made by someone else
+        n.start()
+        assert len(n.p.checkpoint().foreign) == 1
+        assert n.p.metrics.foreign_instances._value.get() == 1
+        exact = n.claims.add("exact", [mig(n.backend, 0, 9, 0)])
+        other = n.claims.add("other", [mig(n.backend, 0, 9, 4)])
+        res = n.p.prepare([exact, other])
+        if policy is ForeignPolicy.ADOPT:
+            assert res[exact.uid].error == "" and res[other.uid].error == ""
+            assert n.p.checkpoint().claims[exact.uid].devices[0].adopted
+            assert n.p.checkpoint().foreign == ()
+            n.p.unprepare([exact])  # adopted = carve's now: destroyed on unprepare
+            assert n.instances() == [(0, 9, 4, 1)]
+        elif policy is ForeignPolicy.LEAVE:
+            assert "carve did not create" in res[exact.uid].error
+            assert res[other.uid].error == ""
+        else:
+            assert "refused" in res[exact.uid].error and "refused" in res[other.uid].error
+            assert set(n.p.refused_gpus()) == {n.gpu_uuid(0)}
+        if policy is not ForeignPolicy.ADOPT:
+            # restart: the foreign instance is still there, still recorded, never destroyed
+            n.start()
+            assert (0, 9, 0, 1) in n.instances()
+            assert len(n.p.checkpoint().foreign) == 1
+    finally:
+        n.p.close()
+        n.backend.close()
+        sim.configure(None)
+
+
+def test_corrupt_checkpoint_never_crashes_and_leaks_nothing_silently(tmp_path: Path) -> None:
+    n = open_node(tmp_path, [H100])
+    try:
+        n.start()
+        ref = n.claims.add("c", [mig(n.backend, 0, 19, 0)])
+        n.p.prepare([ref])
+        store = CheckpointStore(n.checkpoint_dir)
+        store.path.write_text(store.path.read_text()[:40])
+        n.start()  # must not raise
+        assert n.p.checkpoint().claims == {}
+        assert [f.placement_start for f in n.p.checkpoint().foreign] == [0]
+        assert n.instances() == [(0, 19, 0, 1)]  # kept, as a foreign instance
+        assert list(n.checkpoint_dir.glob("checkpoint.json.corrupt-*"))
+        assert not list(n.cdi_root.iterdir())  # its spec is orphaned without a record
+    finally:
+        n.p.close()
+        n.backend.close()
+        sim.configure(None)
+
+
+def test_checkpoint_file_is_readable_json_with_states(node: Node) -> None:
+    ref = node.claims.add("c", [mig(node.backend, 0, 19, 0)])
+    node.p.prepare([ref])
+    doc = json.loads((node.checkpoint_dir / "checkpoint.json").read_text())
+    assert doc["data"]["claims"][ref.uid]["state"] == "PrepareCompleted"
