@@ -1,0 +1,196 @@
+"""Command lines of the four control-plane processes (pure: paths and ports in, argv out).
+
+Kept apart from process handling so the flags that decide what carve's tests exercise
+(feature gates, controllers, authorization) are in one reviewable place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from devcluster.pki import FRONT_PROXY_CN, SERVICE_CLUSTER_IP_RANGE, ClusterPki
+
+# Gates carve depends on that are still beta (or GA but not locked) in 1.37.2, where a
+# distribution or a later default could switch them off. They are all on by default in
+# 1.37.2 (k8s.io/kubernetes pkg/features/kube_features.go); naming them pins the behaviour
+# the regression suite checks. DRAExtendedResource and DRAResourceClaimDeviceStatus are GA
+# and locked on in 1.37 (setting them only logs a deprecation warning), so they are left
+# out; MutatingAdmissionPolicy is GA since 1.36 and served in admissionregistration/v1.
+FEATURE_GATES: Mapping[str, bool] = {
+    "DRAPartitionableDevices": True,  # beta: sharedCounters / consumesCounters
+    "DRADeviceBindingConditions": True,  # beta: bindingConditions on devices
+    "DRAConsumableCapacity": True,  # beta: multi-allocatable devices, capacity requests
+    "DRADeviceTaints": True,  # GA, not locked until 1.38: device taints and tolerations
+}
+
+# Controllers a cluster without kubelets needs: claims from templates and their
+# reservedFor cleanup, garbage collection of owned objects, namespace/serviceaccount
+# lifecycle, node health (our fake nodes heartbeat against it) and the eviction that
+# follows taints, plus the workload controllers a demo uses to create pods.
+CONTROLLERS: tuple[str, ...] = (
+    "resourceclaim-controller",
+    "garbage-collector-controller",
+    "namespace-controller",
+    "serviceaccount-controller",
+    "serviceaccount-token-controller",
+    "root-ca-certificate-publisher-controller",
+    "clusterrole-aggregation-controller",
+    "node-lifecycle-controller",
+    "taint-eviction-controller",
+    "device-taint-eviction-controller",
+    "pod-garbage-collector-controller",
+    "deployment-controller",
+    "replicaset-controller",
+    "validatingadmissionpolicy-status-controller",
+)
+
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class Ports:
+    """TCP ports on 127.0.0.1, chosen free at start so parallel clusters never collide."""
+
+    etcd_client: int
+    etcd_peer: int
+    apiserver: int
+    scheduler: int
+    controller_manager: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where one cluster keeps its state; deleting ``root`` forgets the cluster."""
+
+    root: Path
+
+    @property
+    def etcd_data(self) -> Path:
+        return self.root / "etcd"
+
+    @property
+    def pki_dir(self) -> Path:
+        return self.root / "pki"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def admin_kubeconfig(self) -> Path:
+        return self.root / "kubeconfig"
+
+    @property
+    def scheduler_kubeconfig(self) -> Path:
+        return self.root / "scheduler.kubeconfig"
+
+    @property
+    def controller_manager_kubeconfig(self) -> Path:
+        return self.root / "controller-manager.kubeconfig"
+
+    @property
+    def state_file(self) -> Path:
+        return self.root / "cluster.json"
+
+    @property
+    def lock_file(self) -> Path:
+        return self.root / ".lock"
+
+
+def feature_gates_flag(gates: Mapping[str, bool] = FEATURE_GATES) -> str:
+    return "--feature-gates=" + ",".join(
+        f"{name}={str(on).lower()}" for name, on in sorted(gates.items())
+    )
+
+
+def etcd_args(binary: Path, layout: Layout, ports: Ports) -> list[str]:
+    client = f"http://{LOOPBACK}:{ports.etcd_client}"
+    peer = f"http://{LOOPBACK}:{ports.etcd_peer}"
+    return [
+        str(binary),
+        "--name=devcluster",
+        f"--data-dir={layout.etcd_data}",
+        f"--listen-client-urls={client}",
+        f"--advertise-client-urls={client}",
+        f"--listen-peer-urls={peer}",
+        f"--initial-advertise-peer-urls={peer}",
+        f"--initial-cluster=devcluster={peer}",
+        # A test cluster's data is disposable; fsync would dominate write latency on CI disks.
+        "--unsafe-no-fsync=true",
+        "--log-level=warn",
+    ]
+
+
+def apiserver_args(binary: Path, layout: Layout, ports: Ports, pki: ClusterPki) -> list[str]:
+    return [
+        str(binary),
+        f"--etcd-servers=http://{LOOPBACK}:{ports.etcd_client}",
+        f"--bind-address={LOOPBACK}",
+        f"--advertise-address={LOOPBACK}",
+        # The endpoint reconciler refuses a loopback advertise address, and with no pods
+        # running nothing needs endpoints for the in-cluster "kubernetes" Service.
+        "--endpoint-reconciler-type=none",
+        f"--secure-port={ports.apiserver}",
+        f"--tls-cert-file={pki.apiserver.cert}",
+        f"--tls-private-key-file={pki.apiserver.key}",
+        f"--client-ca-file={pki.ca.cert}",
+        "--authorization-mode=Node,RBAC",
+        f"--requestheader-client-ca-file={pki.ca.cert}",
+        f"--requestheader-allowed-names={FRONT_PROXY_CN}",
+        "--requestheader-username-headers=X-Remote-User",
+        "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        f"--proxy-client-cert-file={pki.front_proxy_client.cert}",
+        f"--proxy-client-key-file={pki.front_proxy_client.key}",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        f"--service-account-key-file={pki.service_account_pub}",
+        f"--service-account-signing-key-file={pki.service_account_key}",
+        f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+        "--allow-privileged=true",
+        feature_gates_flag(),
+        # Events and logs are read by humans after a failure, not by the tests.
+        "--event-ttl=30m",
+        "--v=1",
+    ]
+
+
+def scheduler_args(binary: Path, layout: Layout, ports: Ports) -> list[str]:
+    kubeconfig = layout.scheduler_kubeconfig
+    return [
+        str(binary),
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        f"--bind-address={LOOPBACK}",
+        f"--secure-port={ports.scheduler}",
+        # Leader election gives readiness a visible signal: the Lease kube-system/kube-scheduler.
+        "--leader-elect=true",
+        feature_gates_flag(),
+        "--v=2",
+    ]
+
+
+def controller_manager_args(
+    binary: Path, layout: Layout, ports: Ports, pki: ClusterPki
+) -> list[str]:
+    kubeconfig = layout.controller_manager_kubeconfig
+    return [
+        str(binary),
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        f"--bind-address={LOOPBACK}",
+        f"--secure-port={ports.controller_manager}",
+        "--leader-elect=true",
+        "--controllers=" + ",".join(CONTROLLERS),
+        # Each controller acts as its own service account, so the bootstrap RBAC roles
+        # (e.g. system:controller:resourceclaim-controller) are what the tests exercise.
+        "--use-service-account-credentials=true",
+        f"--service-account-private-key-file={pki.service_account_key}",
+        f"--root-ca-file={pki.ca.cert}",
+        f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+        feature_gates_flag(),
+        "--v=2",
+    ]

@@ -1,0 +1,147 @@
+"""pytest fixtures for suites that need the real control plane.
+
+Enable in a conftest with ``pytest_plugins = ["devcluster.pytest_plugin"]``.
+
+- ``k8s_cluster`` (session): a running LocalCluster shared by the whole session; skips, with
+  the reason printed, when the binaries cannot be had (no Go, failed build). Set
+  ``CARVE_DEVCLUSTER=<dir>`` to reuse a cluster started by ``python -m devcluster up``.
+- ``k8s_api`` (session): an admin ``kubernetes.client.ApiClient`` for that cluster.
+- ``node_heartbeater`` (session): the NodeHeartbeater keeping fake nodes Ready.
+- ``fake_node`` (function): a factory ``fake_node(**FakeNode fields) -> name`` creating a
+  uniquely named, heartbeating Node that is deleted after the test.
+- ``namespace`` (function): a fresh namespace (with its default ServiceAccount) whose pods
+  are force-deleted and which is deleted after the test.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from devcluster.binaries import BinariesUnavailableError
+from devcluster.cluster import ClusterStartError, LocalCluster
+from devcluster.nodes import FakeNode, NodeHeartbeater, delete_node
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
+
+
+def _say(config: pytest.Config, message: str) -> None:
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"devcluster: {message}")
+    else:
+        print(f"devcluster: {message}", file=sys.stderr)
+
+
+@pytest.fixture(scope="session")
+def k8s_cluster(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalCluster]:
+    config = request.config
+    attach_dir = os.environ.get("CARVE_DEVCLUSTER")
+    if attach_dir:
+        cluster = LocalCluster.attach(Path(attach_dir))
+        _say(config, f"reusing the cluster in {attach_dir} ({cluster.info.server})")
+        yield cluster
+        return
+    # Logs stay under pytest's basetemp (the last three runs are kept) for post-mortems.
+    root = tmp_path_factory.mktemp("devcluster", numbered=True)
+    cluster = LocalCluster(root, progress=lambda m: None)
+    try:
+        info = cluster.start()
+    except BinariesUnavailableError as exc:
+        _say(config, f"SKIPPING cluster tests: {exc}")
+        pytest.skip(f"Kubernetes control plane unavailable: {exc}")
+    except ClusterStartError:
+        _say(config, f"control plane failed to start; logs in {root / 'logs'}")
+        raise
+    _say(
+        config,
+        f"control plane v1.37 up in {info.started_seconds:.1f}s at {info.server} "
+        f"(logs {root / 'logs'})",
+    )
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def k8s_api(k8s_cluster: LocalCluster) -> ApiClient:
+    return k8s_cluster.api_client()
+
+
+@pytest.fixture(scope="session")
+def node_heartbeater(k8s_cluster: LocalCluster) -> Iterator[NodeHeartbeater]:
+    beater = NodeHeartbeater(k8s_cluster.api_client()).start()
+    try:
+        yield beater
+    finally:
+        beater.stop()
+
+
+@pytest.fixture
+def fake_node(
+    request: pytest.FixtureRequest, node_heartbeater: NodeHeartbeater, k8s_api: ApiClient
+) -> Iterator[Callable[..., str]]:
+    created: list[str] = []
+
+    def make(**fields: Any) -> str:
+        name = fields.pop("name", None) or _unique_name("node", request.node.name)
+        node_heartbeater.add(FakeNode(name=name, **fields))
+        created.append(name)
+        return name
+
+    yield make
+    for name in created:
+        node_heartbeater.forget(name)
+        delete_node(k8s_api, name)
+
+
+@pytest.fixture
+def namespace(request: pytest.FixtureRequest, k8s_api: ApiClient) -> Iterator[str]:
+    from kubernetes import client
+
+    core = client.CoreV1Api(k8s_api)
+    name = _unique_name("t", request.node.name)
+    core.create_namespace(
+        client.V1Namespace.model_validate(
+            {"metadata": {"name": name, "labels": {"carve.test/owner": "pytest"}}}
+        )
+    )
+    _wait_for_default_service_account(core, name)
+    try:
+        yield name
+    finally:
+        # No kubelet confirms graceful deletion, so pods bound to a node would block the
+        # namespace forever; delete them immediately, then let the namespace go.
+        core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
+        core.delete_namespace(name)
+
+
+def _wait_for_default_service_account(core: Any, namespace: str, timeout: float = 30.0) -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            core.read_namespaced_service_account("default", namespace)
+            return
+        except ApiException as exc:
+            if exc.status != 404 or time.monotonic() > deadline:
+                raise
+        time.sleep(0.1)
+
+
+def _unique_name(prefix: str, test_name: str) -> str:
+    slug = re.sub(r"[^a-z0-9-]+", "-", test_name.lower()).strip("-")[:40].strip("-")
+    return f"{prefix}-{slug}-{uuid.uuid4().hex[:6]}"
