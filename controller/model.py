@@ -1,0 +1,378 @@
+"""The controller's picture of the cluster: nodes, pod requests, GPUs and what occupies them.
+
+Everything the placement engine reads lives here, typed and pre-digested:
+- each GPU's published devices (from its node's ResourceSlices) and its occupancy, derived from
+  the claims that hold its devices;
+- GPUs indexed by (kind, occupancy, node busy), so the engine looks at distinct states, not at
+  thousands of GPUs (a *kind* groups GPUs whose devices are identical apart from identity
+  attributes such as ``uuid``, so selector results are shared by the whole kind);
+- per node: the Node's facts and the cpu/memory/pods that pods placed there already request.
+
+A claim holds its devices from allocation until the node confirms the instance is gone
+(invariant 4): the reconciler calls :meth:`ClusterModel.hold` for every claim with
+``status.allocation`` (terminating or not) and :meth:`ClusterModel.release` only when the
+allocation is cleared. GPU occupancy is always recomputed from the set of holds on that GPU, so
+applying updates one by one and rebuilding from scratch give identical states.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+from controller.claims import ClaimHold, ClaimKey
+from controller.nodefit import NO_RESOURCES, NodeInfo, Resources
+from driver.catalog import GpuModel
+from driver.cel import CelDevice
+from driver.geometry import EMPTY_STATE, Geometry, GpuState, PlacementError, geometry_for
+
+WHOLE_GPU = -1
+"""Profile id the model uses for a whole-GPU device (it blocks every MIG placement)."""
+
+IDENTITY_ATTRIBUTES = frozenset(
+    {"uuid", "parentUUID", "pciBusID", "pcieRoot", "numaNode", "placementStart"}
+)
+"""Attribute names that differ between GPUs of one kind (or between placements of one profile).
+
+GPUs whose devices agree on everything else share one kind; a selector that reads one of
+these names is evaluated per GPU instead of per kind."""
+
+
+@dataclass(frozen=True)
+class PublishedDevice:
+    """One device a node publishes for a GPU: a (profile, placement) or the whole GPU."""
+
+    name: str
+    profile_id: int  # WHOLE_GPU for the whole-GPU device
+    start: int
+    facts: CelDevice
+
+
+@dataclass(frozen=True)
+class GpuInventory:
+    """A physical GPU as its node publishes it (built from ResourceSlices)."""
+
+    node: str
+    pool: str
+    uuid: str
+    model: GpuModel
+    devices: tuple[PublishedDevice, ...]
+
+
+@dataclass(frozen=True)
+class Occupancy:
+    """What occupies a GPU: the MIG state, or ``blocked`` (whole GPU allocated, or holds that
+    contradict each other, which the model never lets the engine build on)."""
+
+    state: GpuState
+    blocked: bool = False
+
+    @property
+    def in_use(self) -> bool:
+        return self.blocked or bool(self.state.instances)
+
+
+FREE = Occupancy(EMPTY_STATE)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Something inconsistent in what the API says; reported, never fatal."""
+
+    subject: str
+    message: str
+
+
+BucketKey = tuple[int, Occupancy, bool]  # (kind, occupancy, node busy)
+
+
+@dataclass
+class GpuRecord:
+    """The model's mutable record of one GPU; the engine reads it, only the model writes it."""
+
+    inventory: GpuInventory
+    geometry: Geometry
+    kind: int
+    position: int  # index among its node's GPUs (ordered by uuid)
+    by_placement: Mapping[tuple[int, int], PublishedDevice]
+    occupancy: Occupancy = FREE
+    holders: dict[tuple[int, int], set[ClaimKey]] = field(default_factory=dict)
+
+    @property
+    def uuid(self) -> str:
+        return self.inventory.uuid
+
+    @property
+    def node(self) -> str:
+        return self.inventory.node
+
+
+def _kind_signature(inv: GpuInventory) -> tuple[object, ...]:
+    def strip(device: PublishedDevice) -> tuple[object, ...]:
+        attrs = tuple(
+            (k, v)
+            for k, v in device.facts.attributes
+            if k.rpartition("/")[2] not in IDENTITY_ATTRIBUTES
+        )
+        return (device.profile_id, device.start, attrs, device.facts.capacity)
+
+    return (inv.model.key, tuple(sorted(strip(d) for d in inv.devices)))
+
+
+class ClusterModel:
+    """Mutable cluster state with incremental updates; see the module docstring."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, NodeInfo] = {}
+        self._pods: dict[str, tuple[str, Resources]] = {}
+        self._node_usage: dict[str, Resources] = {}
+        self.gpus: dict[str, GpuRecord] = {}
+        self._node_gpus: dict[str, list[str]] = {}
+        self._device_index: dict[tuple[str, str], tuple[str, PublishedDevice]] = {}
+        self._holds: dict[ClaimKey, ClaimHold] = {}
+        self._claims_on_gpu: dict[str, set[ClaimKey]] = {}
+        self._unresolved: dict[ClaimKey, tuple[str, ...]] = {}
+        self._kinds: dict[tuple[object, ...], int] = {}
+        self.kind_examples: dict[int, str] = {}
+        """kind -> uuid of one GPU of that kind, for evaluating selectors per kind."""
+        self.buckets: dict[BucketKey, list[tuple[str, str]]] = {}
+        """(kind, occupancy, node busy) -> sorted [(node, uuid)] of the GPUs in that state."""
+        self._bucket_of: dict[str, BucketKey] = {}
+        self._busy_nodes: set[str] = set()
+        self.problems: dict[str, Problem] = {}
+        self.version = 0
+        """Bumped on every change that can alter a placement decision."""
+
+    # ------------------------------------------------------------------------------------------
+    # Nodes and pods
+
+    def set_node(self, node: NodeInfo) -> None:
+        self.nodes[node.name] = node
+        self.version += 1
+
+    def remove_node(self, name: str) -> None:
+        self.nodes.pop(name, None)
+        self.version += 1
+
+    def set_pod(self, key: str, node: str, requests: Resources) -> None:
+        """A pod bound (or about to be bound) to ``node`` whose requests count against it."""
+        self.remove_pod(key)
+        self._pods[key] = (node, requests)
+        self._node_usage[node] = self._node_usage.get(node, NO_RESOURCES) + requests
+        self.version += 1
+
+    def remove_pod(self, key: str) -> None:
+        old = self._pods.pop(key, None)
+        if old is not None:
+            node, requests = old
+            self._node_usage[node] = self._node_usage[node] - requests
+            if self._node_usage[node] == NO_RESOURCES:
+                del self._node_usage[node]
+            self.version += 1
+
+    def node_usage(self, node: str) -> Resources:
+        return self._node_usage.get(node, NO_RESOURCES)
+
+    def node_busy(self, node: str) -> bool:
+        return node in self._busy_nodes
+
+    # ------------------------------------------------------------------------------------------
+    # GPUs
+
+    def set_node_gpus(self, node: str, gpus: Iterable[GpuInventory]) -> None:
+        """Replace what ``node`` publishes (its ResourceSlices changed)."""
+        for uuid in list(self._node_gpus.get(node, ())):
+            self._drop_gpu(uuid)
+        ordered = sorted(gpus, key=lambda g: g.uuid)
+        for g in ordered:
+            if g.node != node:
+                raise ValueError(f"GPU {g.uuid} belongs to node {g.node}, not {node}")
+            if g.uuid in self.gpus:  # moved from another node: the newer publication wins
+                self._drop_gpu(g.uuid)
+        self._node_gpus[node] = [g.uuid for g in ordered]
+        if not ordered:
+            del self._node_gpus[node]
+        for position, inv in enumerate(ordered):
+            kind = self._kinds.setdefault(_kind_signature(inv), len(self._kinds))
+            self.kind_examples.setdefault(kind, inv.uuid)
+            record = GpuRecord(
+                inventory=inv,
+                geometry=geometry_for(inv.model),
+                kind=kind,
+                position=position,
+                by_placement={(d.profile_id, d.start): d for d in inv.devices},
+            )
+            self.gpus[inv.uuid] = record
+            for d in inv.devices:
+                self._device_index[(inv.pool, d.name)] = (inv.uuid, d)
+        for claim in list(self._unresolved):
+            self._attach(self._holds[claim])
+        for uuid in self._node_gpus.get(node, ()):
+            self._recompute(uuid)
+        self._refresh_busy(node)
+        self.version += 1
+
+    def _drop_gpu(self, uuid: str) -> None:
+        self._unbucket(uuid)
+        record = self.gpus.pop(uuid)
+        for d in record.inventory.devices:
+            self._device_index.pop((record.inventory.pool, d.name), None)
+        for claim in self._claims_on_gpu.pop(uuid, set()):
+            self._unresolved[claim] = ()  # re-resolved against the new publication
+        self.problems.pop(f"gpu {uuid}", None)
+        node_list = self._node_gpus.get(record.node)
+        if node_list and uuid in node_list:
+            node_list.remove(uuid)
+
+    def gpus_on(self, node: str) -> list[GpuRecord]:
+        return [self.gpus[u] for u in self._node_gpus.get(node, ())]
+
+    def gpu_nodes(self) -> Iterator[str]:
+        return iter(self._node_gpus)
+
+    def device(self, pool: str, name: str) -> tuple[GpuRecord, PublishedDevice] | None:
+        hit = self._device_index.get((pool, name))
+        if hit is None:
+            return None
+        return self.gpus[hit[0]], hit[1]
+
+    # ------------------------------------------------------------------------------------------
+    # Claims
+
+    def hold(self, hold: ClaimHold) -> None:
+        """The claim holds these devices (``status.allocation`` set, terminating or not)."""
+        self.release(hold.claim)
+        self._holds[hold.claim] = hold
+        self._attach(hold)
+        self.version += 1
+
+    def release(self, claim: ClaimKey) -> None:
+        """The claim's allocation was cleared: its placements are free again."""
+        old = self._holds.pop(claim, None)
+        if old is None:
+            return
+        self._unresolved.pop(claim, None)
+        touched = [u for u, claims in self._claims_on_gpu.items() if claim in claims]
+        for uuid in touched:
+            self._claims_on_gpu[uuid].discard(claim)
+            self._recompute(uuid)
+            self._refresh_busy(self.gpus[uuid].node)
+        self.version += 1
+
+    def holds(self) -> Iterator[ClaimHold]:
+        return iter(self._holds.values())
+
+    def holding(self, claim: ClaimKey) -> ClaimHold | None:
+        return self._holds.get(claim)
+
+    def _attach(self, hold: ClaimHold) -> None:
+        missing = []
+        touched = set()
+        for d in hold.devices:
+            hit = self._device_index.get((d.pool, d.device))
+            if hit is None:
+                missing.append(f"{d.pool}/{d.device}")
+                continue
+            self._claims_on_gpu.setdefault(hit[0], set()).add(hold.claim)
+            touched.add(hit[0])
+        if missing:
+            # Slices not seen yet (or withdrawn): keep the hold and attach when they appear.
+            self._unresolved[hold.claim] = tuple(missing)
+        else:
+            self._unresolved.pop(hold.claim, None)
+        for uuid in touched:
+            self._recompute(uuid)
+            self._refresh_busy(self.gpus[uuid].node)
+
+    def unresolved(self) -> Mapping[ClaimKey, tuple[str, ...]]:
+        """Claims holding devices that no known ResourceSlice publishes."""
+        return self._unresolved
+
+    def _recompute(self, uuid: str) -> None:
+        record = self.gpus[uuid]
+        holders: dict[tuple[int, int], set[ClaimKey]] = {}
+        for claim in sorted(self._claims_on_gpu.get(uuid, ())):
+            for d in self._holds[claim].devices:
+                hit = self._device_index.get((d.pool, d.device))
+                if hit is not None and hit[0] == uuid:
+                    holders.setdefault((hit[1].profile_id, hit[1].start), set()).add(claim)
+        record.holders = holders
+        subject = f"gpu {uuid}"
+        self.problems.pop(subject, None)
+        shared = {k: v for k, v in holders.items() if len(v) > 1}
+        whole = (WHOLE_GPU, 0) in holders
+        occupancy = FREE
+        if shared:
+            (pid, start), claims = sorted(shared.items())[0]
+            self.problems[subject] = Problem(
+                subject,
+                f"device {record.by_placement[(pid, start)].name} on node {record.node} is "
+                f"allocated to several claims: {', '.join(sorted(map(str, claims)))}",
+            )
+            occupancy = Occupancy(EMPTY_STATE, blocked=True)
+        elif whole:
+            if len(holders) > 1:
+                self.problems[subject] = Problem(
+                    subject,
+                    f"GPU {uuid} on node {record.node} is allocated whole and as MIG slices",
+                )
+            occupancy = Occupancy(EMPTY_STATE, blocked=True)
+        elif holders:
+            try:
+                occupancy = Occupancy(record.geometry.state_of(holders))
+            except PlacementError as exc:
+                self.problems[subject] = Problem(
+                    subject, f"allocations on GPU {uuid} (node {record.node}) conflict: {exc}"
+                )
+                occupancy = Occupancy(EMPTY_STATE, blocked=True)
+        record.occupancy = occupancy
+        self._rebucket(uuid)
+
+    # ------------------------------------------------------------------------------------------
+    # Index by (kind, occupancy, node busy)
+
+    def _refresh_busy(self, node: str) -> None:
+        busy = any(self.gpus[u].occupancy.in_use for u in self._node_gpus.get(node, ()))
+        if busy != (node in self._busy_nodes):
+            if busy:
+                self._busy_nodes.add(node)
+            else:
+                self._busy_nodes.discard(node)
+            for uuid in self._node_gpus.get(node, ()):
+                self._rebucket(uuid)
+
+    def _unbucket(self, uuid: str) -> None:
+        key = self._bucket_of.pop(uuid, None)
+        if key is None:
+            return
+        members = self.buckets[key]
+        entry = (self.gpus[uuid].node, uuid)
+        i = bisect.bisect_left(members, entry)
+        del members[i]
+        if not members:
+            del self.buckets[key]
+
+    def _rebucket(self, uuid: str) -> None:
+        record = self.gpus[uuid]
+        key = (record.kind, record.occupancy, record.node in self._busy_nodes)
+        if self._bucket_of.get(uuid) == key:
+            return
+        self._unbucket(uuid)
+        bisect.insort(self.buckets.setdefault(key, []), (record.node, uuid))
+        self._bucket_of[uuid] = key
+
+    # ------------------------------------------------------------------------------------------
+    # Comparison
+
+    def snapshot(self) -> tuple[object, ...]:
+        """Everything decisions depend on, as a comparable value (used to prove that
+        incremental updates and a rebuild agree)."""
+        return (
+            tuple(sorted(self.nodes.items())),
+            tuple(sorted(self._node_usage.items())),
+            tuple(sorted((u, r.node, r.occupancy) for u, r in self.gpus.items())),
+            tuple(sorted(self._busy_nodes)),
+            tuple(sorted(self.problems)),
+            tuple(sorted(self._unresolved)),
+        )
