@@ -246,6 +246,18 @@ class KubeClaimWriter:
         meta = obj["metadata"]
         name, namespace, uid = meta["name"], meta.get("namespace", ""), meta["uid"]
         state = {"current": obj}
+        fresh_read = {"done": False}
+
+        def reread() -> None:
+            try:
+                fresh = get(name, namespace)
+            except Exception as get_exc:
+                if _is_not_found(get_exc):
+                    raise ObjectGoneError(f"{namespace}/{name} was deleted") from get_exc
+                raise
+            _same_object(fresh, uid)
+            state["current"] = fresh
+            fresh_read["done"] = True
 
         @retry(
             retry=retry_if_exception(_is_transient),
@@ -256,7 +268,15 @@ class KubeClaimWriter:
         def attempt() -> Obj:
             self._check_fence()
             current = state["current"]
-            desired = mutate(copy.deepcopy(current))
+            try:
+                desired = mutate(copy.deepcopy(current))
+            except WriteSkippedError:
+                # The caller's copy may be a stale cache entry: judge again on a fresh read.
+                if fresh_read["done"]:
+                    raise
+                reread()
+                current = state["current"]
+                desired = mutate(copy.deepcopy(current))
             if desired is None:
                 return current
             try:
@@ -265,19 +285,12 @@ class KubeClaimWriter:
                 if _is_not_found(exc):
                     raise ObjectGoneError(f"{namespace}/{name} was deleted") from exc
                 if _is_conflict(exc):
-                    try:
-                        fresh = get(name, namespace)
-                    except Exception as get_exc:
-                        if _is_not_found(get_exc):
-                            raise ObjectGoneError(f"{namespace}/{name} was deleted") from get_exc
-                        raise
-                    _same_object(fresh, uid)
-                    state["current"] = fresh
+                    reread()
                     _log.info(
                         "conflict writing %s/%s; retrying on resourceVersion %s",
                         namespace,
                         name,
-                        fresh["metadata"].get("resourceVersion"),
+                        state["current"]["metadata"].get("resourceVersion"),
                     )
                 raise
 

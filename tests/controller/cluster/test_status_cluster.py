@@ -1,0 +1,134 @@
+"""KubeClaimWriter and LeaderElector on the real kube-apiserver, with the real kube-scheduler.
+
+The writer's allocation (finalizer, status.allocation through the binding subresource, gate
+removal) must be honoured by kube-scheduler: the pod binds to the allocated node and the claim
+is reserved for it. Conflicts come from real resourceVersion races.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import pytest
+from kubernetes import client
+from kubernetes.client import ApiClient
+
+from controller.leader import LeaderElector, LeaseConfig
+from controller.status import (
+    ALLOCATION_FINALIZER,
+    ClaimAllocation,
+    DeviceResult,
+    KubeClaimWriter,
+)
+from tests.controller.cluster.objects import (
+    DRIVER,
+    delete_node_slices,
+    ensure_cluster_object,
+    load_manifests,
+    pod,
+    pods_of,
+    profile_template,
+    publish_node_gpus,
+    raw,
+    wait_for,
+)
+
+pytestmark = pytest.mark.cluster
+
+
+def _writer(api: ApiClient) -> KubeClaimWriter:
+    return KubeClaimWriter(client.ResourceV1Api(api), client.CoreV1Api(api))
+
+
+def test_written_allocation_is_honoured_by_kube_scheduler(
+    k8s_api: ApiClient, namespace: str, fake_node: Callable[..., str]
+) -> None:
+    for obj in load_manifests("10-deviceclasses.yaml"):
+        ensure_cluster_object(k8s_api, obj)
+    nodes = [fake_node(), fake_node()]
+    for n in nodes:
+        publish_node_gpus(k8s_api, n, ["A100-SXM4-40GB"])
+    try:
+        res, core = client.ResourceV1Api(k8s_api), client.CoreV1Api(k8s_api)
+        res.create_namespaced_resource_claim_template(namespace, profile_template("t", "1g.5gb"))
+        core.create_namespaced_pod(namespace, pod("p", "t"))
+        p = wait_for(
+            "KCM to create the pod's claim",
+            lambda: next(
+                (
+                    x
+                    for x in pods_of(k8s_api, namespace)
+                    if (x.get("status") or {}).get("resourceClaimStatuses")
+                ),
+                None,
+            ),
+        )
+        claim_name = p["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+        claim = raw(
+            res.read_namespaced_resource_claim(claim_name, namespace, _preload_content=False)
+        )
+        target = nodes[1]  # not the first node, so a scheduler that ignored us would differ
+        alloc = ClaimAllocation(
+            namespace,
+            claim_name,
+            claim["metadata"]["uid"],
+            target,
+            (DeviceResult("mig", DRIVER, target, "gpu-0-mig-1g5gb-19-3", "1g.5gb"),),
+        )
+        w = _writer(k8s_api)
+        stale = copy.deepcopy(claim)
+        claim = w.add_finalizer(claim)
+        # Writing from the stale copy: 409 from the real apiserver, re-read, then success.
+        claim = w.write_allocation(stale, alloc, {})
+        assert claim["metadata"]["finalizers"] == [ALLOCATION_FINALIZER]
+        w.remove_gate(p)
+
+        def bound() -> str | None:
+            cur = raw(core.read_namespaced_pod("p", namespace, _preload_content=False))
+            return cur["spec"].get("nodeName")
+
+        assert wait_for("kube-scheduler to bind the pod", bound) == target
+        reserved = wait_for(
+            "the claim to be reserved for the pod",
+            lambda: raw(
+                res.read_namespaced_resource_claim(claim_name, namespace, _preload_content=False)
+            )["status"].get("reservedFor"),
+        )
+        assert reserved[0]["name"] == "p"
+    finally:
+        for n in nodes:
+            delete_node_slices(k8s_api, n)
+
+
+def test_lease_election_on_the_apiserver(k8s_api: ApiClient, namespace: str) -> None:
+    coord = client.CoordinationV1Api(k8s_api)
+
+    def elector(who: str) -> LeaderElector:
+        return LeaderElector(
+            coord,
+            LeaseConfig(
+                name="carve-controller",
+                namespace=namespace,
+                identity=who,
+                lease_duration_s=3,
+                renew_deadline_s=2,
+                retry_period_s=0.5,
+            ),
+        )
+
+    a, b = elector("a"), elector("b")
+    assert a.try_acquire_or_renew()
+    assert not b.try_acquire_or_renew()
+    assert a.try_acquire_or_renew()  # renew
+    assert not b.try_acquire_or_renew()
+    # a stops renewing without releasing: b must wait out the lease duration on its own clock.
+    a.stop(release=False)
+    wait_for("b to take the expired lease", b.try_acquire_or_renew, timeout=10)
+    lease = raw(coord.read_namespaced_lease("carve-controller", namespace, _preload_content=False))
+    assert lease["spec"]["holderIdentity"] == "b"
+    assert lease["spec"]["leaseTransitions"] == 1
+    # Released on shutdown: a fresh candidate gets it at once.
+    b.stop(release=True)
+    c = elector("c")
+    assert c.try_acquire_or_renew()
