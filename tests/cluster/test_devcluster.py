@@ -1,0 +1,265 @@
+"""devcluster's own guarantees: credentials, command lines, fake-node bookkeeping, and that
+no component outlives its owner. Only the tests marked ``cluster`` need the binaries."""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+from kubernetes import client
+from kubernetes.client import ApiClient
+
+from devcluster import components
+from devcluster.binaries import Binaries
+from devcluster.components import Layout, Ports
+from devcluster.kubeconfig import write_kubeconfig
+from devcluster.nodes import (
+    FakeNode,
+    NodeHeartbeater,
+    Taint,
+    heartbeat_patch,
+    lease_manifest,
+    node_manifest,
+    node_status,
+)
+from devcluster.pki import CertificateAuthority, create_cluster_pki
+from devcluster.processes import ManagedProcess, ProcessRecord, is_running, stop_recorded
+
+PORTS = Ports(
+    etcd_client=2379, etcd_peer=2380, apiserver=6443, scheduler=10259, controller_manager=10257
+)
+
+
+def _load(path: Path) -> x509.Certificate:
+    return x509.load_pem_x509_certificate(path.read_bytes())
+
+
+def test_component_certificates_carry_the_identities_rbac_expects(tmp_path: Path) -> None:
+    pki = create_cluster_pki(tmp_path)
+    ca = _load(pki.ca.cert)
+    expected = {
+        pki.admin.cert: ("carve-admin", ["system:masters"]),
+        pki.scheduler.cert: ("system:kube-scheduler", []),
+        pki.controller_manager.cert: ("system:kube-controller-manager", []),
+    }
+    for path, (cn, groups) in expected.items():
+        cert = _load(path)
+        cert.verify_directly_issued_by(ca)
+        assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == cn
+        assert [
+            a.value for a in cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)
+        ] == groups
+    serving = _load(pki.apiserver.cert)
+    sans = serving.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "127.0.0.1" in [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)]
+    assert "kubernetes.default.svc" in sans.get_values_for_type(x509.DNSName)
+    assert oct(pki.service_account_key.stat().st_mode & 0o777) == "0o600"
+
+
+def test_users_issued_later_chain_to_the_cluster_ca(tmp_path: Path) -> None:
+    pki = create_cluster_pki(tmp_path)
+    ca = CertificateAuthority.load(pki.ca)
+    files = ca.issue(tmp_path, "alice", common_name="alice", organizations=("team-a", "ops"))
+    cert = _load(files.cert)
+    cert.verify_directly_issued_by(_load(pki.ca.cert))
+    orgs = [a.value for a in cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)]
+    assert orgs == ["team-a", "ops"]
+
+
+def test_kubeconfig_embeds_exactly_the_given_credentials(tmp_path: Path) -> None:
+    pki = create_cluster_pki(tmp_path)
+    path = write_kubeconfig(
+        tmp_path / "kc", "https://127.0.0.1:1234", pki.ca.cert, pki.admin, "carve-admin"
+    )
+    doc = yaml.safe_load(path.read_text())
+    cluster = doc["clusters"][0]["cluster"]
+    user = doc["users"][0]["user"]
+    assert cluster["server"] == "https://127.0.0.1:1234"
+    assert base64.b64decode(cluster["certificate-authority-data"]) == pki.ca.cert.read_bytes()
+    assert base64.b64decode(user["client-key-data"]) == pki.admin.key.read_bytes()
+
+
+def test_every_component_gets_the_same_dra_gates(tmp_path: Path) -> None:
+    pki = create_cluster_pki(tmp_path / "pki")
+    layout = Layout(tmp_path)
+    bins = Binaries.in_directory(tmp_path / "bin")
+    argvs = {
+        "apiserver": components.apiserver_args(bins.kube_apiserver, layout, PORTS, pki),
+        "scheduler": components.scheduler_args(bins.kube_scheduler, layout, PORTS),
+        "kcm": components.controller_manager_args(bins.kube_controller_manager, layout, PORTS, pki),
+    }
+    for name, argv in argvs.items():
+        gates = [a for a in argv if a.startswith("--feature-gates=")]
+        assert len(gates) == 1, name
+        enabled = dict(g.split("=") for g in gates[0].removeprefix("--feature-gates=").split(","))
+        for gate in (
+            "DRAPartitionableDevices",
+            "DRADeviceBindingConditions",
+            "DRAConsumableCapacity",
+            "DRADeviceTaints",
+        ):
+            assert enabled[gate] == "true", (name, gate)
+    controllers = next(a for a in argvs["kcm"] if a.startswith("--controllers="))
+    assert {
+        "resourceclaim-controller",
+        "garbage-collector-controller",
+        "node-lifecycle-controller",
+    } <= set(controllers.split("=", 1)[1].split(","))
+    assert "--authorization-mode=Node,RBAC" in argvs["apiserver"]
+    # Nothing listens beyond loopback.
+    etcd = components.etcd_args(bins.etcd, layout, PORTS)
+    for argv in (*argvs.values(), etcd):
+        for arg in argv:
+            if "-address=" in arg or "-urls=" in arg:
+                assert "127.0.0.1" in arg, arg
+
+
+def test_fake_node_reports_what_a_kubelet_would() -> None:
+    node = FakeNode(
+        "n1",
+        cpu="8",
+        memory="32Gi",
+        labels={"gpu": "h100"},
+        taints=(Taint("carve.test/gpu", "NoSchedule", "yes"),),
+        extra_resources={"example.com/widget": "3"},
+    )
+    manifest = node_manifest(node)
+    assert manifest["metadata"]["labels"]["kubernetes.io/hostname"] == "n1"
+    assert manifest["metadata"]["labels"]["gpu"] == "h100"
+    assert manifest["spec"]["taints"] == [
+        {"key": "carve.test/gpu", "value": "yes", "effect": "NoSchedule"}
+    ]
+    now = datetime.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=datetime.UTC)
+    status = node_status(node, now)["status"]
+    assert status["allocatable"] == {
+        "cpu": "8",
+        "memory": "32Gi",
+        "pods": "110",
+        "example.com/widget": "3",
+    }
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["lastHeartbeatTime"]) == ("True", "2026-01-02T03:04:05Z")
+    assert (
+        heartbeat_patch(now)["status"]["conditions"][0]["lastHeartbeatTime"]
+        == "2026-01-02T03:04:05Z"
+    )
+    lease = lease_manifest("n1", "uid-1", now)
+    assert lease["spec"]["renewTime"] == "2026-01-02T03:04:05.678901Z"
+    assert lease["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+
+
+_OWNER = textwrap.dedent("""
+    import json, sys
+    from pathlib import Path
+    from devcluster.processes import ManagedProcess
+    p = ManagedProcess("sleeper", ["/bin/sleep", "300"], Path(sys.argv[1]), tie_to_parent=True)
+    print(json.dumps({"pid": p.pid}), flush=True)
+    sys.stdin.read()
+""")
+
+
+def _wait_gone(record: ProcessRecord, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while is_running(record):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_component_dies_when_its_owner_is_killed(tmp_path: Path) -> None:
+    owner = subprocess.Popen(
+        [sys.executable, "-c", _OWNER, str(tmp_path / "log")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert owner.stdout is not None
+    pid = json.loads(owner.stdout.readline())["pid"]
+    record = ProcessRecord("sleeper", pid, "/bin/sleep")
+    assert is_running(record)
+    owner.send_signal(signal.SIGKILL)  # no atexit, no finally: only the kernel can help
+    owner.wait()
+    assert _wait_gone(record), "the component outlived its SIGKILLed owner"
+
+
+def test_down_only_signals_the_recorded_binary(tmp_path: Path) -> None:
+    proc = ManagedProcess("sleeper", ["/bin/sleep", "300"], tmp_path / "log", tie_to_parent=False)
+    try:
+        impostor = ProcessRecord("sleeper", proc.pid, "/usr/bin/something-else")
+        assert not stop_recorded(impostor)
+        assert proc.exit_code() is None
+        assert stop_recorded(proc.record)
+        assert _wait_gone(proc.record)
+    finally:
+        proc.stop()
+
+
+@pytest.mark.cluster
+def test_heartbeats_renew_the_node_lease(
+    k8s_api: ApiClient, fake_node: object, node_heartbeater: NodeHeartbeater
+) -> None:
+    assert callable(fake_node)
+    name = fake_node()
+    coordination = client.CoordinationV1Api(k8s_api)
+    before = coordination.read_namespaced_lease(name, "kube-node-lease").spec
+    assert before is not None and before.renew_time is not None
+    time.sleep(0.01)
+    node_heartbeater.beat_once()
+    after = coordination.read_namespaced_lease(name, "kube-node-lease").spec
+    assert after is not None and after.renew_time is not None
+    assert after.renew_time > before.renew_time
+    node = client.CoreV1Api(k8s_api).read_node(name)
+    assert node.spec is not None
+    assert not [t for t in node.spec.taints or [] if t.key.startswith("node.kubernetes.io/")]
+
+
+_CLUSTER_OWNER = textwrap.dedent("""
+    import json, sys
+    from pathlib import Path
+    from devcluster.cluster import LocalCluster
+    cluster = LocalCluster(Path(sys.argv[1]))
+    info = cluster.start()
+    print(json.dumps([[p.name, p.pid, p.executable] for p in info.processes]), flush=True)
+    sys.stdin.read()
+""")
+
+
+@pytest.mark.cluster
+def test_no_component_survives_a_killed_test_session(k8s_cluster: object, tmp_path: Path) -> None:
+    """A second, owned cluster in a child process; SIGKILL the child (as a CI timeout
+    would) and every control-plane process must go with it."""
+    owner = subprocess.Popen(
+        [sys.executable, "-c", _CLUSTER_OWNER, str(tmp_path / "c")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+        env={**os.environ, "PYTHONPATH": str(Path.cwd())},
+    )
+    assert owner.stdout is not None
+    records = [ProcessRecord(n, pid, exe) for n, pid, exe in json.loads(owner.stdout.readline())]
+    assert [r.name for r in records] == [
+        "etcd",
+        "kube-apiserver",
+        "kube-scheduler",
+        "kube-controller-manager",
+    ]
+    assert all(is_running(r) for r in records)
+    owner.send_signal(signal.SIGKILL)
+    owner.wait()
+    survivors = [r.name for r in records if not _wait_gone(r)]
+    assert survivors == []
