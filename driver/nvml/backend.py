@@ -307,10 +307,10 @@ class NvmlBackend:
         module and the ResourceSlice builder need, with no catalog lookup."""
         info = self.gpu(gpu_uuid)
         if not info.profiles:
-            raise NotSupported(f"GPU {gpu_uuid} ({info.name}) offers no MIG profiles", gpu=gpu_uuid)
+            raise NotSupported(f"{gpu_uuid} ({info.name}) offers no MIG profiles", gpu=gpu_uuid)
         if info.architecture is None:
             raise NotSupported(
-                f"GPU {gpu_uuid} ({info.name}) has NVML architecture code "
+                f"{gpu_uuid} ({info.name}) has NVML architecture code "
                 f"{info.architecture_code}, which carve does not know yet",
                 gpu=gpu_uuid,
             )
@@ -367,7 +367,7 @@ class NvmlBackend:
             return mode
         if int(status) == errors.NVML_ERROR_IN_USE:
             raise InstanceInUse(
-                f"GPU {gpu_uuid}: cannot {want} MIG mode while MIG instances or other clients "
+                f"{gpu_uuid}: cannot {want} MIG mode while MIG instances or other clients "
                 "(DCGM, nvidia-persistenced, Xorg) use the GPU; remove them and retry",
                 code=int(status),
                 gpu=gpu_uuid,
@@ -378,14 +378,14 @@ class NvmlBackend:
             errors.NVML_ERROR_NOT_SUPPORTED,
         ):
             raise ResetRequired(
-                f"GPU {gpu_uuid}: MIG mode is now pending {want}d but takes effect only after "
+                f"{gpu_uuid}: MIG mode is now pending {want}d but takes effect only after "
                 "a GPU reset (nvidia-smi --gpu-reset -i <index>) or a reboot; drain the GPU "
                 "and reset it",
                 code=int(status) or None,
                 gpu=gpu_uuid,
             )
         raise NvmlFailure(
-            f"GPU {gpu_uuid}: {want} MIG mode was not activated", code=int(status), gpu=gpu_uuid
+            f"{gpu_uuid}: {want} MIG mode was not activated", code=int(status), gpu=gpu_uuid
         )
 
     def enable_mig(self, gpu_uuid: str) -> MigMode:
@@ -393,14 +393,14 @@ class NvmlBackend:
         never resets a GPU itself: it refuses with ResetRequired and says what to run."""
         info = self.gpu(gpu_uuid)
         if not info.mig_capable:
-            raise NotSupported(f"GPU {gpu_uuid} ({info.name}) does not support MIG", gpu=gpu_uuid)
+            raise NotSupported(f"{gpu_uuid} ({info.name}) does not support MIG", gpu=gpu_uuid)
         mode = self.mig_mode(gpu_uuid)
         if mode.current:
             return mode
         if info.mig_toggle_needs_reset:
             pending = " (an enable is already pending)" if mode.pending else ""
             raise ResetRequired(
-                f"GPU {gpu_uuid} ({info.name}) has MIG mode off{pending}; on this architecture "
+                f"{gpu_uuid} ({info.name}) has MIG mode off{pending}; on this architecture "
                 "enabling it needs a GPU reset, which carve does not do on its own. Run "
                 "`nvidia-smi -i <index> -mig 1` and reset the GPU or reboot the node",
                 gpu=gpu_uuid,
@@ -417,7 +417,7 @@ class NvmlBackend:
                 off = False
             if off:
                 return MigDisabled(
-                    f"GPU {gpu_uuid}: cannot {what}: MIG mode is off; enable it first",
+                    f"{gpu_uuid}: cannot {what}: MIG mode is off; enable it first",
                     code=code,
                     gpu=gpu_uuid,
                 )
@@ -433,14 +433,14 @@ class NvmlBackend:
         profile = info.profile(profile_id)
         if profile is None:
             raise NotSupported(
-                f"GPU {gpu_uuid} ({info.name}) has no MIG profile with id {profile_id}; "
+                f"{gpu_uuid} ({info.name}) has no MIG profile with id {profile_id}; "
                 f"it offers {', '.join(f'{p.name} (id {p.id})' for p in info.profiles) or 'none'}",
                 gpu=gpu_uuid,
             )
         placement = next((p for p in profile.placements if p.start == placement_start), None)
         if placement is None:
             raise InvalidPlacement(
-                f"GPU {gpu_uuid}: {profile.name} cannot start at memory slice {placement_start}; "
+                f"{gpu_uuid}: {profile.name} cannot start at memory slice {placement_start}; "
                 f"valid starts are {', '.join(str(p.start) for p in profile.placements)}",
                 gpu=gpu_uuid,
             )
@@ -458,7 +458,7 @@ class NvmlBackend:
             code = self._code(exc)
             if code == errors.NVML_ERROR_INSUFFICIENT_RESOURCES:
                 raise PlacementTaken(
-                    f"GPU {gpu_uuid}: cannot create {where}: its memory slices, an engine it "
+                    f"{gpu_uuid}: cannot create {where}: its memory slices, an engine it "
                     "needs, or the profile's instance limit is taken by existing instances; "
                     "choose another placement or destroy the instance that holds it",
                     code=code,
@@ -466,13 +466,13 @@ class NvmlBackend:
                 ) from exc
             if code == errors.NVML_ERROR_INVALID_ARGUMENT:
                 raise InvalidPlacement(
-                    f"GPU {gpu_uuid}: NVML rejected {where} as invalid for this GPU",
+                    f"{gpu_uuid}: NVML rejected {where} as invalid for this GPU",
                     code=code,
                     gpu=gpu_uuid,
                 ) from exc
             if code == errors.NVML_ERROR_IN_USE:
                 raise InstanceInUse(
-                    f"GPU {gpu_uuid}: cannot create {where}: a non-MIG client (e.g. Xorg) holds "
+                    f"{gpu_uuid}: cannot create {where}: a non-MIG client (e.g. Xorg) holds "
                     "the GPU; stop it",
                     code=code,
                     gpu=gpu_uuid,
@@ -501,12 +501,12 @@ class NvmlBackend:
         info = self.gpu(gpu_uuid)
         gi = self._gi_by_id(gpu_uuid, gi_id)
         if gi is None:
-            raise NotFound(f"GPU {gpu_uuid} has no GPU instance {gi_id}", gpu=gpu_uuid)
+            raise NotFound(f"{gpu_uuid} has no GPU instance {gi_id}", gpu=gpu_uuid)
         gi_info = self._call("read a GPU instance", gpu_uuid, self._nvml.nvmlGpuInstanceGetInfo, gi)
         profile = info.profile(int(gi_info.profileId))
         if profile is None:
             raise NotSupported(
-                f"GPU {gpu_uuid}: GPU instance {gi_id} has profile id {gi_info.profileId}, "
+                f"{gpu_uuid}: GPU instance {gi_id} has profile id {gi_info.profileId}, "
                 "which NVML did not list for this GPU",
                 gpu=gpu_uuid,
             )
@@ -527,7 +527,7 @@ class NvmlBackend:
         existing = self._compute_instances(uuid, gi)
         if len(existing) > 1:
             raise InstanceMismatch(
-                f"GPU {uuid}: GPU instance {gi_id} has {len(existing)} compute instances; "
+                f"{uuid}: GPU instance {gi_id} has {len(existing)} compute instances; "
                 "carve manages only instances with one full-size compute instance",
                 gpu=uuid,
             )
@@ -548,7 +548,7 @@ class NvmlBackend:
         mig_uuid = self._mig_uuids(uuid).get((gi_id, ci_id))
         if mig_uuid is None:
             raise NvmlFailure(
-                f"GPU {uuid}: no MIG device handle matches GPU instance {gi_id} / compute "
+                f"{uuid}: no MIG device handle matches GPU instance {gi_id} / compute "
                 f"instance {ci_id}; NVML's MIG device list is inconsistent",
                 gpu=uuid,
             )
@@ -567,7 +567,7 @@ class NvmlBackend:
             if int(ci_info.sliceCount) == profile.slices:
                 return ci_info
         raise NotSupported(
-            f"GPU {uuid}: {profile.name} offers no full-size compute-instance profile", gpu=uuid
+            f"{uuid}: {profile.name} offers no full-size compute-instance profile", gpu=uuid
         )
 
     def _ci_profiles(self, uuid: str, gi: Any) -> list[Any]:
@@ -728,7 +728,7 @@ class NvmlBackend:
                 expect_placement is not None and placement != expect_placement
             ):
                 raise InstanceMismatch(
-                    f"GPU {gpu_uuid}: GPU instance {gi_id} is profile id {gi_info.profileId} at "
+                    f"{gpu_uuid}: GPU instance {gi_id} is profile id {gi_info.profileId} at "
                     f"{placement.start}:{placement.size}, not the recorded one; left untouched",
                     gpu=gpu_uuid,
                 )
@@ -747,7 +747,7 @@ class NvmlBackend:
                     continue  # already gone
                 if code == errors.NVML_ERROR_IN_USE:
                     raise InstanceInUse(
-                        f"GPU {gpu_uuid}: compute instance {ci_id} of GPU instance {gi_id} "
+                        f"{gpu_uuid}: compute instance {ci_id} of GPU instance {gi_id} "
                         "still has processes; stop the workload and retry",
                         code=code,
                         gpu=gpu_uuid,
@@ -763,7 +763,7 @@ class NvmlBackend:
                 return
             if code == errors.NVML_ERROR_IN_USE:
                 raise InstanceInUse(
-                    f"GPU {gpu_uuid}: GPU instance {gi_id} is still in use (a compute instance "
+                    f"{gpu_uuid}: GPU instance {gi_id} is still in use (a compute instance "
                     "or process appeared); retry after it is gone",
                     code=code,
                     gpu=gpu_uuid,

@@ -105,7 +105,7 @@ def from_code(code: int, what: str, *, gpu: str | None = None) -> NvmlError:
 
     ``what`` is a short description of the attempted operation ("list GPU instances").
     """
-    on = f"GPU {gpu}: " if gpu else ""
+    on = f"{gpu}: " if gpu else ""
     if code in (
         NVML_ERROR_UNINITIALIZED,
         NVML_ERROR_LIBRARY_NOT_FOUND,
