@@ -175,7 +175,9 @@ def serve_http(
 
 def default_planner(driver: str) -> Planner:
     """The placement engine behind the reconciler's `Planner` seam."""
-    raise NotImplementedError("placement engine not wired yet")
+    from controller.planner import EnginePlanner
+
+    return EnginePlanner(driver)
 
 
 class Controller:

@@ -100,6 +100,10 @@ class Planner(Protocol):
         self, pod: Obj, claims: Sequence[Obj], classes: Mapping[str, Obj]
     ) -> Plan | Unplaceable: ...
 
+    def committed(self, pod: Obj, plan: Plan) -> None:
+        """The plan is written: count the pod on `plan.node` until it is bound there."""
+        ...
+
 
 class Recorder(Protocol):
     """Events for users (`kubectl describe`); `controller.events.KubeRecorder` is the real one."""
@@ -671,6 +675,7 @@ class Reconciler:
                 except Exception:
                     _log.exception("rollback of claim %s failed", key_of(claim))
             raise
+        self._planner.committed(pod, plan)
         if has_gate(pod, self._cfg.gate):
             fresh = self._writer.remove_gate(pod)
             self.stores[Kind.POD][key] = fresh

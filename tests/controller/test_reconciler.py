@@ -112,6 +112,7 @@ class FirstFitPlanner:
         self.slices: dict[str, Obj] = {}
         self.claims: dict[str, Obj] = {}
         self.plans = 0
+        self.committed_pods: list[str] = []
 
     def observe(self, kind: Kind, obj: Obj) -> None:
         key = f"{obj['metadata'].get('namespace')}/{obj['metadata']['name']}"
@@ -123,6 +124,9 @@ class FirstFitPlanner:
     def forget(self, kind: Kind, obj: Obj) -> None:
         key = f"{obj['metadata'].get('namespace')}/{obj['metadata']['name']}"
         (self.slices if kind is Kind.SLICE else self.claims).pop(key, None)
+
+    def committed(self, pod: Obj, plan: Plan) -> None:
+        self.committed_pods.append(pod["metadata"]["name"])
 
     def used(self) -> set[tuple[str, str]]:
         out = set()

@@ -1,0 +1,285 @@
+"""The placement engine behind the reconciler's `Planner` seam: API objects in, typed model out.
+
+The engine (`controller.placement`, `controller.model`) works on typed values; this adapter keeps
+its `ClusterModel` in step with what the informers deliver and translates one pod's claims into
+a `PlacementRequest` and the answer back into `ClaimAllocation`s for the writer.
+
+Bad input is contained here (invariant 5): a malformed Node, Pod, ResourceSlice pool, claim or
+class is logged and left out of the model (or reported as the pod's `Unplaceable` reason), never
+raised into the reconciler, so one bad object cannot stop allocation for everybody else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Mapping, Sequence
+from decimal import Decimal
+from typing import Any
+
+from controller.claims import (
+    ClaimKey,
+    ClaimSpecError,
+    DeviceClass,
+    parse_claim_hold,
+    parse_claim_spec,
+    parse_device_class,
+)
+from controller.model import WHOLE_GPU, ClusterModel, GpuInventory, PublishedDevice
+from controller.nodefit import PodNeeds, PodSpecError, parse_node, parse_pod_needs, pod_requests
+from controller.placement import (
+    ClaimToPlace,
+    NoPlacement,
+    Placement,
+    PlacementEngine,
+    PlacementRequest,
+    Policy,
+)
+from controller.reconciler import Kind, Plan, Unplaceable, is_terminal, key_of
+from controller.status import ClaimAllocation, DeviceResult
+from driver.cel import AttributeValue, CelDevice, Semver, parse_kubernetes_quantity
+from driver.resourceslice import parse_resource_slices
+
+Obj = dict[str, Any]
+
+_log = logging.getLogger(__name__)
+
+
+def cel_device(driver: str, device: Mapping[str, Any]) -> CelDevice:
+    """The facts selectors read, from one ResourceSlice device (attributes and capacity)."""
+    attributes: dict[str, AttributeValue] = {}
+    for name, value in (device.get("attributes") or {}).items():
+        if not isinstance(value, Mapping):
+            continue
+        if "string" in value:
+            attributes[name] = str(value["string"])
+        elif "int" in value:
+            attributes[name] = int(value["int"])
+        elif "bool" in value:
+            attributes[name] = bool(value["bool"])
+        elif "version" in value:
+            attributes[name] = Semver.parse(str(value["version"]))
+    capacity: dict[str, Decimal] = {}
+    for name, value in (device.get("capacity") or {}).items():
+        if isinstance(value, Mapping) and "value" in value:
+            capacity[name] = parse_kubernetes_quantity(str(value["value"]))
+    return CelDevice.of(driver, attributes, capacity)
+
+
+class EnginePlanner:
+    """`Planner` backed by `PlacementEngine` (best fit by default)."""
+
+    def __init__(self, driver: str = "mig.carve.dev", policy: Policy = Policy.BEST_FIT) -> None:
+        self.driver = driver
+        self.model = ClusterModel()
+        self._classes: dict[str, DeviceClass] = {}
+        self._bad_classes: dict[str, str] = {}
+        self.engine = PlacementEngine(self.model, self._classes, driver, policy=policy)
+        self._slices: dict[str, dict[str, Obj]] = {}  # node -> slice name -> slice
+        self._claim_keys: dict[str, ClaimKey] = {}
+        self._pinned: dict[str, str] = {}  # pod key -> node chosen by us, until bound
+        self.problems: dict[str, str] = {}
+
+    # -- model feed -------------------------------------------------------------------------------
+
+    def observe(self, kind: Kind, obj: Obj) -> None:
+        try:
+            self._observe(kind, obj)
+        except (ValueError, KeyError, TypeError) as exc:
+            self.problems[f"{kind} {key_of(obj)}"] = str(exc)
+            _log.warning("ignoring malformed %s %s: %s", kind, key_of(obj), exc)
+
+    def _observe(self, kind: Kind, obj: Obj) -> None:
+        key = key_of(obj)
+        if kind is Kind.NODE:
+            self.model.set_node(parse_node(obj))
+        elif kind is Kind.POD:
+            self._observe_pod(key, obj)
+        elif kind is Kind.SLICE:
+            node = (obj.get("spec") or {}).get("nodeName")
+            if node and (obj.get("spec") or {}).get("driver") == self.driver:
+                self._slices.setdefault(node, {})[key] = obj
+                self._refresh_node_gpus(node)
+        elif kind is Kind.CLAIM:
+            self._observe_claim(key, obj)
+        elif kind is Kind.CLASS:
+            name = str(obj.get("metadata", {}).get("name"))
+            try:
+                self._classes[name] = parse_device_class(obj)
+                self._bad_classes.pop(name, None)
+            except ClaimSpecError as exc:
+                self._classes.pop(name, None)
+                self._bad_classes[name] = str(exc)
+
+    def _observe_pod(self, key: str, pod: Obj) -> None:
+        node = pod.get("spec", {}).get("nodeName")
+        if is_terminal(pod):
+            self._pinned.pop(key, None)
+            self.model.remove_pod(key)
+            return
+        if node:
+            self._pinned.pop(key, None)
+        else:
+            node = self._pinned.get(key)
+        if node:
+            try:
+                requests = pod_requests(pod.get("spec") or {})
+            except PodSpecError as exc:
+                _log.warning("pod %s has malformed requests: %s", key, exc)
+                return
+            self.model.set_pod(key, node, requests)
+        else:
+            self.model.remove_pod(key)
+
+    def _observe_claim(self, key: str, claim: Obj) -> None:
+        hold = parse_claim_hold(claim, self.driver)
+        old = self._claim_keys.get(key)
+        if hold is None:
+            if old is not None:
+                self.model.release(old)
+                del self._claim_keys[key]
+            return
+        if old is not None and old != hold.claim:
+            self.model.release(old)
+        self._claim_keys[key] = hold.claim
+        self.model.hold(hold)
+
+    def _refresh_node_gpus(self, node: str) -> None:
+        slices = list(self._slices.get(node, {}).values())
+        errors: list[str] = []
+        sliced = parse_resource_slices(
+            slices, self.driver, on_error=lambda e: errors.append(str(e))
+        )
+        devices: dict[tuple[str, str], Mapping[str, Any]] = {}
+        for s in slices:
+            spec = s.get("spec") or {}
+            pool = (spec.get("pool") or {}).get("name", "")
+            for d in spec.get("devices") or []:
+                devices[(pool, d.get("name", ""))] = d
+        inventories = []
+        for g in sliced:
+            published = []
+            whole = devices.get((g.pool, g.whole_gpu_device))
+            if whole is not None:
+                published.append(
+                    PublishedDevice(
+                        g.whole_gpu_device, WHOLE_GPU, 0, cel_device(self.driver, whole)
+                    )
+                )
+            for (pid, start), name in sorted(g.devices.items()):
+                dev = devices.get((g.pool, name))
+                if dev is not None:
+                    published.append(
+                        PublishedDevice(name, pid, start, cel_device(self.driver, dev))
+                    )
+            inventories.append(GpuInventory(node, g.pool, g.uuid, g.model, tuple(published)))
+        if errors:
+            self.problems[f"node {node}"] = "; ".join(errors)
+            _log.warning("node %s publishes malformed slices: %s", node, "; ".join(errors))
+        else:
+            self.problems.pop(f"node {node}", None)
+        self.model.set_node_gpus(node, inventories)
+
+    def forget(self, kind: Kind, obj: Obj) -> None:
+        key = key_of(obj)
+        if kind is Kind.NODE:
+            self.model.remove_node(str(obj.get("metadata", {}).get("name")))
+        elif kind is Kind.POD:
+            self._pinned.pop(key, None)
+            self.model.remove_pod(key)
+        elif kind is Kind.SLICE:
+            node = (obj.get("spec") or {}).get("nodeName")
+            if node and key in self._slices.get(node, {}):
+                del self._slices[node][key]
+                self._refresh_node_gpus(node)
+        elif kind is Kind.CLAIM:
+            old = self._claim_keys.pop(key, None)
+            if old is not None:
+                self.model.release(old)
+        elif kind is Kind.CLASS:
+            name = str(obj.get("metadata", {}).get("name"))
+            self._classes.pop(name, None)
+            self._bad_classes.pop(name, None)
+
+    # -- decisions --------------------------------------------------------------------------------
+
+    def plan(
+        self, pod: Obj, claims: Sequence[Obj], classes: Mapping[str, Obj]
+    ) -> Plan | Unplaceable:
+        pod_key = key_of(pod)
+        try:
+            needs: PodNeeds = parse_pod_needs(pod)
+        except PodSpecError as exc:
+            return Unplaceable("InvalidPod", f"pod {pod_key}: {exc}", permanent=True)
+        to_place: list[ClaimToPlace] = []
+        pinned: set[str] = set()
+        for claim in claims:
+            ckey = key_of(claim)
+            hold = parse_claim_hold(claim, self.driver)
+            if hold is not None:
+                if hold.node:
+                    pinned.add(hold.node)
+                continue
+            for name in _class_names(claim):
+                if name in self._bad_classes:
+                    return Unplaceable(
+                        "InvalidDeviceClass",
+                        f"DeviceClass {name} is invalid: {self._bad_classes[name]}",
+                        permanent=True,
+                    )
+            try:
+                spec = parse_claim_spec(claim.get("spec") or {}, self.driver)
+            except ClaimSpecError as exc:
+                return Unplaceable("InvalidClaim", f"ResourceClaim {ckey}: {exc}", permanent=True)
+            meta = claim.get("metadata", {})
+            to_place.append(
+                ClaimToPlace(
+                    ClaimKey(meta.get("namespace", ""), meta.get("name", ""), meta.get("uid", "")),
+                    spec,
+                )
+            )
+        if len(pinned) > 1:
+            return Unplaceable(
+                "ClaimsOnDifferentNodes",
+                f"the pod's claims are already allocated on different nodes: {sorted(pinned)}",
+                permanent=True,
+            )
+        node = next(iter(pinned), None) or pod.get("spec", {}).get("nodeName")
+        request = PlacementRequest(pod_key, needs, tuple(to_place), node)
+        result = self.engine.place(request)
+        if isinstance(result, NoPlacement):
+            return Unplaceable(str(result.reason), result.message, result.permanent)
+        return self._plan_of(result, to_place)
+
+    def _plan_of(self, placement: Placement, claims: Sequence[ClaimToPlace]) -> Plan:
+        by_claim: dict[ClaimKey, list[DeviceResult]] = {c.key: [] for c in claims}
+        for c in placement.choices:
+            by_claim.setdefault(c.claim, []).append(
+                DeviceResult(c.request, c.driver, c.pool, c.device, c.profile)
+            )
+        return Plan(
+            placement.node,
+            tuple(
+                ClaimAllocation(k.namespace, k.name, k.uid, placement.node, tuple(results))
+                for k, results in by_claim.items()
+            ),
+        )
+
+    def committed(self, pod: Obj, plan: Plan) -> None:
+        """The plan was written: count the pod's requests on the node before it is bound."""
+        key = key_of(pod)
+        self._pinned[key] = plan.node
+        with contextlib.suppress(PodSpecError):
+            self.model.set_pod(key, plan.node, pod_requests(pod.get("spec") or {}))
+
+
+def _class_names(claim: Obj) -> list[str]:
+    names = []
+    for req in (claim.get("spec") or {}).get("devices", {}).get("requests") or []:
+        exact = req.get("exactly")
+        if isinstance(exact, Mapping) and exact.get("deviceClassName"):
+            names.append(str(exact["deviceClassName"]))
+        for sub in req.get("firstAvailable") or []:
+            if isinstance(sub, Mapping) and sub.get("deviceClassName"):
+                names.append(str(sub["deviceClassName"]))
+    return names

@@ -1,0 +1,216 @@
+"""The reconciler with the real placement engine behind `EnginePlanner`.
+
+ResourceSlices are built by `driver.resourceslice` exactly as the kubelet plugin publishes them,
+nodes and pods are API-shaped dicts; only the writer is the in-memory store of
+test_reconciler.py. Checks that what the engine decides reaches the claims correctly, that bad
+claims get specific messages while others are placed, and that no memory slice is ever given
+twice across arrivals and releases.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from controller.planner import EnginePlanner
+from controller.reconciler import EventType, Kind, Reconciler
+from controller.status import SCHEDULING_GATE, has_gate
+from driver.catalog import gpu_model
+from driver.resourceslice import PublishedGpu, build_resource_slices
+from tests.controller.test_reconciler import ListRecorder, MemoryWriter, claim, pod
+
+Obj = dict[str, Any]
+DRIVER = "mig.carve.dev"
+
+
+def node(name: str, cpu: str = "16") -> Obj:
+    return {
+        "metadata": {"name": name, "uid": f"node-{name}", "resourceVersion": "1"},
+        "spec": {},
+        "status": {
+            "allocatable": {"cpu": cpu, "memory": "64Gi", "pods": "110"},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+
+
+def slices(node_name: str, models: list[str]) -> list[Obj]:
+    gpus = [
+        PublishedGpu(
+            minor=i,
+            uuid=f"GPU-{node_name}-{i}",
+            model=gpu_model(m),
+            pci_bus_id=f"0000:{i + 7:02x}:00.0",
+            driver_version="580.105.08",
+        )
+        for i, m in enumerate(models)
+    ]
+    out = build_resource_slices(driver=DRIVER, node_name=node_name, pool_generation=1, gpus=gpus)
+    for s in out:
+        s["metadata"].update(uid=s["metadata"]["name"], resourceVersion="1")
+    return out
+
+
+def device_class(name: str, kind: str) -> Obj:
+    expr = f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "{kind}"'
+    return {
+        "metadata": {"name": name, "uid": name, "resourceVersion": "1"},
+        "spec": {"selectors": [{"cel": {"expression": expr}}]},
+    }
+
+
+def profile_claim(name: str, profile: str, count: int = 1) -> Obj:
+    c = claim(name, count=count)
+    c["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [
+        {"cel": {"expression": f'device.attributes["{DRIVER}"].profile == "{profile}"'}}
+    ]
+    return c
+
+
+class Cluster:
+    def __init__(self, nodes: dict[str, list[str]]) -> None:
+        self.planner = EnginePlanner(DRIVER)
+        self.writer = MemoryWriter()
+        self.recorder = ListRecorder()
+        self.rec = Reconciler(
+            self.planner,
+            self.writer,
+            self.recorder,
+            wall_clock=lambda: dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
+        )
+        for k in Kind:
+            self.rec.mark_synced(k)
+        self.rec.enqueue(Kind.CLASS, EventType.ADDED, device_class("mig.carve.dev", "mig"))
+        self.rec.enqueue(Kind.CLASS, EventType.ADDED, device_class("gpu.carve.dev", "gpu"))
+        for n, models in nodes.items():
+            self.rec.enqueue(Kind.NODE, EventType.ADDED, node(n))
+            for s in slices(n, models):
+                self.rec.enqueue(Kind.SLICE, EventType.ADDED, s)
+        self._seq = itertools.count()
+
+    def submit(self, c: Obj, prio: int = 0) -> str:
+        i = next(self._seq)
+        name = f"p{i}-{c['metadata']['name']}"
+        self.rec.enqueue(Kind.CLAIM, EventType.ADDED, self.writer.put(c))
+        p = pod(name, [c["metadata"]["name"]], priority=prio, created=f"2026-01-01T00:{i:02d}:00Z")
+        self.rec.enqueue(Kind.POD, EventType.ADDED, self.writer.put(p))
+        return name
+
+    def finish(self, pod_name: str) -> None:
+        p = self.writer.objects[pod_name]
+        p["status"]["phase"] = "Succeeded"
+        self.rec.enqueue(Kind.POD, EventType.MODIFIED, self.writer.put(p))
+
+    def allocation(self, claim_name: str) -> Obj | None:
+        alloc: Obj | None = self.writer.objects[claim_name]["status"].get("allocation")
+        return alloc
+
+    def events_of(self, name: str) -> list[tuple[str, str, str, str]]:
+        return [e for e in self.recorder.events if e[0] == name]
+
+
+def test_pods_are_placed_on_published_devices_with_node_selector() -> None:
+    c = Cluster({"n1": ["A100-SXM4-40GB"]})
+    p = c.submit(profile_claim("c1", "3g.20gb"))
+    c.rec.step()
+    alloc = c.allocation("c1")
+    assert alloc is not None
+    (result,) = alloc["devices"]["results"]
+    assert result["pool"] == "n1"
+    assert result["device"].startswith("gpu-0-mig-3g20gb-")
+    assert alloc["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"] == ["n1"]
+    assert not has_gate(c.writer.objects[p], SCHEDULING_GATE)
+
+
+def test_two_3g_fill_the_a100_and_a_third_waits_with_the_engine_reason() -> None:
+    c = Cluster({"n1": ["A100-SXM4-40GB"]})
+    for i in range(3):
+        c.submit(profile_claim(f"c{i}", "3g.20gb"))
+    c.rec.step()
+    placed = [c.allocation(f"c{i}") for i in range(3)]
+    assert sum(a is not None for a in placed) == 2
+    devices = {a["devices"]["results"][0]["device"] for a in placed if a}
+    assert len(devices) == 2
+    waits = c.events_of("p2-c2")
+    assert waits and waits[0][1] == "Warning"
+    assert "3g.20gb" in waits[0][3]
+
+
+def test_bad_claims_get_clear_messages_while_others_are_placed() -> None:
+    c = Cluster({"n1": ["A100-SXM4-40GB"]})
+    cel_error = claim("cel")
+    cel_error["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [
+        {"cel": {"expression": f'device.attributes["{DRIVER}"].nosuch == 1'}}
+    ]
+    bad = {
+        "unknown": c.submit(claim("unknown", cls="9g.mig.carve.dev"), prio=10),
+        "impossible": c.submit(profile_claim("impossible", "5g.99gb"), prio=10),
+        "cel": c.submit(cel_error, prio=10),
+        "too-many": c.submit(profile_claim("too-many", "1g.5gb", count=9), prio=10),
+    }
+    good = c.submit(profile_claim("good", "1g.5gb"))
+    c.rec.step()
+    assert c.allocation("good") is not None
+    assert not has_gate(c.writer.objects[good], SCHEDULING_GATE)
+    messages = {k: c.events_of(v) for k, v in bad.items()}
+    for k, evs in messages.items():
+        assert evs, f"no event for {k}"
+        assert evs[0][1] == "Warning"
+        assert c.allocation(k) is None
+    assert "9g.mig.carve.dev" in messages["unknown"][0][3]
+    assert "nosuch" in messages["cel"][0][3]
+
+
+def test_pod_cpu_counts_before_it_is_bound() -> None:
+    c = Cluster({"n1": ["A100-SXM4-40GB"], "n2": ["A100-SXM4-40GB"]})
+    first = profile_claim("c0", "1g.5gb")
+    second = profile_claim("c1", "1g.5gb")
+    names = []
+    for cl in (first, second):
+        name = c.submit(cl)
+        p = c.writer.objects[name]
+        p["spec"]["containers"] = [{"name": "m", "resources": {"requests": {"cpu": "12"}}}]
+        c.rec.enqueue(Kind.POD, EventType.MODIFIED, c.writer.put(p))
+        names.append(name)
+    c.rec.step()
+    nodes = set()
+    for n in ("c0", "c1"):
+        alloc = c.allocation(n)
+        assert alloc is not None
+        nodes.add(alloc["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"][0])
+    assert nodes == {"n1", "n2"}
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["1g.5gb", "2g.10gb", "3g.20gb", "7g.40gb"]), st.booleans()),
+        min_size=1,
+        max_size=14,
+    )
+)
+@settings(max_examples=25, deadline=None)
+def test_no_memory_slice_is_ever_given_twice(ops: list[tuple[str, bool]]) -> None:
+    c = Cluster({"n1": ["A100-SXM4-40GB", "A100-SXM4-40GB"]})
+    live: list[str] = []
+    for i, (profile, finish) in enumerate(ops):
+        live.append(c.submit(profile_claim(f"c{i}", profile)))
+        if finish and live:
+            c.finish(live.pop(0))
+        c.rec.step()
+        per_gpu: dict[str, list[tuple[int, int]]] = {}
+        for o in c.writer.objects.values():
+            alloc = (o.get("status") or {}).get("allocation")
+            if not alloc:
+                continue
+            for r in alloc["devices"]["results"]:
+                hit = c.planner.model.device(r["pool"], r["device"])
+                assert hit is not None
+                gpu, dev = hit
+                per_gpu.setdefault(gpu.uuid, []).append((dev.profile_id, dev.start))
+        for uuid, instances in per_gpu.items():
+            # Raises PlacementError on overlapping memory slices or exhausted engine pools.
+            c.planner.model.gpus[uuid].geometry.state_of(instances)
