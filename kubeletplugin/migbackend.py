@@ -1,0 +1,71 @@
+"""The node's GPUs as the agent uses them: the NVML backend plus what to publish.
+
+One place decides between the real NVML (`pynvml` from nvidia-ml-py) and the simulator
+(`driver.nvml.sim`, selected by `--simulate CONFIG`); everything downstream is the same code.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from driver.nvml.backend import NvmlBackend
+from driver.resourceslice import PublishedGpu, build_resource_slices
+
+
+@dataclass
+class NodeHardware:
+    mig: NvmlBackend
+
+    def published_gpus(self, exclude: Collection[str] = ()) -> list[PublishedGpu]:
+        """MIG-capable GPUs of the node, minus refused ones (by UUID)."""
+        out: list[PublishedGpu] = []
+        for g in self.mig.gpus():
+            if g.uuid in exclude or not g.mig_capable or not g.profiles:
+                continue
+            out.append(
+                PublishedGpu(
+                    minor=g.minor,
+                    uuid=g.uuid,
+                    model=self.mig.gpu_model(g.uuid),
+                    pci_bus_id=g.pci_bus_id,
+                    driver_version=g.driver_version,
+                )
+            )
+        return out
+
+    def resource_slices(
+        self,
+        *,
+        driver: str,
+        node_name: str,
+        generation: int,
+        split: bool,
+        exclude: Collection[str] = (),
+    ) -> list[dict[str, Any]]:
+        return build_resource_slices(
+            driver=driver,
+            node_name=node_name,
+            pool_generation=generation,
+            gpus=self.published_gpus(exclude),
+            split_counters=split,
+        )
+
+    def close(self) -> None:
+        self.mig.close()
+
+
+def open_backend(simulate: Path | None) -> NodeHardware:
+    """Open NVML, or the simulator configured by the file `simulate`."""
+    if simulate is not None:
+        from driver.nvml import sim
+
+        os.environ["CARVE_SIM_CONFIG"] = str(simulate)
+        sim.configure(simulate)
+        return NodeHardware(NvmlBackend(sim, proc_root=sim.sim_proc_root()).open())
+    import pynvml
+
+    return NodeHardware(NvmlBackend(pynvml).open())

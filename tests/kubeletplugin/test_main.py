@@ -1,0 +1,288 @@
+"""carve-kubelet-plugin as a real process: flags, ops endpoints, kubelet protocol, shutdown.
+
+The cluster tests run the plugin against the real kube-apiserver (devcluster): ResourceSlices
+are published and accepted, a claim allocated through the status subresource is prepared and
+unprepared through the kubelet's gRPC protocol, the node finalizer follows the instance, wiped
+slices come back, and --cleanup-on-exit removes them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+
+from driver import cdi
+from driver.naming import mig_device_name
+from kubeletplugin.draservice import ClaimRef
+from kubeletplugin.main import UsageError, parse_options
+from nodesim.kubelet import KubeletSim
+
+pytest_plugins = ["devcluster.pytest_plugin"]
+
+REPO = Path(__file__).resolve().parents[2]
+DRIVER = "mig.carve.dev"
+PLUGIN = str(Path(sys.executable).with_name("carve-kubelet-plugin"))
+T = TypeVar("T")
+
+
+def test_every_flag_has_an_env_equivalent() -> None:
+    env = {
+        "NODE_NAME": "n1",
+        "CARVE_DRIVER_NAME": "x.example.com",
+        "CDI_ROOT": "/tmp/cdi",
+        "CARVE_FOREIGN_INSTANCES": "adopt",
+        "CARVE_SIMULATE": "/etc/sim.yaml",
+        "CARVE_METRICS_ADDRESS": "127.0.0.1:9",
+        "CARVE_CLEANUP_ON_EXIT": "true",
+        "CARVE_PLUGINS_DIR": "/p",
+    }
+    o = parse_options([], env)
+    assert (o.node_name, o.driver_name, o.cdi_root) == ("n1", "x.example.com", Path("/tmp/cdi"))
+    assert o.foreign_instances == "adopt" and o.simulate == Path("/etc/sim.yaml")
+    assert o.cleanup_on_exit and not o.cleanup
+    assert o.checkpoint_dir == Path("/p/x.example.com")
+    flags = parse_options(["--node-name", "n2", "--foreign-instances", "refuse-gpu"], env)
+    assert flags.node_name == "n2" and flags.foreign_instances == "refuse-gpu"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "--node-name"),
+        (["--node-name", "n", "--foreign-instances", "destroy"], "adopt, leave, refuse-gpu"),
+        (["--node-name", "n", "--resync-seconds", "soon"], "not a number"),
+    ],
+)
+def test_bad_flags_are_usage_errors(argv: list[str], message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        parse_options(argv, {})
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def _wait(what: str, probe: Callable[[], T | None], timeout: float = 30.0) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+class PluginProcess:
+    def __init__(self, root: Path, node: str, kubeconfig: Path, *extra: str) -> None:
+        self.root = root
+        self.port = _free_port()
+        (root / "sim.yaml").write_text(
+            yaml.safe_dump(
+                {"state": str(root / "sim-state.json"),
+                 "gpus": ["H100-SXM5-80GB", {"model": "A100-SXM4-40GB"}]}
+            )
+        )  # fmt: skip
+        self.registry = root / "registry"
+        self.log = open(root / "plugin.log", "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [
+                PLUGIN,
+                "--node-name", node,
+                "--kubeconfig", str(kubeconfig),
+                "--simulate", str(root / "sim.yaml"),
+                "--registry-dir", str(self.registry),
+                "--plugins-dir", str(root / "plugins"),
+                "--cdi-root", str(root / "cdi"),
+                "--metrics-address", f"127.0.0.1:{self.port}",
+                "--resync-seconds", "1",
+                *extra,
+            ],
+            stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )  # fmt: skip
+        self.kubelet = KubeletSim(self.registry)
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def logs(self) -> str:
+        return (self.root / "plugin.log").read_text()
+
+    def stop(self) -> int:
+        self.kubelet.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(timeout=30)
+        finally:
+            self.log.close()
+        return rc
+
+
+def _unreachable_kubeconfig(path: Path) -> Path:
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1",
+                                                      "insecure-skip-tls-verify": True}}],
+                "users": [{"name": "u", "user": {"token": "x"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )  # fmt: skip
+    return path
+
+
+def test_process_without_apiserver_serves_and_fails_claims_cleanly(tmp_path: Path) -> None:
+    p = PluginProcess(tmp_path, "node-x", _unreachable_kubeconfig(tmp_path / "kc"))
+    try:
+        plugin = p.kubelet.wait_for_plugin(DRIVER, timeout=30)
+        assert _get(p.url("/healthz")) == (200, "ok\n")
+        code, body = _wait(
+            "registration to show in /readyz",
+            lambda: (r := _get(p.url("/readyz")))[1].startswith("[+]registration") and r,
+        )
+        assert code == 503 and "apiserver unreachable" in body, body
+        ref = ClaimRef("default", "c", str(uuid.uuid4()))
+        res = plugin.prepare([ref])[ref.uid]
+        assert "cannot read the ResourceClaim from the API" in res.error
+        assert plugin.unprepare([ref]) == {ref.uid: ""}
+        metrics = _get(p.url("/metrics"))[1]
+        assert 'carve_claim_errors_total{operation="prepare",reason="api"} 1.0' in metrics
+        assert "carve_prepare_duration_seconds_count 1.0" in metrics
+    finally:
+        rc = p.stop()
+    assert rc == 0, p.logs()[-3000:]
+    assert not list(p.registry.glob("*.sock"))
+    lines = [json.loads(x) for x in p.logs().splitlines() if x.startswith("{")]
+    failed = [x for x in lines if x["msg"] == "prepare failed"]
+    assert failed and failed[0]["claim"] == "default/c" and failed[0]["reason"] == "api"
+
+
+# --- against the real control plane ------------------------------------------------------
+
+
+@pytest.fixture
+def cluster_plugin(
+    k8s_cluster: Any, fake_node: Callable[..., str], tmp_path: Path
+) -> Iterator[tuple[PluginProcess, str, Any]]:
+    node = fake_node()
+    p = PluginProcess(tmp_path, node, k8s_cluster.info.kubeconfig, "--cleanup-on-exit")
+    try:
+        yield p, node, k8s_cluster.api_client()
+    finally:
+        if p.proc.poll() is None:
+            p.stop()
+
+
+def _slices(api: Any, node: str) -> list[dict[str, Any]]:
+    from kubeletplugin.claims import KubeJson
+
+    return KubeJson(api).request(
+        "GET",
+        "/apis/resource.k8s.io/v1/resourceslices",
+        query=[("fieldSelector", f"spec.nodeName={node},spec.driver={DRIVER}")],
+    )["items"]
+
+
+@pytest.mark.cluster
+def test_plugin_against_real_apiserver(
+    cluster_plugin: tuple[PluginProcess, str, Any], namespace: str
+) -> None:
+    from kubeletplugin.claims import KubeJson
+
+    p, node, api = cluster_plugin
+    kube = KubeJson(api)
+    plugin = p.kubelet.wait_for_plugin(DRIVER, timeout=30)
+
+    # published, split layout (1.37): per GPU one counter slice and one device slice
+    slices = _wait("ResourceSlices", lambda: len(s := _slices(api, node)) >= 4 and s)
+    counters = [s for s in slices if s["spec"].get("sharedCounters")]
+    devices = [d["name"] for s in slices for d in s["spec"].get("devices") or ()]
+    assert len(counters) == 2 and not any(s["spec"].get("devices") for s in counters)
+    assert {s["spec"]["pool"]["generation"] for s in slices} == {1}
+    dev = mig_device_name(0, "1g.10gb", 19, 3)
+    assert dev in devices and "gpu-1" in devices
+    assert _wait("readiness", lambda: _get(p.url("/readyz"))[0] == 200)
+
+    # a claim allocated by another client through the status subresource
+    path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
+    claim = kube.request(
+        "POST",
+        path,
+        body={
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "slice"},
+            "spec": {"devices": {"requests": [
+                {"name": "gpu", "exactly": {"deviceClassName": "mig.carve.dev"}}]}},
+        },
+    )  # fmt: skip
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    claim["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [{"request": "gpu", "driver": DRIVER, "pool": node, "device": dev}]
+            },
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [node]}]}]},
+            "allocationTimestamp": now,
+        }
+    }  # fmt: skip
+    kube.request("PUT", f"{path}/slice/status", body=claim)
+    ref = ClaimRef(namespace, "slice", claim["metadata"]["uid"])
+
+    res = plugin.prepare([ref])[ref.uid]
+    assert res.error == "", res.error
+    (prepared,) = res.devices
+    assert prepared.device_name == dev and prepared.pool_name == node
+    edits = cdi.resolve([p.root / "cdi"], prepared.cdi_device_ids)
+    assert any(e.startswith("NVIDIA_VISIBLE_DEVICES=MIG-") for e in edits.env)
+    fin = f"{DRIVER}/node-{node}"
+    assert fin in kube.request("GET", f"{path}/slice")["metadata"]["finalizers"]
+    wrong = ClaimRef(namespace, "slice", str(uuid.uuid4()))
+    assert "now has UID" in plugin.prepare([wrong])[wrong.uid].error
+
+    assert plugin.unprepare([ref]) == {ref.uid: ""}
+    assert fin not in (kube.request("GET", f"{path}/slice")["metadata"].get("finalizers") or [])
+    assert not list((p.root / "cdi").iterdir())
+
+    # the kubelet wipes the node's slices: they come back
+    for s in _slices(api, node):
+        kube.request("DELETE", f"/apis/resource.k8s.io/v1/resourceslices/{s['metadata']['name']}")
+    back = _wait("republished slices", lambda: len(s := _slices(api, node)) >= 4 and s)
+    assert {s["spec"]["pool"]["generation"] for s in back} == {1}
+
+    metrics = _get(p.url("/metrics"))[1]
+    assert "carve_prepare_duration_seconds_count 2.0" in metrics
+
+    assert p.stop() == 0, p.logs()[-3000:]
+    assert _slices(api, node) == []  # --cleanup-on-exit
