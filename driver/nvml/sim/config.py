@@ -32,17 +32,6 @@ from driver.catalog import (
 ENV_CONFIG = "CARVE_SIM_CONFIG"
 ENV_FAULT_TAG = "CARVE_SIM_FAULT_TAG"
 
-# Operation names are pynvml function names without the "nvml" prefix.
-MUTATING_OPS = (
-    "DeviceSetMigMode",
-    "DeviceCreateGpuInstance",
-    "DeviceCreateGpuInstanceWithPlacement",
-    "GpuInstanceCreateComputeInstance",
-    "GpuInstanceCreateComputeInstanceWithPlacement",
-    "ComputeInstanceDestroy",
-    "GpuInstanceDestroy",
-)
-
 # Reference §17 suggestions (all UNVERIFIED). A key "<Op>.<Architecture>" overrides "<Op>" for
 # GPUs of that architecture: Ampere's SetMigMode is the ~2 s "returns with the mode pending" call.
 REALISTIC_LATENCY: Mapping[str, float] = {
