@@ -7,6 +7,12 @@ the invariants every GPU state must keep (no overlap, engine pools never exceede
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import json
+import os
+import subprocess
+import sys
 import tempfile
 from functools import cache
 from pathlib import Path
@@ -20,6 +26,8 @@ from driver.nvml import sim
 from driver.nvml.backend import NvmlBackend
 from driver.nvml.errors import PlacementTaken
 from driver.nvml.types import GpuInstance
+
+REPO = Path(__file__).resolve().parents[3]
 
 MODELS = [
     "A100-SXM4-40GB",
@@ -148,3 +156,36 @@ def test_auto_placement_only_fails_when_no_placement_is_free(key: str, picks: li
         finally:
             sim.nvmlShutdown()
             sim.configure(None)
+
+
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(key=st.sampled_from(MODELS), steps=actions)
+def test_a_second_process_sees_the_same_instances_after_random_sequences(
+    key: str, steps: list[tuple[str, int, int]]
+) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        config = sim.sim_write_config(Path(tmp) / "sim.yaml", {"state": "s.json", "gpus": [key]})
+        sim.configure(config)
+        with NvmlBackend(sim) as backend:
+            gpu = backend.gpus()[0]
+            for op, a, b in steps:
+                live = backend.instances(gpu.uuid)
+                if op == "create":
+                    profile = _pick(gpu.profiles, a)
+                    start = profile.placements[b % len(profile.placements)].start
+                    with contextlib.suppress(PlacementTaken):
+                        backend.carve(gpu.uuid, profile.id, start)
+                elif live:
+                    backend.destroy(gpu.uuid, live[a % len(live)].gi_id)
+            mine = {gpu.uuid: [dataclasses.asdict(i) for i in backend.instances(gpu.uuid)]}
+        sim.configure(None)
+        other = subprocess.run(
+            [sys.executable, "-m", "tests.driver.nvml.sim_worker", "list"],
+            cwd=REPO,
+            env={**os.environ, "CARVE_SIM_CONFIG": str(config), "PYTHONPATH": str(REPO)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        assert json.loads(other.stdout) == json.loads(json.dumps(mine))
