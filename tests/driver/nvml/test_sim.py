@@ -475,3 +475,36 @@ def test_fault_tag_limits_the_fault_to_tagged_processes(
     assert nv.nvmlDeviceGetMigMode(dev) == [1, 1]
     monkeypatch.setenv("CARVE_SIM_FAULT_TAG", "plugin")
     assert _code(nv.nvmlDeviceGetMigMode, dev) == pynvml.NVML_ERROR_GPU_IS_LOST
+
+
+def test_compute_instance_capacity_inside_a_7g(make_sim: SimFactory) -> None:
+    nv = make_sim([A100])
+    dev = nv.nvmlDeviceGetHandleByIndex(0)
+    gi = _create(nv, dev, 0, 0, 8)
+    cap = nv.nvmlGpuInstanceGetComputeInstanceRemainingCapacity
+    assert (cap(gi, 0), cap(gi, 2), cap(gi, 4)) == (7, 2, 1)
+    nv.nvmlGpuInstanceCreateComputeInstance(gi, 2)  # 3c: compute slices 0-2
+    assert (cap(gi, 0), cap(gi, 2), cap(gi, 3), cap(gi, 4)) == (4, 1, 0, 0)
+    ids = [nv.nvmlComputeInstanceGetInfo(nv.nvmlGpuInstanceCreateComputeInstance(gi, 0)).id]
+    assert ids == [1]  # CI ids count up from 0 within the GPU instance
+
+
+def test_reset_is_refused_while_instances_exist(make_sim: SimFactory) -> None:
+    nv = make_sim([{"model": A100, "mig": False}])
+    dev = nv.nvmlDeviceGetHandleByIndex(0)
+    nv.sim_reset_gpu(0)  # idle: fine, and nothing pending
+    assert nv.nvmlDeviceGetMigMode(dev) == [0, 0]
+    nv.nvmlDeviceSetMigMode(dev, 1)
+    nv.sim_reset_gpu(0)
+    _create(nv, dev, 19, 0, 1)
+    with pytest.raises(pynvml.NVMLError_InUse):
+        nv.sim_reset_gpu(0)
+
+
+def test_corrupt_state_file_is_reported_not_guessed(make_sim: SimFactory) -> None:
+    nv = make_sim([A100])
+    dev = nv.nvmlDeviceGetHandleByIndex(0)
+    nv.nvmlDeviceGetMigMode(dev)
+    nv.sim_config().state_path.write_text("{ half a json")
+    with pytest.raises(SimConfigError, match="corrupt"):
+        nv.nvmlDeviceGetMigMode(dev)
