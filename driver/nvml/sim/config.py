@@ -5,6 +5,28 @@ A configuration is a YAML or JSON file (named by ``CARVE_SIM_CONFIG`` or passed 
 so a config can live next to its state. Every field is validated up front with a message that
 names the field, because a simulator that silently ignores a typo produces tests that prove
 nothing.
+
+Example (every key but ``state`` and ``gpus`` is optional)::
+
+    state: state.json            # the simulated hardware; shared by every process using it
+    uuid_seed: node-a            # GPU and MIG UUIDs derive from it (distinct per node)
+    gpus:
+      - A100-SXM4-40GB           # a catalog key (driver.catalog.CATALOG)
+      - model: H100-SXM5-80GB
+        minor: 3                 # /dev/nvidia3 (default: the list position)
+        mig: false               # MIG mode at first boot (default: on)
+        gi_id_layout: half-swap  # identity | half-swap (default: chosen from the seed)
+    options:
+      latency: realistic         # zero | realistic | {DeviceCreateGpuInstanceWithPlacement: 0.3}
+      driver_version: 580.105.08
+      privileged: true           # false: instance calls give NO_PERMISSION
+      root: true                 # false: SetMigMode gives NO_PERMISSION
+      mig_uuid_stable: false     # true: a re-created instance gets the same MIG UUID
+      ampere_reset: manual       # manual: MIG mode pends until sim_reset_gpu(); auto: at once
+    faults:
+      - after:GpuInstanceCreateComputeInstance          # SIGKILL the caller at that step
+      - {op: GpuInstanceDestroy, error: IN_USE, times: 2, tag: plugin}
+    models: []                   # extra GPU models in the model_to_json shape
 """
 
 from __future__ import annotations

@@ -508,3 +508,33 @@ def test_corrupt_state_file_is_reported_not_guessed(make_sim: SimFactory) -> Non
     nv.sim_config().state_path.write_text("{ half a json")
     with pytest.raises(SimConfigError, match="corrupt"):
         nv.nvmlDeviceGetMigMode(dev)
+
+
+def test_documented_config_example_is_valid(tmp_path: Any) -> None:
+    import yaml
+
+    from driver.nvml.sim import config as cfgmod
+
+    doc = cfgmod.__doc__ or ""
+    example = doc.split("is optional)::", 1)[1]
+    data = yaml.safe_load("\n".join(line[4:] for line in example.splitlines()))
+    cfg = cfgmod.parse_config(data, tmp_path)
+    assert [g.model.key for g in cfg.gpus] == [A100, H100]
+    assert cfg.gpus[1].minor == 3 and not cfg.gpus[1].mig_enabled
+    assert [(f.op, f.action, f.times) for f in cfg.faults] == [
+        ("GpuInstanceCreateComputeInstance", "kill", 1),
+        ("GpuInstanceDestroy", "error", 2),
+    ]
+
+
+def test_config_can_carry_a_model_the_catalog_lacks(make_sim: SimFactory) -> None:
+    from dataclasses import replace
+
+    from driver.catalog import gpu_model
+    from driver.nvml.sim.config import model_to_json
+
+    custom = replace(gpu_model(A30), key="LAB-GPU", product_name="Lab GPU 24GB")
+    nv = make_sim(["LAB-GPU"], models=[model_to_json(custom)])
+    dev = nv.nvmlDeviceGetHandleByIndex(0)
+    assert nv.nvmlDeviceGetName(dev) == "Lab GPU 24GB"
+    assert _placements(nv, dev, 5) == [(0, 2), (2, 2)]
