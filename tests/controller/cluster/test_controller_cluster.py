@@ -1,0 +1,328 @@
+"""carve-controller as a real process with the real kube-scheduler and kube-controller-manager.
+
+Fake nodes publish ResourceSlices built by driver.resourceslice (as the kubelet plugin does);
+pods reference ResourceClaimTemplates, so KCM creates the claims; the controller allocates and
+ungates; kube-scheduler binds to the allocated node. No kubelet runs, so pods stay Pending after
+binding; a test marks a pod Succeeded through pods/status to play the kubelet's part in release.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client import ApiClient
+
+from controller.planner import EnginePlanner
+from controller.reconciler import Kind
+from devcluster.cluster import LocalCluster
+from tests.controller.cluster.objects import (
+    allocated_devices,
+    claims_of,
+    delete_node_slices,
+    ensure_cluster_object,
+    events_for,
+    load_manifests,
+    pod,
+    pods_of,
+    profile_template,
+    publish_node_gpus,
+    raw,
+    template,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+Obj = dict[str, Any]
+
+
+class ControllerProcess:
+    """`carve-controller` started as its console script, with logs kept for post-mortems."""
+
+    def __init__(self, kubeconfig: Path, lease_ns: str, log: Path, identity: str) -> None:
+        self.args = [
+            str(Path(sys.executable).parent / "carve-controller"),
+            "--kubeconfig",
+            str(kubeconfig),
+            "--lease-namespace",
+            lease_ns,
+            "--identity",
+            identity,
+            "--http-address",
+            "",
+            "--log-format",
+            "text",
+            "--lease-duration",
+            "4s",
+            "--renew-deadline",
+            "3s",
+            "--retry-period",
+            "1s",
+            "--retry-interval",
+            "2s",
+        ]
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> ControllerProcess:
+        out = self.log.open("ab")
+        self.proc = subprocess.Popen(self.args, stdout=out, stderr=subprocess.STDOUT)
+        return self
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@pytest.fixture
+def carve(
+    k8s_cluster: LocalCluster, k8s_api: ApiClient, namespace: str, tmp_path: Path
+) -> Iterator[Callable[[str], ControllerProcess]]:
+    for obj in load_manifests("10-deviceclasses.yaml"):
+        ensure_cluster_object(k8s_api, obj)
+    started: list[ControllerProcess] = []
+
+    def start(identity: str = "carve-a") -> ControllerProcess:
+        p = ControllerProcess(
+            k8s_cluster.info.kubeconfig, namespace, tmp_path / f"{identity}.log", identity
+        ).start()
+        started.append(p)
+        return p
+
+    yield start
+    for p in started:
+        p.stop()
+    for p in started:
+        if os.environ.get("CARVE_SHOW_CONTROLLER_LOG"):
+            print(p.log.read_text())
+
+
+@pytest.fixture
+def gpu_nodes(
+    k8s_api: ApiClient, fake_node: Callable[..., str]
+) -> Iterator[Callable[[list[str]], str]]:
+    made: list[str] = []
+
+    def make(models: list[str]) -> str:
+        name = fake_node()
+        publish_node_gpus(k8s_api, name, models)
+        made.append(name)
+        return name
+
+    yield make
+    for n in made:
+        delete_node_slices(k8s_api, n)
+
+
+def _node_of(claim: Obj) -> str:
+    alloc = claim["status"]["allocation"]
+    return str(alloc["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"][0])
+
+
+def _assert_consistent(api: ApiClient, ns: str) -> None:
+    """No device twice, no overlapping memory slices on any GPU, pods bound where allocated."""
+    claims = claims_of(api, ns)
+    devices = allocated_devices(claims)
+    assert len(devices) == len(set(devices)), f"double allocation: {sorted(devices)}"
+    planner = EnginePlanner()
+    for s in raw(client.ResourceV1Api(api).list_resource_slice(_preload_content=False))["items"]:
+        planner.observe(Kind.SLICE, s)
+    per_gpu: dict[str, list[tuple[int, int]]] = {}
+    for pool, device in devices:
+        hit = planner.model.device(pool, device)
+        assert hit is not None, f"{pool}/{device} is not published"
+        per_gpu.setdefault(hit[0].uuid, []).append((hit[1].profile_id, hit[1].start))
+    for uuid, instances in per_gpu.items():
+        planner.model.gpus[uuid].geometry.state_of(instances)
+    by_name = {c["metadata"]["name"]: c for c in claims}
+    for p in pods_of(api, ns):
+        node = p["spec"].get("nodeName")
+        for st in (p.get("status") or {}).get("resourceClaimStatuses") or []:
+            c = by_name.get(st.get("resourceClaimName"))
+            if node and c is not None and (c.get("status") or {}).get("allocation"):
+                assert _node_of(c) == node
+
+
+def _bound(api: ApiClient, ns: str) -> list[Obj]:
+    return [p for p in pods_of(api, ns) if p["spec"].get("nodeName")]
+
+
+def test_gated_pods_are_placed_and_bound_and_overflow_waits_with_reason(
+    k8s_api: ApiClient, namespace: str, gpu_nodes: Callable[[list[str]], str], carve: Any
+) -> None:
+    nodes = {gpu_nodes(["A100-SXM4-40GB"]), gpu_nodes(["A100-SXM4-40GB"])}
+    res, core = client.ResourceV1Api(k8s_api), client.CoreV1Api(k8s_api)
+    res.create_namespaced_resource_claim_template(namespace, profile_template("t3g", "3g.20gb"))
+    carve("carve-a")
+    for i in range(5):
+        core.create_namespaced_pod(namespace, pod(f"p{i}", "t3g"))
+    bound = wait_for("4 pods bound", lambda: len(_bound(k8s_api, namespace)) == 4, timeout=60)
+    assert bound
+    assert {p["spec"]["nodeName"] for p in _bound(k8s_api, namespace)} == nodes
+    _assert_consistent(k8s_api, namespace)
+    waiting = [p for p in pods_of(k8s_api, namespace) if not p["spec"].get("nodeName")]
+    assert len(waiting) == 1
+    name = waiting[0]["metadata"]["name"]
+    assert waiting[0]["spec"].get("schedulingGates")
+    evs = wait_for("a waiting event", lambda: events_for(k8s_api, namespace, name))
+    assert evs[0]["type"] == "Warning"
+    assert "3g.20gb" in evs[0]["note"]
+    claim = next(
+        c for c in claims_of(k8s_api, namespace) if (c.get("status") or {}).get("allocation")
+    )
+    placed = events_for(k8s_api, namespace, claim["metadata"]["name"])
+    assert placed and placed[0]["reason"] == "Allocated"
+
+
+def test_release_after_pod_completion_frees_the_placement(
+    k8s_api: ApiClient, namespace: str, gpu_nodes: Callable[[list[str]], str], carve: Any
+) -> None:
+    gpu_nodes(["A100-SXM4-40GB"])
+    res, core = client.ResourceV1Api(k8s_api), client.CoreV1Api(k8s_api)
+    res.create_namespaced_resource_claim_template(namespace, profile_template("t7g", "7g.40gb"))
+    carve("carve-a")
+    core.create_namespaced_pod(namespace, pod("first", "t7g"))
+    core.create_namespaced_pod(namespace, pod("second", "t7g"))
+    wait_for("first bound", lambda: [p for p in _bound(k8s_api, namespace)], timeout=60)
+    (done,) = _bound(k8s_api, namespace)
+    done_name = done["metadata"]["name"]
+    # Play the kubelet: the pod ran to completion.
+    core.patch_namespaced_pod_status(done_name, namespace, {"status": {"phase": "Succeeded"}})
+    other = "second" if done_name == "first" else "first"
+
+    def other_bound() -> bool:
+        return any(p["metadata"]["name"] == other for p in _bound(k8s_api, namespace))
+
+    wait_for("the waiting pod to get the released GPU", other_bound, timeout=60)
+    _assert_consistent(k8s_api, namespace)
+    # KCM deletes the generated claim of a finished pod; our finalizer must not keep it.
+    leftovers = [
+        c for c in claims_of(k8s_api, namespace) if c["metadata"]["name"].startswith(done_name)
+    ]
+    for c in leftovers:
+        assert not (c.get("status") or {}).get("allocation")
+        assert "mig.carve.dev/allocation" not in (c["metadata"].get("finalizers") or [])
+
+
+def test_killed_controller_restarts_without_double_allocation(
+    k8s_api: ApiClient, namespace: str, gpu_nodes: Callable[[list[str]], str], carve: Any
+) -> None:
+    for _ in range(2):
+        gpu_nodes(["A100-SXM4-40GB"])
+    res, core = client.ResourceV1Api(k8s_api), client.CoreV1Api(k8s_api)
+    res.create_namespaced_resource_claim_template(namespace, profile_template("t1g", "1g.5gb"))
+    for i in range(12):
+        core.create_namespaced_pod(namespace, pod(f"p{i:02d}", "t1g"))
+    first = carve("carve-a")
+    wait_for(
+        "the first allocations",
+        lambda: len(allocated_devices(claims_of(k8s_api, namespace))) >= 2,
+        timeout=60,
+    )
+    first.kill()
+    # A second replica takes over once the dead leader's lease expires.
+    carve("carve-b")
+    wait_for("all 12 pods bound", lambda: len(_bound(k8s_api, namespace)) == 12, timeout=90)
+    _assert_consistent(k8s_api, namespace)
+
+
+def test_bad_claims_get_clear_events_while_others_are_placed(
+    k8s_api: ApiClient, namespace: str, gpu_nodes: Callable[[list[str]], str], carve: Any
+) -> None:
+    gpu_nodes(["A100-SXM4-40GB"])
+    res, core = client.ResourceV1Api(k8s_api), client.CoreV1Api(k8s_api)
+    bad = {
+        "unknown-class": template("unknown-class", cls="9g.mig.carve.dev"),
+        "impossible": profile_template("impossible", "5g.99gb"),
+        "cel-error": template("cel-error", 'device.attributes["mig.carve.dev"].nosuch == 1'),
+        "too-many": profile_template("too-many", "1g.5gb", count=8),
+    }
+    for t in bad.values():
+        res.create_namespaced_resource_claim_template(namespace, t)
+    res.create_namespaced_resource_claim_template(namespace, profile_template("good", "2g.10gb"))
+    for name in bad:
+        core.create_namespaced_pod(namespace, pod(f"bad-{name}", name))
+    core.create_namespaced_pod(namespace, pod("good-pod", "good"))
+    carve("carve-a")
+    wait_for(
+        "the good pod bound",
+        lambda: any(p["metadata"]["name"] == "good-pod" for p in _bound(k8s_api, namespace)),
+        timeout=60,
+    )
+    notes = {}
+    for name in bad:
+        evs = wait_for(
+            f"an event for bad-{name}", lambda n=name: events_for(k8s_api, namespace, f"bad-{n}")
+        )
+        assert evs[0]["type"] == "Warning"
+        notes[name] = evs[0]["note"]
+    assert "9g.mig.carve.dev" in notes["unknown-class"]
+    assert "does not exist" in notes["unknown-class"]
+    assert "nosuch" in notes["cel-error"]
+    assert "5g.99gb" in notes["impossible"] or "no " in notes["impossible"].lower()
+    for name in bad:
+        p = raw(core.read_namespaced_pod(f"bad-{name}", namespace, _preload_content=False))
+        assert p["spec"].get("schedulingGates"), f"bad-{name} lost its gate"
+    _assert_consistent(k8s_api, namespace)
+    print({k: v for k, v in notes.items()})
+
+
+def test_conflict_storm_on_claims_and_pods_still_places_everything_once(
+    k8s_api: ApiClient, namespace: str, gpu_nodes: Callable[[list[str]], str], carve: Any
+) -> None:
+    """Another writer keeps bumping every claim's and pod's resourceVersion while carve works."""
+    import threading
+
+    gpu_nodes(["A100-SXM4-40GB"])
+    res, core = client.ResourceV1Api(k8s_api), client.CoreV1Api(k8s_api)
+    res.create_namespaced_resource_claim_template(namespace, profile_template("t", "1g.5gb"))
+    for i in range(7):
+        core.create_namespaced_pod(namespace, pod(f"p{i}", "t"))
+    stop = threading.Event()
+    bumps = [0]
+
+    def storm() -> None:
+        while not stop.is_set():
+            for c in claims_of(k8s_api, namespace):
+                try:
+                    res.patch_namespaced_resource_claim(
+                        c["metadata"]["name"],
+                        namespace,
+                        {"metadata": {"annotations": {"storm": str(bumps[0])}}},
+                    )
+                    core.patch_namespaced_pod(
+                        c["metadata"]["name"].rsplit("-", 2)[0],
+                        namespace,
+                        {"metadata": {"annotations": {"storm": str(bumps[0])}}},
+                    )
+                    bumps[0] += 1
+                except client.exceptions.ApiException:
+                    pass
+
+    t = threading.Thread(target=storm, daemon=True)
+    t.start()
+    try:
+        carve("carve-a")
+        wait_for("all 7 pods bound", lambda: len(_bound(k8s_api, namespace)) == 7, timeout=90)
+    finally:
+        stop.set()
+        t.join(10)
+    assert bumps[0] > 20
+    _assert_consistent(k8s_api, namespace)
