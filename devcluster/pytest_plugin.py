@@ -1,6 +1,8 @@
 """pytest fixtures for suites that need the real control plane.
 
-Enable in a conftest with ``pytest_plugins = ["devcluster.pytest_plugin"]``.
+Enable in the root conftest with ``pytest_plugins = ["devcluster.pytest_plugin"]``, or, in a
+deeper conftest (where pytest refuses ``pytest_plugins``), import the fixtures by name; any
+number of such imports still share one cluster per test process.
 
 - ``k8s_cluster`` (session): a running LocalCluster shared by the whole session; skips, with
   the reason printed, when the binaries cannot be had (no Go, failed build). Set
@@ -15,6 +17,7 @@ Enable in a conftest with ``pytest_plugins = ["devcluster.pytest_plugin"]``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -35,32 +38,61 @@ if TYPE_CHECKING:
 
 
 def _say(config: pytest.Config, message: str) -> None:
+    """Print past pytest's output capture: whether the control plane ran, and why not,
+    must be visible in every `make test` log."""
+    capture = config.pluginmanager.get_plugin("capturemanager")
     reporter = config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(f"devcluster: {message}")
-    else:
-        print(f"devcluster: {message}", file=sys.stderr)
+    suspended = capture.global_and_fixture_disabled() if capture else contextlib.nullcontext()
+    with suspended:
+        if reporter is not None:
+            reporter.write_line(f"\ndevcluster: {message}")
+        else:
+            print(f"devcluster: {message}", file=sys.stderr)
 
 
-@pytest.fixture(scope="session")
-def k8s_cluster(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[LocalCluster]:
-    config = request.config
+class _SharedCluster:
+    """One cluster per test process, however many conftests import the fixture: each import
+    registers its own session-scoped fixture definition, so without this two suites in one
+    run would start two control planes."""
+
+    cluster: LocalCluster | None = None
+    users = 0
+    unavailable: str | None = None
+
+
+def _acquire_cluster(
+    config: pytest.Config, tmp_path_factory: pytest.TempPathFactory
+) -> LocalCluster:
+    if _SharedCluster.unavailable is not None:
+        pytest.skip(_SharedCluster.unavailable)
+    if _SharedCluster.cluster is None:
+        _SharedCluster.cluster = _start(config, tmp_path_factory)
+    _SharedCluster.users += 1
+    return _SharedCluster.cluster
+
+
+def _release_cluster() -> None:
+    _SharedCluster.users -= 1
+    if _SharedCluster.users == 0 and _SharedCluster.cluster is not None:
+        _SharedCluster.cluster.stop()
+        _SharedCluster.cluster = None
+
+
+def _start(config: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> LocalCluster:
     attach_dir = os.environ.get("CARVE_DEVCLUSTER")
     if attach_dir:
         cluster = LocalCluster.attach(Path(attach_dir))
         _say(config, f"reusing the cluster in {attach_dir} ({cluster.info.server})")
-        yield cluster
-        return
+        return cluster
     # Logs stay under pytest's basetemp (the last three runs are kept) for post-mortems.
     root = tmp_path_factory.mktemp("devcluster", numbered=True)
-    cluster = LocalCluster(root, progress=lambda m: None)
+    cluster = LocalCluster(root)
     try:
         info = cluster.start()
     except BinariesUnavailableError as exc:
-        _say(config, f"SKIPPING cluster tests: {exc}")
-        pytest.skip(f"Kubernetes control plane unavailable: {exc}")
+        _SharedCluster.unavailable = f"Kubernetes control plane unavailable: {exc}"
+        _say(config, f"SKIPPING tests that need the control plane: {exc}")
+        pytest.skip(_SharedCluster.unavailable)
     except ClusterStartError:
         _say(config, f"control plane failed to start; logs in {root / 'logs'}")
         raise
@@ -69,10 +101,18 @@ def k8s_cluster(
         f"control plane v1.37 up in {info.started_seconds:.1f}s at {info.server} "
         f"(logs {root / 'logs'})",
     )
+    return cluster
+
+
+@pytest.fixture(scope="session")
+def k8s_cluster(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalCluster]:
+    cluster = _acquire_cluster(request.config, tmp_path_factory)
     try:
         yield cluster
     finally:
-        cluster.stop()
+        _release_cluster()
 
 
 @pytest.fixture(scope="session")

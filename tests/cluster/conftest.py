@@ -1,3 +1,10 @@
-"""The control-plane regression suite shares one cluster per session (devcluster plugin)."""
+"""The control-plane regression suite shares one cluster per session (devcluster fixtures;
+imported because pytest accepts `pytest_plugins` only in the top-level conftest)."""
 
-pytest_plugins = ["devcluster.pytest_plugin"]
+from devcluster.pytest_plugin import (  # noqa: F401  (fixtures)
+    fake_node,
+    k8s_api,
+    k8s_cluster,
+    namespace,
+    node_heartbeater,
+)

@@ -170,6 +170,13 @@ _OWNER = textwrap.dedent("""
 """)
 
 
+def _wait_started(record: ProcessRecord, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not is_running(record):
+        assert time.monotonic() < deadline, f"{record.executable} never started"
+        time.sleep(0.01)
+
+
 def _wait_gone(record: ProcessRecord, timeout: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout
     while is_running(record):
@@ -190,7 +197,7 @@ def test_component_dies_when_its_owner_is_killed(tmp_path: Path) -> None:
     assert owner.stdout is not None
     pid = json.loads(owner.stdout.readline())["pid"]
     record = ProcessRecord("sleeper", pid, "/bin/sleep")
-    assert is_running(record)
+    _wait_started(record)  # the launcher execs the binary a few milliseconds later
     owner.send_signal(signal.SIGKILL)  # no atexit, no finally: only the kernel can help
     owner.wait()
     assert _wait_gone(record), "the component outlived its SIGKILLed owner"
@@ -199,6 +206,7 @@ def test_component_dies_when_its_owner_is_killed(tmp_path: Path) -> None:
 def test_down_only_signals_the_recorded_binary(tmp_path: Path) -> None:
     proc = ManagedProcess("sleeper", ["/bin/sleep", "300"], tmp_path / "log", tie_to_parent=False)
     try:
+        _wait_started(proc.record)
         impostor = ProcessRecord("sleeper", proc.pid, "/usr/bin/something-else")
         assert not stop_recorded(impostor)
         assert proc.exit_code() is None
