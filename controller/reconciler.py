@@ -382,7 +382,7 @@ class Reconciler:
         self.stores: dict[Kind, dict[str, Obj]] = {k: {} for k in Kind}
         self._pods: dict[str, _PodState] = {}
         self._dirty_claims: set[str] = set()
-        self._event_sent: dict[tuple[str, str], float] = {}
+        self._event_sent: dict[str, dict[str, float]] = {}
 
     # -- input (any thread) ----------------------------------------------------------------------
 
@@ -427,7 +427,7 @@ class Reconciler:
 
     def _on_pod(self, key: str, pod: Obj, type_: EventType) -> None:
         if type_ is EventType.DELETED or is_terminal(pod):
-            self._pods.pop(key, None)
+            self._forget_pod(key)
             ns = pod.get("metadata", {}).get("namespace", "")
             for name in pod_claim_names(pod)[0]:
                 self._dirty_claims.add(f"{ns}/{name}")
@@ -436,6 +436,11 @@ class Reconciler:
         if state is not None:
             state.retry_at = 0.0
             state.permanent = False
+
+    def _forget_pod(self, key: str) -> None:
+        """The pod needs nothing more from us: drop its queue state and event memory."""
+        self._pods.pop(key, None)
+        self._event_sent.pop(key, None)
 
     def _wake_pods_of_claim(self, claim: Obj) -> None:
         ns = claim.get("metadata", {}).get("namespace", "")
@@ -567,7 +572,7 @@ class Reconciler:
         for key, pod in self.stores[Kind.POD].items():
             w = pod_work(pod, claims, self._cfg.classes, self._cfg.gate, self._cfg.finalizer)
             if w.kind is WorkKind.NONE:
-                self._pods.pop(key, None)
+                self._forget_pod(key)
                 continue
             self._pods.setdefault(key, _PodState(first_seen=now))
             work.append((pod, w))
@@ -610,7 +615,7 @@ class Reconciler:
         if has_gate(pod, self._cfg.gate):
             fresh = self._writer.remove_gate(pod)
             self.stores[Kind.POD][key] = fresh
-        self._pods.pop(key, None)
+        self._forget_pod(key)
         if claims:
             _log.info("pod %s: claims already allocated; gate removed", key, extra={"pod": key})
         else:
@@ -695,7 +700,7 @@ class Reconciler:
             latency,
             extra={"pod": key, "node": plan.node},
         )
-        self._pods.pop(key, None)
+        self._forget_pod(key)
 
     def _wait(self, pod: Obj, state: _PodState, why: Unplaceable) -> None:
         key = key_of(pod)
@@ -706,14 +711,14 @@ class Reconciler:
         if self._fallback_due(pod) and why.reason != "ClaimsNotReady":
             self._hand_to_scheduler(pod, why)
             return
-        last = self._event_sent.get((key, why.message))
+        last = self._event_sent.get(key, {}).get(why.message)
         if (
             why.message != state.last_message
             or last is None
             or now - last > self._cfg.event_interval
         ):
             state.last_message = why.message
-            self._event_sent[(key, why.message)] = now
+            self._event_sent.setdefault(key, {})[why.message] = now
             self._recorder.event(pod, Kind.POD, "Warning", why.reason, why.message)
             _log.info("pod %s waits: %s", key, why.message, extra={"pod": key})
 
@@ -737,7 +742,7 @@ class Reconciler:
             ):
                 self._store_claim(self._writer.remove_finalizer(claim))
         self.stores[Kind.POD][key] = self._writer.remove_gate(pod)
-        self._pods.pop(key, None)
+        self._forget_pod(key)
         self._metrics.count_outcome("native-fallback")
         self._recorder.event(
             pod,
