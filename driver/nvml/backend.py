@@ -22,6 +22,7 @@ import ctypes
 import re
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -90,6 +91,13 @@ def parse_char_major(proc_devices: str, name: str) -> int | None:
     return None
 
 
+@dataclass(frozen=True)
+class _CiProfile:
+    id: int
+    slices: int
+    max_instances: int
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
@@ -110,6 +118,7 @@ class NvmlBackend:
         self._opened = 0
         self._handles: dict[str, Any] = {}
         self._gpus: dict[str, GpuInfo] = {}
+        self._ci_profile_cache: dict[tuple[str, int], tuple[_CiProfile, ...]] = {}
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -128,6 +137,7 @@ class NvmlBackend:
             if self._opened == 0:
                 self._handles.clear()
                 self._gpus.clear()
+                self._ci_profile_cache.clear()
                 # Shutting down anyway: an error here leaves nothing to act on.
                 with contextlib.suppress(self._nvml.NVMLError):
                     self._nvml.nvmlShutdown()
@@ -524,7 +534,7 @@ class NvmlBackend:
         """Make sure ``gi`` has exactly one full-size compute instance; return the result."""
         nv = self._nvml
         uuid = info.uuid
-        existing = self._compute_instances(uuid, gi)
+        existing = self._compute_instances(uuid, gi, profile.id)
         if len(existing) > 1:
             raise InstanceMismatch(
                 f"{uuid}: GPU instance {gi_id} has {len(existing)} compute instances; "
@@ -536,7 +546,7 @@ class NvmlBackend:
         else:
             ci_profile = self._full_ci_profile(uuid, gi, profile)
             try:
-                ci = nv.nvmlGpuInstanceCreateComputeInstance(gi, int(ci_profile.id))
+                ci = nv.nvmlGpuInstanceCreateComputeInstance(gi, ci_profile.id)
             except nv.NVMLError as exc:
                 raise errors.from_code(
                     int(exc.value), f"create the compute instance in GPU instance {gi_id}", gpu=uuid
@@ -562,25 +572,29 @@ class NvmlBackend:
             mig_uuid=mig_uuid,
         )
 
-    def _full_ci_profile(self, uuid: str, gi: Any, profile: ProfileSpec) -> Any:
-        for ci_info in self._ci_profiles(uuid, gi):
-            if int(ci_info.sliceCount) == profile.slices:
-                return ci_info
+    def _full_ci_profile(self, uuid: str, gi: Any, profile: ProfileSpec) -> _CiProfile:
+        for ci_profile in self._ci_profiles(uuid, gi, profile.id):
+            if ci_profile.slices == profile.slices:
+                return ci_profile
         raise NotSupported(
             f"{uuid}: {profile.name} offers no full-size compute-instance profile", gpu=uuid
         )
 
-    def _ci_profiles(self, uuid: str, gi: Any) -> list[Any]:
+    def _ci_profiles(self, uuid: str, gi: Any, gi_profile_id: int) -> tuple[_CiProfile, ...]:
+        """Compute-instance profiles of a GPU instance. They depend only on the GI's profile,
+        so they are read once per (GPU, profile): listing instances stays a handful of calls."""
+        key = (uuid, gi_profile_id)
+        cached = self._ci_profile_cache.get(key)
+        if cached is not None:
+            return cached
         nv = self._nvml
         out = []
         for index in range(_CI_PROFILE_COUNT):
             if index == _CI_PROFILE_1_SLICE_REV1:
                 continue
             try:
-                out.append(
-                    nv.nvmlGpuInstanceGetComputeInstanceProfileInfo(
-                        gi, index, _CI_ENGINE_PROFILE_SHARED, 2
-                    )
+                info = nv.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+                    gi, index, _CI_ENGINE_PROFILE_SHARED, 2
                 )
             except nv.NVMLError as exc:
                 if self._code(exc) in (
@@ -591,14 +605,20 @@ class NvmlBackend:
                 raise errors.from_code(
                     int(exc.value), "read compute-instance profiles", gpu=uuid
                 ) from exc
-        return out
+            out.append(_CiProfile(int(info.id), int(info.sliceCount), int(info.instanceCount)))
+        result = tuple(out)
+        with self._lock:
+            self._ci_profile_cache[key] = result
+        return result
 
-    def _compute_instances(self, uuid: str, gi: Any) -> list[tuple[int, int, int, Any]]:
+    def _compute_instances(
+        self, uuid: str, gi: Any, gi_profile_id: int
+    ) -> list[tuple[int, int, int, Any]]:
         """(CI id, CI profile id, slices, handle) of every compute instance in ``gi``."""
         nv = self._nvml
         found = []
-        for ci_profile in self._ci_profiles(uuid, gi):
-            capacity = max(int(ci_profile.instanceCount), 1)
+        for ci_profile in self._ci_profiles(uuid, gi, gi_profile_id):
+            capacity = max(ci_profile.max_instances, 1)
             array = (nv.c_nvmlComputeInstance_t * capacity)()
             count = ctypes.c_uint(capacity)
             self._call(
@@ -606,7 +626,7 @@ class NvmlBackend:
                 uuid,
                 nv.nvmlGpuInstanceGetComputeInstances,
                 gi,
-                int(ci_profile.id),
+                ci_profile.id,
                 array,
                 ctypes.byref(count),
             )
@@ -614,9 +634,7 @@ class NvmlBackend:
                 ci_info = self._call(
                     "read a compute instance", uuid, nv.nvmlComputeInstanceGetInfo, array[i]
                 )
-                found.append(
-                    (int(ci_info.id), int(ci_profile.id), int(ci_profile.sliceCount), array[i])
-                )
+                found.append((int(ci_info.id), ci_profile.id, ci_profile.slices, array[i]))
         return sorted(found, key=lambda f: f[0])
 
     def _mig_uuids(self, uuid: str) -> dict[tuple[int, int], str]:
@@ -679,7 +697,9 @@ class NvmlBackend:
                     slices=slices,
                     mig_uuid=mig_uuids.get((gi_id, ci_id)),
                 )
-                for ci_id, ci_profile_id, slices, _ in self._compute_instances(gpu_uuid, gi)
+                for ci_id, ci_profile_id, slices, _ in self._compute_instances(
+                    gpu_uuid, gi, profile_id
+                )
             )
             result.append(GpuInstance(gpu_uuid, gi_id, profile_id, placement, cis))
         return tuple(result)
@@ -716,24 +736,23 @@ class NvmlBackend:
         gi = self._gi_by_id(gpu_uuid, gi_id)
         if gi is None:
             return
-        if expect_profile_id is not None or expect_placement is not None:
-            try:
-                gi_info = nv.nvmlGpuInstanceGetInfo(gi)
-            except nv.NVMLError as exc:
-                if self._code(exc) == errors.NVML_ERROR_INVALID_ARGUMENT:
-                    return  # destroyed while we looked
-                raise errors.from_code(int(exc.value), "read a GPU instance", gpu=gpu_uuid) from exc
-            placement = Placement(int(gi_info.placement.start), int(gi_info.placement.size))
-            if (expect_profile_id is not None and int(gi_info.profileId) != expect_profile_id) or (
-                expect_placement is not None and placement != expect_placement
-            ):
-                raise InstanceMismatch(
-                    f"{gpu_uuid}: GPU instance {gi_id} is profile id {gi_info.profileId} at "
-                    f"{placement.start}:{placement.size}, not the recorded one; left untouched",
-                    gpu=gpu_uuid,
-                )
         try:
-            cis = self._compute_instances(gpu_uuid, gi)
+            gi_info = nv.nvmlGpuInstanceGetInfo(gi)
+        except nv.NVMLError as exc:
+            if self._code(exc) == errors.NVML_ERROR_INVALID_ARGUMENT:
+                return  # destroyed while we looked
+            raise errors.from_code(int(exc.value), "read a GPU instance", gpu=gpu_uuid) from exc
+        placement = Placement(int(gi_info.placement.start), int(gi_info.placement.size))
+        if (expect_profile_id is not None and int(gi_info.profileId) != expect_profile_id) or (
+            expect_placement is not None and placement != expect_placement
+        ):
+            raise InstanceMismatch(
+                f"{gpu_uuid}: GPU instance {gi_id} is profile id {gi_info.profileId} at "
+                f"{placement.start}:{placement.size}, not the recorded one; left untouched",
+                gpu=gpu_uuid,
+            )
+        try:
+            cis = self._compute_instances(gpu_uuid, gi, int(gi_info.profileId))
         except NvmlError as exc:
             if exc.code == errors.NVML_ERROR_INVALID_ARGUMENT:
                 return  # the GPU instance vanished meanwhile

@@ -102,7 +102,14 @@ class _Runtime:
 
     explicit: SimConfig | None = None
     env_cache: tuple[str, float, SimConfig] | None = None
+    store: tuple[SimConfig, StateStore] | None = None
     init_count = 0
+
+
+def _store(cfg: SimConfig) -> StateStore:
+    if _rt.store is None or _rt.store[0] is not cfg:
+        _rt.store = (cfg, StateStore(cfg))
+    return _rt.store[1]
 
 
 _rt = _Runtime()
@@ -285,7 +292,7 @@ def _call(op: str, handle: Any, body: Callable[[SimConfig, HwState], _T]) -> _T:
     delay = _latency(cfg, op, index)
     if delay > 0:
         time.sleep(delay)
-    store = StateStore(cfg)
+    store = _store(cfg)
     with store.transaction() as state:
         _fire(store, state, op, index, "before")
         result = body(cfg, state)
@@ -985,7 +992,7 @@ _cfgmod.KNOWN_OPS = tuple(
 
 def _admin(body: Callable[[SimConfig, HwState], _T]) -> _T:
     cfg = sim_config()
-    with StateStore(cfg).transaction() as state:
+    with _store(cfg).transaction() as state:
         return body(cfg, state)
 
 

@@ -19,7 +19,8 @@ import os
 import shutil
 import uuid as uuidlib
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from driver.catalog import Engines, GpuModel, Placement, ProfileSpec
@@ -93,7 +94,28 @@ class HwState:
         return self.serial
 
     def to_json(self) -> dict[str, Any]:
-        return {"format": STATE_FORMAT, **asdict(self)}
+        # Hand-written rather than dataclasses.asdict: this runs on every simulated NVML call,
+        # and asdict's deep copies dominated the call's cost.
+        return {
+            "format": STATE_FORMAT,
+            "digest": self.digest,
+            "boots": self.boots,
+            "serial": self.serial,
+            "faults": self.faults,
+            "gpus": [
+                {
+                    **{k: v for k, v in vars(g).items() if k != "gis"},
+                    "gis": [
+                        {
+                            **{k: v for k, v in vars(gi).items() if k != "cis"},
+                            "cis": [dict(vars(ci)) for ci in gi.cis],
+                        }
+                        for gi in g.gis
+                    ],
+                }
+                for g in self.gpus
+            ],
+        }
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> HwState:
@@ -137,6 +159,7 @@ class StateStore:
 
     def __init__(self, config: SimConfig) -> None:
         self._config = config
+        self._digest = config.digest()
         self._path = config.state_path
         self._lock_path = self._path.with_name(self._path.name + ".lock")
 
@@ -147,11 +170,10 @@ class StateStore:
         with open(self._lock_path, "a+b") as lock:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
             try:
-                state, created = self._load()
-                before = json.dumps(state.to_json(), sort_keys=True)
+                state, before = self._load()
                 yield state
                 after = json.dumps(state.to_json(), sort_keys=True)
-                if created or after != before:
+                if after != before:
                     self._save(after)
                     sync_proc(self._config, state)
             finally:
@@ -162,11 +184,13 @@ class StateStore:
         self._save(json.dumps(state.to_json(), sort_keys=True))
         sync_proc(self._config, state)
 
-    def _load(self) -> tuple[HwState, bool]:
+    def _load(self) -> tuple[HwState, str | None]:
+        """The state and the exact text it was read from (None for a fresh state), so that an
+        unchanged state is recognised by comparing texts and never rewritten."""
         try:
             text = self._path.read_text()
         except FileNotFoundError:
-            return fresh_state(self._config), True
+            return fresh_state(self._config), None
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -178,12 +202,12 @@ class StateStore:
                 f"simulator state {self._path} has format {data.get('format')!r}, "
                 f"expected {STATE_FORMAT}; delete it to start over"
             )
-        if data.get("digest") != self._config.digest():
+        if data.get("digest") != self._digest:
             raise SimConfigError(
                 f"simulator state {self._path} was made for a different set of GPUs than the "
                 "current config; delete it or point 'state' at another file"
             )
-        return HwState.from_json(data), False
+        return HwState.from_json(data), text
 
     def _save(self, text: str) -> None:
         tmp = self._path.with_name(f".{self._path.name}.{os.getpid()}.tmp")
@@ -287,7 +311,7 @@ def remaining_capacity(model: GpuModel, gpu: GpuRec, prof: ProfileSpec) -> int:
     """How many more of ``prof`` fit together now: greedy over its aligned placements, which
     is optimal for equal-size aligned intervals, with engine pools and caps applied as it goes.
     """
-    trial = GpuRec(**{**asdict(gpu), "gis": list(gpu.gis)})
+    trial = replace(gpu, gis=list(gpu.gis))
     count = 0
     for pl in sorted(prof.placements):
         if gi_fit_error(model, trial, prof, pl) is None:
@@ -364,26 +388,33 @@ def sync_proc(config: SimConfig, state: HwState) -> None:
         minors.parent.mkdir(parents=True, exist_ok=True)
         minors.write_text("\n".join(lines) + "\n")
     caps = root / "driver" / "nvidia" / "capabilities"
-    tmp = caps.with_name(f".capabilities.{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    (tmp / "mig").mkdir(parents=True)
-    (tmp / "mig" / "config").write_text(_access_text(1, 0o400))
-    (tmp / "mig" / "monitor").write_text(_access_text(2, _FILE_MODE_READ_ALL))
+    want = {
+        "mig/config": _access_text(1, 0o400),
+        "mig/monitor": _access_text(2, _FILE_MODE_READ_ALL),
+    }
     for gpu in state.gpus:
         for gi in gpu.gis:
-            gi_dir = tmp / f"gpu{gpu.minor}" / "mig" / f"gi{gi.id}"
-            gi_dir.mkdir(parents=True)
-            (gi_dir / "access").write_text(
-                _access_text(gi_cap_minor(gpu.minor, gi.id), _FILE_MODE_READ_ALL)
+            gi_dir = f"gpu{gpu.minor}/mig/gi{gi.id}"
+            want[f"{gi_dir}/access"] = _access_text(
+                gi_cap_minor(gpu.minor, gi.id), _FILE_MODE_READ_ALL
             )
             for ci in gi.cis:
-                ci_dir = gi_dir / f"ci{ci.id}"
-                ci_dir.mkdir()
-                (ci_dir / "access").write_text(
-                    _access_text(ci_cap_minor(gpu.minor, gi.id, ci.id), _FILE_MODE_READ_ALL)
+                want[f"{gi_dir}/ci{ci.id}/access"] = _access_text(
+                    ci_cap_minor(gpu.minor, gi.id, ci.id), _FILE_MODE_READ_ALL
                 )
-    old = caps.with_name(f".capabilities.old.{os.getpid()}")
+    # Incremental: a file's content follows from its path, so only existence has to change.
+    # (Rebuilding the tree on every call made file-system latency dominate simulated calls.)
+    wanted_dirs = {parent.as_posix() for rel in want for parent in Path(rel).parents}
     if caps.exists():
-        os.replace(caps, old)
-    os.replace(tmp, caps)
-    shutil.rmtree(old, ignore_errors=True)
+        for path in sorted(caps.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+            rel = path.relative_to(caps).as_posix()
+            if path.is_dir():
+                if rel not in wanted_dirs:
+                    shutil.rmtree(path, ignore_errors=True)
+            elif rel not in want:
+                path.unlink(missing_ok=True)
+    for rel, text in want.items():
+        target = caps / rel
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text)
