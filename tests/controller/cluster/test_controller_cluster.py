@@ -47,7 +47,9 @@ Obj = dict[str, Any]
 class ControllerProcess:
     """`carve-controller` started as its console script, with logs kept for post-mortems."""
 
-    def __init__(self, kubeconfig: Path, lease_ns: str, log: Path, identity: str) -> None:
+    def __init__(
+        self, kubeconfig: Path, lease_ns: str, log: Path, identity: str, extra: list[str]
+    ) -> None:
         self.args = [
             str(Path(sys.executable).parent / "carve-controller"),
             "--kubeconfig",
@@ -68,6 +70,7 @@ class ControllerProcess:
             "1s",
             "--retry-interval",
             "2s",
+            *extra,
         ]
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
@@ -94,14 +97,18 @@ class ControllerProcess:
 @pytest.fixture
 def carve(
     k8s_cluster: LocalCluster, k8s_api: ApiClient, namespace: str, tmp_path: Path
-) -> Iterator[Callable[[str], ControllerProcess]]:
+) -> Iterator[Callable[..., ControllerProcess]]:
     for obj in load_manifests("10-deviceclasses.yaml"):
         ensure_cluster_object(k8s_api, obj)
     started: list[ControllerProcess] = []
 
-    def start(identity: str = "carve-a") -> ControllerProcess:
+    def start(identity: str = "carve-a", *extra: str) -> ControllerProcess:
         p = ControllerProcess(
-            k8s_cluster.info.kubeconfig, namespace, tmp_path / f"{identity}.log", identity
+            k8s_cluster.info.kubeconfig,
+            namespace,
+            tmp_path / f"{identity}.log",
+            identity,
+            list(extra),
         ).start()
         started.append(p)
         return p
@@ -326,3 +333,36 @@ def test_conflict_storm_on_claims_and_pods_still_places_everything_once(
         t.join(10)
     assert bumps[0] > 20
     _assert_consistent(k8s_api, namespace)
+
+
+def test_native_fallback_hands_unplaceable_pods_to_kube_scheduler(
+    k8s_api: ApiClient, namespace: str, gpu_nodes: Callable[[list[str]], str], carve: Any
+) -> None:
+    gpu_nodes(["A100-SXM4-40GB"])
+    res, core = client.ResourceV1Api(k8s_api), client.CoreV1Api(k8s_api)
+    res.create_namespaced_resource_claim_template(
+        namespace, profile_template("huge", "1g.5gb", count=8)
+    )
+    core.create_namespaced_pod(namespace, pod("huge-pod", "huge"))
+    carve("carve-a", "--native-fallback-after", "3s")
+
+    def ungated() -> bool:
+        p = raw(core.read_namespaced_pod("huge-pod", namespace, _preload_content=False))
+        return not p["spec"].get("schedulingGates")
+
+    wait_for("the pod to be handed to kube-scheduler", ungated, timeout=60)
+    reasons = [e["reason"] for e in events_for(k8s_api, namespace, "huge-pod")]
+    assert "HandedToScheduler" in reasons
+
+    def scheduler_verdict() -> str | None:
+        p = raw(core.read_namespaced_pod("huge-pod", namespace, _preload_content=False))
+        for c in (p.get("status") or {}).get("conditions") or []:
+            if c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable":
+                return str(c.get("message"))
+        return None
+
+    # kube-scheduler now owns the pod; it cannot fit 8 slices on a 7-slice GPU either.
+    assert wait_for("kube-scheduler's verdict", scheduler_verdict, timeout=60)
+    (claim,) = claims_of(k8s_api, namespace)
+    assert "mig.carve.dev/allocation" not in (claim["metadata"].get("finalizers") or [])
+    assert not (claim.get("status") or {}).get("allocation")
