@@ -7,7 +7,8 @@ Both policies see exactly the same arrivals (pods asking for one MIG profile by 
 of GPU models) and departures (a pod leaves after its lifetime, if it was placed). Figures:
 
 - placed: fraction of arrivals that got a slice at arrival time (no queueing, so the number
-  isolates the packing decision);
+  isolates the packing decision); placed-units weighs each arrival by its memory units, so a
+  policy cannot look good by turning big requests away;
 - utilization: occupied memory units / all memory units, averaged over arrivals after warm-up;
 - fragmentation: of the free memory units, the fraction that cannot be used by the largest
   profile still creatable on their GPU, i.e. 1 - sum(size of largest creatable profile) /
@@ -212,6 +213,8 @@ class Figures:
     policy: Policy
     arrivals: int = 0
     placed: int = 0
+    units_asked: int = 0
+    units_placed: int = 0
     utilization: float = 0.0
     fragmentation: float = 0.0
     decisions: int = 0
@@ -241,6 +244,11 @@ def _occupancy_figures(model: ClusterModel) -> tuple[float, float]:
     return used / total, (1 - usable / free) if free else 0.0
 
 
+def _profile_units(model: ClusterModel) -> dict[str, int]:
+    models = {r.inventory.model.key: r.inventory.model for r in model.gpus.values()}
+    return {p.name: p.size for m in models.values() for p in m.profiles}
+
+
 def run_trace(
     model: ClusterModel,
     policy: Policy,
@@ -259,6 +267,7 @@ def run_trace(
     util_samples: list[float] = []
     frag_samples: list[float] = []
     start_sampling = int(len(trace) * warmup)
+    sizes = _profile_units(model)
     for i, a in enumerate(trace):
         while live and live[0][0] <= a.time:
             _, pod, placement = heapq.heappop(live)
@@ -270,8 +279,11 @@ def run_trace(
         result = engine.place(request)
         times.append(time.perf_counter() - t0)
         figures.arrivals += 1
+        size = sizes.get(a.profile, 0)
+        figures.units_asked += size
         if not isinstance(result, NoPlacement):
             figures.placed += 1
+            figures.units_placed += size
             engine.commit(result, a.pod, needs)
             heapq.heappush(live, (a.time + a.lifetime, a.pod, result))
         if i >= start_sampling and i % sample_every == 0:
@@ -297,7 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--nodes", type=int, default=64, help="nodes in the packing run")
     parser.add_argument("--gpus-per-node", type=int, default=8)
-    parser.add_argument("--arrivals", type=int, default=6000, help="arrivals in the packing run")
+    parser.add_argument("--arrivals", type=int, default=5000, help="arrivals in the packing run")
     parser.add_argument("--load", type=float, default=1.2, help="offered load / capacity")
     parser.add_argument("--timing-nodes", type=int, default=1000)
     parser.add_argument("--timing-arrivals", type=int, default=12000)
@@ -336,19 +348,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         cluster = build_cluster(args.timing_nodes, args.gpus_per_node, models)
         built = time.perf_counter() - t0
         print(f"  built {policy.value} cluster in {built:.1f}s")
-        results.append(run_trace(cluster, policy, trace, sample_every=50))
+        results.append(run_trace(cluster, policy, trace, sample_every=500))
     _print_table(results, timing=True)
     return 0
 
 
 def _print_table(results: Sequence[Figures], *, timing: bool) -> None:
-    header = f"  {'policy':<10} {'placed':>8} {'util':>7} {'frag':>7}"
+    header = f"  {'policy':<10} {'placed':>8} {'placed-units':>12} {'util':>7} {'frag':>7}"
     if timing:
         header += f" {'decisions/s':>12} {'p50 ms':>8} {'p99 ms':>8}"
     print(header)
     for f in results:
         line = (
-            f"  {f.policy.value:<10} {f.placed / f.arrivals:>8.3f} {f.utilization:>7.3f} "
+            f"  {f.policy.value:<10} {f.placed / f.arrivals:>8.3f} "
+            f"{f.units_placed / f.units_asked:>12.3f} {f.utilization:>7.3f} "
             f"{f.fragmentation:>7.3f}"
         )
         if timing:

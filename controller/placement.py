@@ -400,6 +400,22 @@ class PlacementEngine:
         out.sort(key=lambda c: c[0])
         return out
 
+    @staticmethod
+    def _rank(  # noqa: PLR0917 -- one candidate's facts, always passed together
+        gpu: GpuRecord, occupancy: Occupancy, busy: bool, loss: int, pid: int, start: int
+    ) -> tuple[object, ...]:
+        """Order of single-device candidates: smallest loss, then GPUs and nodes in use, then
+        a fixed order of model and state so that equal models decide identically."""
+        return (
+            loss,
+            not occupancy.in_use,
+            not busy,
+            gpu.inventory.model.key,
+            occupancy.state.instances,
+            pid,
+            start,
+        )
+
     # ------------------------------------------------------------------------------------------
     # Solving
 
@@ -446,15 +462,7 @@ class PlacementEngine:
                 continue
             _, loss, pid, start, _ = cands[0]
             if self.policy is Policy.BEST_FIT:
-                rank: tuple[object, ...] = (
-                    loss,
-                    not occupancy.in_use,
-                    not busy,
-                    gpu.inventory.model.key,
-                    occupancy.state.instances,
-                    pid,
-                    start,
-                )
+                rank: tuple[object, ...] = self._rank(gpu, occupancy, busy, loss, pid, start)
             else:
                 rank = (members[0],)
             options.append((rank, loss, pid, start, members))
