@@ -686,3 +686,14 @@ def test_no_device_is_ever_double_booked(arrivals: list[tuple[int, bool]], capac
         devices = h.allocated_devices()
         assert len(devices) == len(set(devices))
         assert len(devices) <= 2 * capacity
+
+
+def test_kubelet_plugin_node_finalizer_holds_the_release() -> None:
+    """Contract with kubeletplugin.claims: its node finalizer is what the controller waits for."""
+    from kubeletplugin.claims import node_finalizer
+
+    c = _allocated_claim(ALLOCATION_FINALIZER, node_finalizer("mig.carve.dev", "gpu-node-1"))
+    assert release_action(c, 0, "mig.carve.dev") is ReleaseKind.WAIT_NODE
+    long_name = node_finalizer("mig.carve.dev", "n" * 200)
+    c = _allocated_claim(ALLOCATION_FINALIZER, long_name)
+    assert release_action(c, 0, "mig.carve.dev") is ReleaseKind.WAIT_NODE
