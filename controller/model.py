@@ -18,13 +18,14 @@ applying updates one by one and rebuilding from scratch give identical states.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
 
 from controller.claims import ClaimHold, ClaimKey
 from controller.nodefit import NO_RESOURCES, NodeInfo, Resources
 from driver.catalog import GpuModel
-from driver.cel import CelDevice
+from driver.cel import AttributeValue, CelDevice, Semver, parse_kubernetes_quantity
 from driver.geometry import EMPTY_STATE, Geometry, GpuState, PlacementError, geometry_for
 
 WHOLE_GPU = -1
@@ -376,3 +377,76 @@ class ClusterModel:
             tuple(sorted(self.problems)),
             tuple(sorted(self._unresolved)),
         )
+
+
+# ---------------------------------------------------------------------------------------------
+# From ResourceSlices
+
+
+def inventories_from_slices(
+    slices: Iterable[Mapping[str, object]],
+    driver: str,
+    *,
+    on_error: Callable[[ValueError], None] | None = None,
+) -> list[GpuInventory]:
+    """The GPUs ``driver``'s ResourceSlices publish, with every device's attributes and
+    capacity exactly as published (so selectors see what kube-scheduler sees).
+
+    Structure (which GPU, which placement a device is) comes from
+    :func:`driver.resourceslice.parse_resource_slices`; malformed slices are reported through
+    ``on_error`` and skipped, as there.
+    """
+    from driver.resourceslice import parse_resource_slices
+
+    slices = list(slices)
+    raw: dict[tuple[str, str], Mapping[str, object]] = {}
+    for obj in slices:
+        spec = obj.get("spec")
+        if not isinstance(spec, Mapping) or spec.get("driver") != driver:
+            continue
+        pool = spec.get("pool")
+        pool_name = pool.get("name") if isinstance(pool, Mapping) else None
+        for device in spec.get("devices") or ():
+            if isinstance(device, Mapping) and isinstance(pool_name, str):
+                raw[(pool_name, str(device.get("name")))] = device
+    out = []
+    for gpu in parse_resource_slices(slices, driver, on_error=on_error):
+        named = [((pid, start), name) for (pid, start), name in gpu.devices.items()]
+        named.append(((WHOLE_GPU, 0), gpu.whole_gpu_device))
+        devices = []
+        for (pid, start), name in sorted(named):
+            device = raw.get((gpu.pool, name))
+            if device is None:  # parse_resource_slices saw it, so this cannot happen
+                continue
+            devices.append(PublishedDevice(name, pid, start, device_facts(device, driver)))
+        out.append(GpuInventory(gpu.node_name, gpu.pool, gpu.uuid, gpu.model, tuple(devices)))
+    return out
+
+
+def device_facts(device: Mapping[str, object], driver: str) -> CelDevice:
+    """A ResourceSlice device (API JSON) as the facts CEL selectors read."""
+    attributes: dict[str, AttributeValue] = {}
+    raw_attrs = device.get("attributes")
+    for name, value in raw_attrs.items() if isinstance(raw_attrs, Mapping) else ():
+        if not isinstance(value, Mapping):
+            continue
+        if "version" in value:
+            try:
+                attributes[name] = Semver.parse(str(value["version"]))
+            except ValueError:
+                continue  # the apiserver validates versions; never trust, never crash
+        elif "bool" in value:
+            attributes[name] = bool(value["bool"])
+        elif "int" in value:
+            attributes[name] = int(value["int"])
+        elif "string" in value:
+            attributes[name] = str(value["string"])
+    capacity: dict[str, Decimal] = {}
+    raw_caps = device.get("capacity")
+    for name, value in raw_caps.items() if isinstance(raw_caps, Mapping) else ():
+        if isinstance(value, Mapping) and "value" in value:
+            try:
+                capacity[name] = parse_kubernetes_quantity(str(value["value"]))
+            except ValueError:
+                continue
+    return CelDevice.of(driver, attributes, capacity)

@@ -5,7 +5,8 @@ from hypothesis import strategies as st
 
 from bench.packing import build_cluster, build_gpu
 from controller.claims import AllocatedDevice, ClaimHold, ClaimKey
-from controller.model import WHOLE_GPU, ClusterModel
+from controller.model import WHOLE_GPU, ClusterModel, inventories_from_slices
+from controller.nodefit import NodeInfo
 from driver.catalog import gpu_model
 
 A100 = gpu_model("A100-SXM4-80GB")
@@ -131,3 +132,36 @@ def test_pods_count_against_their_node() -> None:
     model.remove_pod("ns/p")
     model.remove_pod("ns/q")
     assert model.node_usage("node-0000") == Resources()
+
+
+def test_inventories_from_real_resource_slices_feed_the_engine() -> None:
+    from bench.packing import CLASSES, profile_claim
+    from controller.nodefit import PodNeeds, Resources
+    from controller.placement import Placement, PlacementEngine, PlacementRequest
+    from driver.resourceslice import PublishedGpu, build_resource_slices
+
+    h100 = gpu_model("H100-SXM5-80GB")
+    slices = build_resource_slices(
+        driver=DRIVER,
+        node_name="n1",
+        pool_generation=1,
+        gpus=[
+            PublishedGpu(i, f"GPU-{i}", h100, f"0000:{i + 16:02x}:00.0", "580.105.08")
+            for i in range(2)
+        ],
+    )
+    inventories = inventories_from_slices(slices, DRIVER)
+    assert [g.uuid for g in inventories] == ["GPU-0", "GPU-1"]
+    gpu0 = inventories[0]
+    facts = {d.name: d for d in gpu0.devices}
+    mig = facts["gpu-0-mig-3g40gb-9-4"]
+    assert (mig.profile_id, mig.start) == (9, 4)
+    assert mig.facts.attribute("mig.carve.dev/parentUUID") == "GPU-0"
+    assert facts["gpu-0"].profile_id == WHOLE_GPU
+    model = ClusterModel()
+    model.set_node(NodeInfo("n1", Resources(8000, 2**35, 110)))
+    model.set_node_gpus("n1", inventories)
+    engine = PlacementEngine(model, CLASSES)
+    result = engine.place(PlacementRequest("p", PodNeeds(), (profile_claim("c", "3g.40gb"),)))
+    assert isinstance(result, Placement)
+    assert result.choices[0].device in facts or result.choices[0].device.startswith("gpu-1-")
