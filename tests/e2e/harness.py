@@ -1,0 +1,347 @@
+"""Per-test view of the end-to-end environment: its own namespace, its own simulated nodes
+(selected by a label every pod of the test carries as nodeSelector, so tests sharing the
+control plane and the controller never land on each other's GPUs), builders and waits."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from nodesim.invariants import allocated_devices, at_rest, leaks, overlaps
+from nodesim.simnode import DRIVER, SimNode, SimNodeSpec
+from nodesim.stack import CarveStack
+
+T = TypeVar("T")
+Obj = dict[str, Any]
+GROUP_LABEL = "e2e.carve.dev/group"
+NATIVE_CLASS = "e2e-native-mig"
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60.0, poll=0.2) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(poll)
+
+
+def cel(expression: str) -> Obj:
+    return {"cel": {"expression": expression}}
+
+
+def profile_is(prefix: str) -> Obj:
+    return cel(f'device.attributes["{DRIVER}"].profile.startsWith("{prefix}")')
+
+
+def request(
+    name: str, selectors: Sequence[Obj] = (), *, device_class: str = "mig.carve.dev", count=1
+) -> Obj:
+    exactly: Obj = {"deviceClassName": device_class}
+    if selectors:
+        exactly["selectors"] = list(selectors)
+    if count != 1:
+        exactly["count"] = count
+    return {"name": name, "exactly": exactly}
+
+
+def first_available(name: str, options: Sequence[tuple[str, Sequence[Obj]]]) -> Obj:
+    return {
+        "name": name,
+        "firstAvailable": [
+            {"name": sub, "deviceClassName": "mig.carve.dev", "selectors": list(sels)}
+            for sub, sels in options
+        ],
+    }
+
+
+class E2E:
+    def __init__(self, stack: CarveStack, test_name: str) -> None:
+        slug = re.sub(r"[^a-z0-9-]+", "-", test_name.lower()).strip("-")[:28].strip("-")
+        self.stack = stack
+        self.group = f"{slug}-{uuid.uuid4().hex[:5]}"
+        self.namespace = f"e2e-{self.group}"
+        self.core = client.CoreV1Api(stack.api)
+        self.resource = client.ResourceV1Api(stack.api)
+        self.apps = client.AppsV1Api(stack.api)
+        self.nodes: dict[str, SimNode] = {}
+        self.core.create_namespace({"metadata": {"name": self.namespace}})
+        wait_for(
+            "the namespace's default ServiceAccount",
+            lambda: self._exists(
+                lambda: self.core.read_namespaced_service_account("default", self.namespace)
+            ),
+        )
+
+    @staticmethod
+    def _exists(call: Callable[[], Any]) -> bool:
+        try:
+            call()
+            return True
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+
+    # -- nodes ---------------------------------------------------------------------------------
+
+    def node(self, suffix: str, *gpus: str, **fields: Any) -> SimNode:
+        labels = {GROUP_LABEL: self.group, **fields.pop("labels", {})}
+        spec = SimNodeSpec(name=f"{self.group}-{suffix}"[:63], gpus=gpus, labels=labels, **fields)
+        node = self.stack.add_node(spec)
+        self.nodes[node.name] = node
+        self.wait_slices_published(node.name)
+        return node
+
+    def wait_slices_published(self, node: str, timeout: float = 30.0) -> None:
+        def published() -> bool:
+            slices = self.resource.list_resource_slice(field_selector=f"spec.nodeName={node}")
+            return bool(slices.items)
+
+        wait_for(f"ResourceSlices of {node}", published, timeout)
+
+    # -- objects -------------------------------------------------------------------------------
+
+    def template(
+        self, name: str, requests: Sequence[Obj], constraints: Sequence[Obj] = (), gated=True
+    ) -> None:
+        devices: Obj = {"requests": list(requests)}
+        if constraints:
+            devices["constraints"] = list(constraints)
+        self.resource.create_namespaced_resource_claim_template(
+            self.namespace,
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaimTemplate",
+                "metadata": {"name": name},
+                "spec": {"spec": {"devices": devices}},
+            },
+        )
+        if gated:
+            self._wait_gate_sees({"resourceClaimTemplateName": name})
+
+    def claim(self, name: str, requests: Sequence[Obj], constraints: Sequence[Obj] = ()) -> None:
+        devices: Obj = {"requests": list(requests)}
+        if constraints:
+            devices["constraints"] = list(constraints)
+        self.resource.create_namespaced_resource_claim(
+            self.namespace,
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {"name": name},
+                "spec": {"devices": devices},
+            },
+        )
+        self._wait_gate_sees({"resourceClaimName": name})
+
+    def _wait_gate_sees(self, ref: Obj) -> None:
+        """The admission policy reads claims and templates from the apiserver's cache; a pod
+        created before the cache has the object would not be gated. Dry-run until it is."""
+        probe = self.pod_manifest("gate-probe", {"probe": ref})
+
+        def gated() -> bool:
+            pod = self.core.create_namespaced_pod(self.namespace, probe, dry_run="All")
+            return any(g.name == "mig.carve.dev/placement" for g in pod.spec.scheduling_gates or [])
+
+        wait_for(f"the admission gate to see {ref}", gated, timeout=20)
+
+    def pod_manifest(
+        self,
+        name: str,
+        claims: Mapping[str, Obj],
+        *,
+        run_seconds: float | None = None,
+        cpu: str | None = None,
+        memory: str | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> Obj:
+        resources: Obj = {"claims": [{"name": entry} for entry in claims]}
+        requests = {k: v for k, v in (("cpu", cpu), ("memory", memory)) if v}
+        if requests:
+            resources["requests"] = requests
+        annotations = {}
+        if run_seconds is not None:
+            annotations["nodesim.carve.dev/run-seconds"] = str(run_seconds)
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "annotations": annotations, "labels": dict(labels or {})},
+            "spec": {
+                "restartPolicy": "Never",
+                "terminationGracePeriodSeconds": 5,
+                "nodeSelector": {GROUP_LABEL: self.group},
+                "resourceClaims": [{"name": entry, **ref} for entry, ref in claims.items()],
+                "containers": [
+                    {"name": "main", "image": "registry.example/cuda:12", "resources": resources}
+                ],
+            },
+        }
+
+    def pod(self, name: str, claims: Mapping[str, Obj], **kwargs: Any) -> None:
+        self.core.create_namespaced_pod(self.namespace, self.pod_manifest(name, claims, **kwargs))
+
+    def raw_pod(self, name: str) -> Obj | None:
+        try:
+            resp = self.core.read_namespaced_pod(name, self.namespace, _preload_content=False)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        out: Obj = json.loads(resp.data)
+        return out
+
+    def wait_phase(self, name: str, *phases: str, timeout: float = 60.0) -> Obj:
+        def probe() -> Obj | None:
+            pod = self.raw_pod(name)
+            if pod is None:
+                return None
+            phase = pod.get("status", {}).get("phase")
+            if phase in phases:
+                return pod
+            if phase == "Failed" and "Failed" not in phases:
+                raise AssertionError(
+                    f"pod {name} failed: {pod['status'].get('message')}\n{self.describe(name)}"
+                )
+            return None
+
+        try:
+            return wait_for(f"pod {name} to be {'/'.join(phases)}", probe, timeout)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.diagnostics(name)}") from None
+
+    def wait_gone(self, name: str, timeout: float = 60.0) -> None:
+        wait_for(f"pod {name} to be deleted", lambda: self.raw_pod(name) is None, timeout)
+
+    def delete_pod(self, name: str) -> None:
+        self.core.delete_namespaced_pod(name, self.namespace)
+
+    def claims(self) -> list[Obj]:
+        resp = self.resource.list_namespaced_resource_claim(self.namespace, _preload_content=False)
+        items: list[Obj] = json.loads(resp.data)["items"]
+        return items
+
+    def claim_of(self, pod_name: str, entry: str) -> Obj:
+        pod = self.raw_pod(pod_name)
+        assert pod is not None, f"pod {pod_name} is gone"
+        for spec_entry in pod["spec"].get("resourceClaims", []):
+            if spec_entry["name"] == entry and spec_entry.get("resourceClaimName"):
+                name = spec_entry["resourceClaimName"]
+                break
+        else:
+            statuses = pod.get("status", {}).get("resourceClaimStatuses", [])
+            name = next(s["resourceClaimName"] for s in statuses if s["name"] == entry)
+        resp = self.resource.read_namespaced_resource_claim(
+            name, self.namespace, _preload_content=False
+        )
+        out: Obj = json.loads(resp.data)
+        return out
+
+    @staticmethod
+    def results(claim: Obj) -> list[Obj]:
+        alloc = claim.get("status", {}).get("allocation") or {}
+        out: list[Obj] = alloc.get("devices", {}).get("results", [])
+        return out
+
+    def published_device(self, node: str, device: str) -> Obj:
+        """The device as the node's ResourceSlices publish it (attributes, capacity)."""
+        resp = self.resource.list_resource_slice(
+            field_selector=f"spec.nodeName={node}", _preload_content=False
+        )
+        for s in json.loads(resp.data)["items"]:
+            for d in s["spec"].get("devices") or []:
+                if d["name"] == device:
+                    out: Obj = d
+                    return out
+        raise AssertionError(f"device {device} not published by {node}")
+
+    def events(self, kind: str, name: str) -> list[Obj]:
+        resp = self.core.list_namespaced_event(
+            self.namespace,
+            field_selector=f"involvedObject.kind={kind},involvedObject.name={name}",
+            _preload_content=False,
+        )
+        core_events: list[Obj] = json.loads(resp.data)["items"]
+        events_api = client.EventsV1Api(self.stack.api)
+        resp2 = events_api.list_namespaced_event(
+            self.namespace,
+            field_selector=f"regarding.kind={kind},regarding.name={name}",
+            _preload_content=False,
+        )
+        new_events: list[Obj] = json.loads(resp2.data)["items"]
+        return [
+            *({"reason": e.get("reason"), "message": e.get("message")} for e in core_events),
+            *({"reason": e.get("reason"), "message": e.get("note")} for e in new_events),
+        ]
+
+    def describe(self, name: str, kind: str = "pod") -> str:
+        done = self.stack.kubectl("describe", kind, name, "-n", self.namespace, check=False)
+        return done.stdout or done.stderr
+
+    def diagnostics(self, pod_name: str | None = None) -> str:
+        parts = []
+        if pod_name:
+            parts.append(self.describe(pod_name))
+        parts.append("controller log:\n" + self.stack.controller_log_tail(25))
+        for node in self.nodes.values():
+            parts.append(f"plugin log {node.name}:\n{node.plugin_log_tail(15)}")
+        return "\n".join(parts)
+
+    # -- invariants ----------------------------------------------------------------------------
+
+    def hardware(self, nodes: Iterable[SimNode] | None = None) -> Obj:
+        return {n.name: n.hardware_view() for n in (nodes or self.nodes.values())}
+
+    def all_claims(self) -> list[Obj]:
+        resp = self.resource.list_resource_claim_for_all_namespaces(_preload_content=False)
+        items: list[Obj] = json.loads(resp.data)["items"]
+        return items
+
+    def check_invariants(self) -> list[str]:
+        """No overlap and no leaked instance, from the hardware and every claim."""
+        before = allocated_devices(self.all_claims(), DRIVER)
+        hardware = self.hardware()
+        after = allocated_devices(self.all_claims(), DRIVER)
+        return overlaps(after, hardware) + leaks(hardware, before, after)
+
+    def check_at_rest(self) -> list[str]:
+        return at_rest(self.hardware(), allocated_devices(self.all_claims(), DRIVER))
+
+    def instance_count(self) -> int:
+        return sum(len(hw.instances) for hw in self.hardware().values())
+
+    # -- teardown ------------------------------------------------------------------------------
+
+    def teardown(self) -> list[str]:
+        """Delete every pod gracefully (the agents unprepare), then the claims; stop the nodes.
+        Returns problems found on the way (instances left behind)."""
+        problems: list[str] = []
+        for dep in self.apps.list_namespaced_deployment(self.namespace).items:
+            self.apps.delete_namespaced_deployment(dep.metadata.name, self.namespace)
+        self.core.delete_collection_namespaced_pod(self.namespace)
+        try:
+            wait_for(
+                "pods of the test to be gone",
+                lambda: not self.core.list_namespaced_pod(self.namespace).items,
+                timeout=60,
+            )
+            self.resource.delete_collection_namespaced_resource_claim(self.namespace)
+            wait_for("claims of the test to be gone", lambda: not self.claims(), timeout=60)
+            wait_for("instances to be destroyed", lambda: self.instance_count() == 0, timeout=30)
+        except AssertionError as exc:
+            problems.append(f"{exc}\n{self.diagnostics()}")
+            self.core.delete_collection_namespaced_pod(self.namespace, grace_period_seconds=0)
+        for name in list(self.nodes):
+            self.stack.remove_node(name)
+            del self.nodes[name]
+        self.core.delete_namespace(self.namespace)
+        return problems
