@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
@@ -239,6 +240,21 @@ class LocalCluster:
 
     def kubectl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return run_kubectl(self.info, *args, check=check)
+
+    def add_sidecar(self, name: str, argv: list[str], env: dict[str, str]) -> ProcessRecord:
+        """Start a helper process (e.g. the node heartbeater of a detached cluster) that is
+        recorded with the components, so ``down`` stops it too."""
+        proc = ManagedProcess(
+            name,
+            argv,
+            self.layout.logs / f"{name}.log",
+            tie_to_parent=not self._detached,
+            env=env,
+        )
+        self._processes.append(proc)
+        self._info = dataclasses.replace(self.info, processes=(*self.info.processes, proc.record))
+        self.layout.state_file.write_text(self._info.to_json())
+        return proc.record
 
     def component_logs(self) -> dict[str, Path]:
         return {p.name: p.log_path for p in self._processes}

@@ -23,6 +23,9 @@ NODE_LEASE_NAMESPACE = "kube-node-lease"
 LEASE_DURATION_SECONDS = 40
 HEARTBEAT_SECONDS = 10.0
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+# Every fake node carries this label, so a heartbeat process can find nodes that other
+# tools created (the demo, a shell) without being told their names.
+FAKE_NODE_LABEL = "devcluster.carve.dev/fake-node"
 _STRATEGIC_MERGE = "application/strategic-merge-patch+json"
 
 
@@ -52,6 +55,7 @@ def node_manifest(node: FakeNode) -> dict[str, Any]:
         "kubernetes.io/hostname": node.name,
         "kubernetes.io/os": "linux",
         "kubernetes.io/arch": "amd64",
+        FAKE_NODE_LABEL: "true",
         **node.labels,
     }
     return {
@@ -175,9 +179,13 @@ class NodeHeartbeater:
 
     A node whose heartbeat fails (e.g. it was deleted) is dropped, not retried forever."""
 
-    def __init__(self, api: ApiClient, interval: float = HEARTBEAT_SECONDS) -> None:
+    def __init__(
+        self, api: ApiClient, interval: float = HEARTBEAT_SECONDS, *, discover: bool = False
+    ) -> None:
+        """With ``discover``, every beat also adopts all nodes labelled FAKE_NODE_LABEL."""
         self._api = api
         self._interval = interval
+        self._discover = discover
         self._nodes: dict[str, str] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -222,6 +230,10 @@ class NodeHeartbeater:
         from kubernetes.client.exceptions import ApiException
 
         core = client.CoreV1Api(self._api)
+        if self._discover:
+            for found in core.list_node(label_selector=f"{FAKE_NODE_LABEL}=true").items:
+                if found.metadata is not None and found.metadata.name:
+                    self.adopt(found.metadata.name, str(found.metadata.uid))
         with self._lock:
             nodes = dict(self._nodes)
         for name, uid in nodes.items():

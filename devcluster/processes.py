@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,7 +45,15 @@ class ProcessRecord:
 class ManagedProcess:
     """One control-plane component with its log file."""
 
-    def __init__(self, name: str, argv: Sequence[str], log_path: Path, *, tie_to_parent: bool):
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        log_path: Path,
+        *,
+        tie_to_parent: bool,
+        env: Mapping[str, str] | None = None,
+    ):
         self.name = name
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -59,6 +67,7 @@ class ManagedProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                env=None if env is None else dict(env),
             )
         self.record = ProcessRecord(name=name, pid=self._popen.pid, executable=str(argv[0]))
 
