@@ -140,6 +140,7 @@ def pod(
     template: str | None = None,
     claim: str | None = None,
     scheduling_gates: Iterable[str] = (),
+    cpu: str | None = None,
 ) -> dict[str, Any]:
     claims = []
     if template is not None:
@@ -147,8 +148,13 @@ def pod(
     if claim is not None:
         claims.append({"name": "gpu", "resourceClaimName": claim})
     container: dict[str, Any] = {"name": "main", "image": "registry.invalid/carve-test:none"}
+    resources: dict[str, Any] = {}
     if claims:
-        container["resources"] = {"claims": [{"name": "gpu"}]}
+        resources["claims"] = [{"name": "gpu"}]
+    if cpu is not None:
+        resources["requests"] = {"cpu": cpu}
+    if resources:
+        container["resources"] = resources
     spec: dict[str, Any] = {"containers": [container], "resourceClaims": claims}
     if scheduling_gates:
         spec["schedulingGates"] = [{"name": g} for g in scheduling_gates]

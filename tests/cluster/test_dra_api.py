@@ -408,3 +408,145 @@ def test_external_allocation_without_timestamp_blocks_binding(
     assert "field cannot be modified once set" in message
     assert _bound_node(api, namespace, "consumer") is None
     assert not api.read_claim(namespace, "ext")["status"].get("reservedFor")
+
+
+ALLOCATOR_FINALIZER = "carve.test/allocator"
+
+
+def _remove_gate(api: Api, namespace: str, name: str) -> None:
+    api.core.patch_namespaced_pod(
+        name,
+        namespace,
+        [{"op": "remove", "path": "/spec/schedulingGates"}],
+        _content_type="application/json-patch+json",
+    )
+
+
+def test_controller_flow_gate_allocate_ungate_bind_release(
+    k8s_api: ApiClient, namespace: str, fake_node: Any, toy_driver: ToyDriver
+) -> None:
+    """carve's controller path end to end at the API level: the claim of a gated pod is
+    allocated by someone other than the scheduler, the gate is lifted, the scheduler binds
+    to the chosen node, and after the pod is gone the claim is released only by its owner."""
+    api = Api(k8s_api)
+    decoy, target = fake_node(), fake_node()
+    api.publish_pool(toy_driver.name, decoy)
+    api.publish_pool(toy_driver.name, target)
+    _create_template(
+        api, namespace, "four-g", claim_spec(toy_driver.device_class, toy_driver.name, "4g")
+    )
+    api.create_pod(
+        namespace, pod("job", template="four-g", scheduling_gates=["carve.test/placement"])
+    )
+    claim_name = wait_for("the claim of the gated pod", lambda: api.claim_of(namespace, "job"))
+
+    api.resource.patch_namespaced_resource_claim(
+        claim_name,
+        namespace,
+        {"metadata": {"finalizers": [ALLOCATOR_FINALIZER]}},
+        _content_type="application/merge-patch+json",
+    )
+    api.resource.patch_namespaced_resource_claim_status(
+        claim_name,
+        namespace,
+        {"status": {"allocation": external_allocation(toy_driver.name, target)}},
+        _content_type="application/merge-patch+json",
+    )
+    _remove_gate(api, namespace, "job")
+    assert wait_for("the pod to be bound", lambda: _bound_node(api, namespace, "job")) == target
+    uid = api.read_pod(namespace, "job")["metadata"]["uid"]
+
+    def reserved() -> dict[str, Any] | None:
+        claim = api.read_claim(namespace, claim_name)
+        entries = claim["status"].get("reservedFor") or []
+        return claim if [e["uid"] for e in entries] == [uid] else None
+
+    claim = wait_for("the claim to be reserved for the pod", reserved)
+    assert claim["metadata"]["finalizers"] == [ALLOCATOR_FINALIZER]
+
+    api.core.delete_namespaced_pod("job", namespace, grace_period_seconds=0)
+
+    def released() -> dict[str, Any] | None:
+        claim = api.read_claim(namespace, claim_name)
+        gone = claim["metadata"].get("deletionTimestamp") and not claim["status"].get("reservedFor")
+        return claim if gone else None
+
+    # The garbage collector deletes the pod's claim and the resourceclaim controller drops
+    # the reservation, but the allocation stays: only the scheduler's own finalizer makes
+    # kube-controller-manager deallocate, so carve must deallocate its claims itself.
+    claim = wait_for("the claim to be unreserved and deleting", released)
+    assert allocated_devices(claim) == ["gpu-0-mig-4g-4"]
+    api.resource.patch_namespaced_resource_claim(
+        claim_name,
+        namespace,
+        {"metadata": {"finalizers": None}},
+        _content_type="application/merge-patch+json",
+    )
+
+    def deleted() -> bool:
+        try:
+            api.read_claim(namespace, claim_name)
+        except ApiException as exc:
+            return bool(exc.status == 404)
+        return False
+
+    wait_for("the claim to disappear once its finalizer is gone", deleted)
+
+
+def _allocate_externally(api: Api, namespace: str, toy_driver: ToyDriver, node: str) -> None:
+    api.resource.create_namespaced_resource_claim(
+        namespace,
+        client.ResourceV1ResourceClaim.model_validate(
+            {
+                "metadata": {"name": "ext"},
+                "spec": claim_spec(toy_driver.device_class, toy_driver.name, "4g"),
+            }
+        ),
+    )
+    api.resource.patch_namespaced_resource_claim_status(
+        "ext",
+        namespace,
+        {"status": {"allocation": external_allocation(toy_driver.name, node)}},
+        _content_type="application/merge-patch+json",
+    )
+
+
+def test_scheduler_reallocates_an_external_allocation_that_contradicts_the_pod(
+    k8s_api: ApiClient, namespace: str, fake_node: Any, toy_driver: ToyDriver
+) -> None:
+    """Pins the danger an external allocator must design around: when the pod fits no node
+    and DRA's own Filter rejected a node because of the claim's nodeSelector, PostFilter
+    clears the unreserved allocation, and the scheduler then allocates the claim itself
+    somewhere else. carve's controller must only allocate on nodes the pod can use."""
+    api = Api(k8s_api)
+    chosen, wanted = fake_node(), fake_node()
+    api.publish_pool(toy_driver.name, chosen)
+    api.publish_pool(toy_driver.name, wanted)
+    _allocate_externally(api, namespace, toy_driver, chosen)
+    manifest = pod("pinned", claim="ext")
+    manifest["spec"]["nodeSelector"] = {"kubernetes.io/hostname": wanted}
+    api.create_pod(namespace, manifest)
+
+    assert wait_for("the pod to be bound", lambda: _bound_node(api, namespace, "pinned")) == wanted
+    allocation = api.read_claim(namespace, "ext")["status"]["allocation"]
+    assert [r["pool"] for r in allocation["devices"]["results"]] == [wanted]
+
+
+def test_scheduler_keeps_an_external_allocation_when_other_filters_reject(
+    k8s_api: ApiClient, namespace: str, fake_node: Any, toy_driver: ToyDriver
+) -> None:
+    """The counterpart: if only non-DRA filters reject (here the node lacks CPU), the pod
+    stays Pending and the external allocation is left alone."""
+    api = Api(k8s_api)
+    small = fake_node(cpu="1")
+    api.publish_pool(toy_driver.name, small)
+    _allocate_externally(api, namespace, toy_driver, small)
+    api.create_pod(namespace, pod("too-big", claim="ext", cpu="4"))
+
+    message = wait_for(
+        "the scheduler to reject the pod", lambda: _unschedulable_message(api, namespace, "too-big")
+    )
+    assert "Insufficient cpu" in message
+    claim = api.read_claim(namespace, "ext")
+    assert allocated_devices(claim) == ["gpu-0-mig-4g-4"]
+    assert not claim["status"].get("reservedFor")
