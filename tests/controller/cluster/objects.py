@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from collections.abc import Callable, Iterable
@@ -21,6 +22,8 @@ Obj = dict[str, Any]
 REPO = Path(__file__).resolve().parents[3]
 MANIFESTS = REPO / "deploy" / "manifests"
 DRIVER = "mig.carve.dev"
+GATE_LABEL = "carve.test/admission-gate"
+"""Namespaces with this label (value "on") are gated by the `gate_policies` fixture."""
 
 
 def load_manifests(name: str) -> list[Obj]:
@@ -150,3 +153,19 @@ def events_for(api: ApiClient, ns: str, name: str) -> list[Obj]:
         )
     )["items"]
     return items
+
+
+def create_pod_when_policy_ready(api: ApiClient, ns: str, body: Obj) -> Obj:
+    """Policies and their parameters reach the admission plugin through informers; the first
+    pod may arrive before they have. Create probe pods until the gate shows, then the real one."""
+    core = client.CoreV1Api(api)
+
+    def probe() -> bool:
+        p = copy.deepcopy(body)
+        p["metadata"]["name"] = "probe-" + body["metadata"]["name"]
+        created = raw(core.create_namespaced_pod(ns, p, _preload_content=False))
+        core.delete_namespaced_pod(p["metadata"]["name"], ns, grace_period_seconds=0)
+        return bool(created["spec"].get("schedulingGates"))
+
+    wait_for("the gate policy to be active", probe, timeout=40)
+    return raw(core.create_namespaced_pod(ns, body, _preload_content=False))

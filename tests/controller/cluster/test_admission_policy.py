@@ -6,8 +6,6 @@ namespaces labelled for this suite, so pods of other suites sharing the cluster 
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,57 +13,24 @@ from kubernetes import client
 from kubernetes.client import ApiClient
 
 from tests.controller.cluster.objects import (
-    ensure_cluster_object,
-    load_manifests,
+    GATE_LABEL,
+    create_pod_when_policy_ready,
     pod,
     raw,
     template,
-    wait_for,
 )
 
 pytestmark = pytest.mark.cluster
 
 GATE = "mig.carve.dev/placement"
-LABEL = "carve.test/admission-gate"
-
-
-@pytest.fixture(scope="module")
-def gate_policies(k8s_api: ApiClient) -> Iterator[None]:
-    adm = client.AdmissionregistrationV1Api(k8s_api)
-    for obj in load_manifests("10-deviceclasses.yaml"):
-        ensure_cluster_object(k8s_api, obj)
-    names = []
-    for obj in copy.deepcopy(load_manifests("30-admission-gate.yaml")):
-        if obj["kind"] == "MutatingAdmissionPolicyBinding":
-            obj["spec"]["matchResources"] = {"namespaceSelector": {"matchLabels": {LABEL: "on"}}}
-            names.append(obj["metadata"]["name"])
-        ensure_cluster_object(k8s_api, obj)
-    yield
-    for name in names:
-        adm.delete_mutating_admission_policy_binding(name)
-        adm.delete_mutating_admission_policy(name)
 
 
 @pytest.fixture
 def gated_ns(namespace: str, k8s_api: ApiClient, gate_policies: None) -> str:
-    client.CoreV1Api(k8s_api).patch_namespace(namespace, {"metadata": {"labels": {LABEL: "on"}}})
+    client.CoreV1Api(k8s_api).patch_namespace(
+        namespace, {"metadata": {"labels": {GATE_LABEL: "on"}}}
+    )
     return namespace
-
-
-def _create_pod_when_policy_ready(api: ApiClient, ns: str, body: dict[str, Any]) -> dict[str, Any]:
-    """Policies and their parameters reach the admission plugin through informers; the first
-    pod may arrive before they have. Create probe pods until the gate shows, then the real one."""
-    core = client.CoreV1Api(api)
-
-    def probe() -> bool:
-        p = copy.deepcopy(body)
-        p["metadata"]["name"] = "probe-" + body["metadata"]["name"]
-        created = raw(core.create_namespaced_pod(ns, p, _preload_content=False))
-        core.delete_namespaced_pod(p["metadata"]["name"], ns, grace_period_seconds=0)
-        return bool(created["spec"].get("schedulingGates"))
-
-    wait_for("the gate policy to be active", probe, timeout=20)
-    return raw(core.create_namespaced_pod(ns, body, _preload_content=False))
 
 
 def _gates(p: dict[str, Any]) -> list[str]:
@@ -75,7 +40,7 @@ def _gates(p: dict[str, Any]) -> list[str]:
 def test_pods_with_carve_templates_get_the_gate(k8s_api: ApiClient, gated_ns: str) -> None:
     res = client.ResourceV1Api(k8s_api)
     res.create_namespaced_resource_claim_template(gated_ns, template("carve-1g"))
-    created = _create_pod_when_policy_ready(k8s_api, gated_ns, pod("user", "carve-1g", gated=False))
+    created = create_pod_when_policy_ready(k8s_api, gated_ns, pod("user", "carve-1g", gated=False))
     assert _gates(created) == [GATE]
 
 
@@ -94,9 +59,7 @@ def test_first_available_with_a_carve_subrequest_is_gated(
         }
     ]
     res.create_namespaced_resource_claim_template(gated_ns, t)
-    created = _create_pod_when_policy_ready(
-        k8s_api, gated_ns, pod("flex-user", "flex", gated=False)
-    )
+    created = create_pod_when_policy_ready(k8s_api, gated_ns, pod("flex-user", "flex", gated=False))
     assert _gates(created) == [GATE]
 
 
@@ -111,7 +74,7 @@ def test_pods_with_a_carve_resource_claim_get_the_gate(k8s_api: ApiClient, gated
     res.create_namespaced_resource_claim(gated_ns, claim)
     body = pod("shared-user", "unused", gated=False)
     body["spec"]["resourceClaims"] = [{"name": "mig", "resourceClaimName": "shared"}]
-    created = _create_pod_when_policy_ready(k8s_api, gated_ns, body)
+    created = create_pod_when_policy_ready(k8s_api, gated_ns, body)
     assert _gates(created) == [GATE]
 
 
@@ -123,7 +86,7 @@ def test_other_pods_are_untouched(k8s_api: ApiClient, gated_ns: str) -> None:
         gated_ns, template("nvidia", cls="gpu.nvidia.com")
     )
     # Make sure the policies are active in this apiserver before judging "not gated".
-    _create_pod_when_policy_ready(k8s_api, gated_ns, pod("carve-user", "carve-1g", gated=False))
+    create_pod_when_policy_ready(k8s_api, gated_ns, pod("carve-user", "carve-1g", gated=False))
     other = raw(
         core.create_namespaced_pod(
             gated_ns, pod("nvidia-user", "nvidia", gated=False), _preload_content=False
@@ -144,5 +107,5 @@ def test_existing_gates_are_kept_and_not_duplicated(k8s_api: ApiClient, gated_ns
     body = pod("two", "a", gated=False)
     body["spec"]["resourceClaims"].append({"name": "second", "resourceClaimTemplateName": "b"})
     body["spec"]["schedulingGates"] = [{"name": "example.com/other"}, {"name": GATE}]
-    created = _create_pod_when_policy_ready(k8s_api, gated_ns, body)
+    created = create_pod_when_policy_ready(k8s_api, gated_ns, body)
     assert sorted(_gates(created)) == sorted(["example.com/other", GATE])

@@ -24,8 +24,10 @@ from controller.planner import EnginePlanner
 from controller.reconciler import Kind
 from devcluster.cluster import LocalCluster
 from tests.controller.cluster.objects import (
+    GATE_LABEL,
     allocated_devices,
     claims_of,
+    create_pod_when_policy_ready,
     delete_node_slices,
     ensure_cluster_object,
     events_for,
@@ -228,7 +230,7 @@ def test_release_after_pod_completion_frees_the_placement(
         assert "mig.carve.dev/allocation" not in (c["metadata"].get("finalizers") or [])
 
 
-def test_killed_controller_restarts_without_double_allocation(
+def test_killed_leader_fails_over_without_double_allocation(
     k8s_api: ApiClient, namespace: str, gpu_nodes: Callable[[list[str]], str], carve: Any
 ) -> None:
     for _ in range(2):
@@ -237,17 +239,22 @@ def test_killed_controller_restarts_without_double_allocation(
     res.create_namespaced_resource_claim_template(namespace, profile_template("t1g", "1g.5gb"))
     for i in range(12):
         core.create_namespaced_pod(namespace, pod(f"p{i:02d}", "t1g"))
-    first = carve("carve-a")
+    replicas = {"carve-a": carve("carve-a"), "carve-b": carve("carve-b")}
     wait_for(
         "the first allocations",
         lambda: len(allocated_devices(claims_of(k8s_api, namespace))) >= 2,
         timeout=60,
     )
-    first.kill()
-    # A second replica takes over once the dead leader's lease expires.
-    carve("carve-b")
+    coord = client.CoordinationV1Api(k8s_api)
+    lease = raw(coord.read_namespaced_lease("carve-controller", namespace, _preload_content=False))
+    leader = lease["spec"]["holderIdentity"]
+    replicas[leader].kill()
+    # The standby replica takes over once the dead leader's lease expires, mid-stream.
     wait_for("all 12 pods bound", lambda: len(_bound(k8s_api, namespace)) == 12, timeout=90)
     _assert_consistent(k8s_api, namespace)
+    lease = raw(coord.read_namespaced_lease("carve-controller", namespace, _preload_content=False))
+    assert lease["spec"]["holderIdentity"] != leader
+    assert lease["spec"]["leaseTransitions"] >= 1
 
 
 def test_bad_claims_get_clear_events_while_others_are_placed(
@@ -366,3 +373,29 @@ def test_native_fallback_hands_unplaceable_pods_to_kube_scheduler(
     (claim,) = claims_of(k8s_api, namespace)
     assert "mig.carve.dev/allocation" not in (claim["metadata"].get("finalizers") or [])
     assert not (claim.get("status") or {}).get("allocation")
+
+
+def test_pods_gated_by_the_shipped_policy_are_placed(
+    k8s_api: ApiClient,
+    namespace: str,
+    gpu_nodes: Callable[[list[str]], str],
+    carve: Any,
+    gate_policies: None,
+) -> None:
+    """The whole flow: admission gates the pod, the controller places it, the scheduler binds."""
+    core = client.CoreV1Api(k8s_api)
+    core.patch_namespace(namespace, {"metadata": {"labels": {GATE_LABEL: "on"}}})
+    node = gpu_nodes(["A100-SXM4-40GB"])
+    res = client.ResourceV1Api(k8s_api)
+    res.create_namespaced_resource_claim_template(namespace, profile_template("t", "2g.10gb"))
+    carve("carve-a")
+    body = pod("admitted", "t", gated=False)
+    created = create_pod_when_policy_ready(k8s_api, namespace, body)
+    assert [g["name"] for g in created["spec"]["schedulingGates"]] == ["mig.carve.dev/placement"]
+    bound = wait_for(
+        "the admitted pod bound",
+        lambda: [p for p in _bound(k8s_api, namespace) if p["metadata"]["name"] == "admitted"],
+        timeout=60,
+    )
+    assert bound[0]["spec"]["nodeName"] == node
+    _assert_consistent(k8s_api, namespace)
