@@ -83,9 +83,27 @@ def counter_slice(driver: str, node: str, generation: int = 1) -> dict[str, Any]
     }
 
 
+BINDING_CONDITION = "carved"
+BINDING_FAILURE_CONDITION = "carve-failed"
+
+
 def device_slice(
-    driver: str, node: str, partitions: Iterable[Partition] = PARTITIONS, generation: int = 1
+    driver: str,
+    node: str,
+    partitions: Iterable[Partition] = PARTITIONS,
+    generation: int = 1,
+    *,
+    binding_conditions: bool = False,
 ) -> dict[str, Any]:
+    """With ``binding_conditions`` every device asks the scheduler to wait in PreBind until
+    the driver reports it ready, the "carve before bind" flow."""
+    binding: dict[str, Any] = {}
+    if binding_conditions:
+        binding = {
+            "bindsToNode": True,
+            "bindingConditions": [BINDING_CONDITION],
+            "bindingFailureConditions": [BINDING_FAILURE_CONDITION],
+        }
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
@@ -109,6 +127,7 @@ def device_slice(
                             },
                         }
                     ],
+                    **binding,
                 }
                 for p in partitions
             ],
@@ -169,12 +188,14 @@ class Api:
         self.resource = client.ResourceV1Api(api)
         self.rbac = client.RbacAuthorizationV1Api(api)
 
-    def publish_pool(self, driver: str, node: str) -> None:
+    def publish_pool(self, driver: str, node: str, *, binding_conditions: bool = False) -> None:
         self.resource.create_resource_slice(
             client.V1ResourceSlice.model_validate(counter_slice(driver, node))
         )
         self.resource.create_resource_slice(
-            client.V1ResourceSlice.model_validate(device_slice(driver, node))
+            client.V1ResourceSlice.model_validate(
+                device_slice(driver, node, binding_conditions=binding_conditions)
+            )
         )
 
     def create_class(self, name: str, driver: str) -> None:

@@ -3,6 +3,7 @@ real kube-apiserver, kube-scheduler and kube-controller-manager."""
 
 from __future__ import annotations
 
+import datetime
 import itertools
 import json
 import time
@@ -17,6 +18,7 @@ from kubernetes.client.exceptions import ApiException
 
 from devcluster.cluster import LocalCluster
 from tests.cluster.dra_objects import (
+    BINDING_CONDITION,
     BY_NAME,
     Api,
     Partition,
@@ -550,3 +552,62 @@ def test_scheduler_keeps_an_external_allocation_when_other_filters_reject(
     claim = api.read_claim(namespace, "ext")
     assert allocated_devices(claim) == ["gpu-0-mig-4g-4"]
     assert not claim["status"].get("reservedFor")
+
+
+def test_binding_conditions_hold_the_pod_until_the_device_is_ready(
+    k8s_api: ApiClient, namespace: str, fake_node: Any, toy_driver: ToyDriver
+) -> None:
+    """The "carve before bind" direction: devices published with bindingConditions make the
+    scheduler allocate, then wait in PreBind until the driver reports the condition True in
+    status.devices; only then is the pod bound."""
+    api = Api(k8s_api)
+    node = fake_node()
+    api.publish_pool(toy_driver.name, node, binding_conditions=True)
+    _create_template(
+        api, namespace, "four-g", claim_spec(toy_driver.device_class, toy_driver.name, "4g")
+    )
+    api.create_pod(namespace, pod("waits", template="four-g"))
+    claim_name = wait_for("the claim", lambda: api.claim_of(namespace, "waits"))
+
+    def allocation() -> dict[str, Any] | None:
+        found: dict[str, Any] | None = api.read_claim(namespace, claim_name)["status"].get(
+            "allocation"
+        )
+        return found
+
+    result = wait_for("the scheduler to allocate", allocation)["devices"]["results"][0]
+    assert result["bindingConditions"] == [BINDING_CONDITION]
+    time.sleep(2.0)
+    assert _bound_node(api, namespace, "waits") is None, "bound before the device was ready"
+
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    api.resource.patch_namespaced_resource_claim_status(
+        claim_name,
+        namespace,
+        {
+            "status": {
+                "devices": [
+                    {
+                        "driver": result["driver"],
+                        "pool": result["pool"],
+                        "device": result["device"],
+                        "conditions": [
+                            {
+                                "type": BINDING_CONDITION,
+                                "status": "True",
+                                "reason": "Carved",
+                                "message": "MIG instance created",
+                                "lastTransitionTime": now,
+                            }
+                        ],
+                    }
+                ]
+            }
+        },
+        _content_type="application/merge-patch+json",
+    )
+    # PreBind polls the conditions every few seconds.
+    assert (
+        wait_for("the pod to be bound", lambda: _bound_node(api, namespace, "waits"), timeout=30)
+        == node
+    )
