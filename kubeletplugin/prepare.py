@@ -36,6 +36,7 @@ from driver.catalog import Placement, ProfileSpec
 from driver.cdi import CdiDevice, CdiWriter, mig_device_nodes, whole_gpu_device_nodes
 from driver.config import ConfigError, resolve_config
 from driver.naming import parse_device_name
+from driver.nvml.errors import InstanceMismatch, PlacementTaken
 from driver.nvml.types import CarvedInstance, GpuInfo, GpuInstance
 from kubeletplugin.checkpoint import (
     Checkpoint,
@@ -382,8 +383,8 @@ class Preparer:
 
     def _carve_locked(self, p: _Planned, rec: DeviceRecord, ref: ClaimRef) -> DeviceRecord:
         gpu = p.gpu
-        live = self._backend.instances(gpu.uuid) if self._backend.mig_enabled(gpu.uuid) else ()
         if p.profile is None or p.placement is None:
+            live = self._backend.instances(gpu.uuid) if self._backend.mig_enabled(gpu.uuid) else ()
             if live:
                 raise ClaimError(
                     "placement-taken",
@@ -392,7 +393,27 @@ class Preparer:
                 )
             return rec
         self._ensure_mig_mode(gpu)
-        for inst in live:
+        # Carve first and look at the GPU only when NVML refuses: listing instances walks every
+        # MIG handle, which is the slowest NVML operation there is.
+        try:
+            c = self._backend.carve(gpu.uuid, p.profile.id, p.placement.start)
+        except PlacementTaken as e:
+            return self._placement_conflict(p, rec, ref, e)
+        except Exception as e:
+            raise ClaimError(
+                "carve-failed",
+                f"{p.result.device}: creating {p.profile.name} at {_span(p.placement)} on "
+                f"{_label(gpu)} failed: {e}",
+            ) from e
+        return replace(rec, gi_id=c.gi_id, ci_id=c.ci_id, mig_uuid=c.mig_uuid)
+
+    def _placement_conflict(
+        self, p: _Planned, rec: DeviceRecord, ref: ClaimRef, cause: Exception
+    ) -> DeviceRecord:
+        """Explain why the placement is taken, or adopt a matching foreign instance."""
+        gpu = p.gpu
+        assert p.profile is not None and p.placement is not None
+        for inst in self._backend.instances(gpu.uuid):
             if not _overlap(inst.placement, p.placement):
                 continue
             exact = inst.placement == p.placement and inst.profile_id == p.profile.id
@@ -418,15 +439,11 @@ class Preparer:
                 f"{_span(inst.placement)}) that carve did not create; foreign-instance "
                 f"policy is {self._s.foreign_policy.value}",
             )
-        try:
-            c = self._backend.carve(gpu.uuid, p.profile.id, p.placement.start)
-        except Exception as e:
-            raise ClaimError(
-                "carve-failed",
-                f"{p.result.device}: creating {p.profile.name} at {_span(p.placement)} on "
-                f"{_label(gpu)} failed: {e}",
-            ) from e
-        return replace(rec, gi_id=c.gi_id, ci_id=c.ci_id, mig_uuid=c.mig_uuid)
+        raise ClaimError(
+            "placement-taken",
+            f"{p.result.device}: creating {p.profile.name} at {_span(p.placement)} on "
+            f"{_label(gpu)} failed: {cause}",
+        ) from cause
 
     def _ensure_mig_mode(self, gpu: GpuInfo) -> None:
         if self._backend.mig_enabled(gpu.uuid):
@@ -525,27 +542,41 @@ class Preparer:
 
     def _destroy_device(self, d: DeviceRecord, ctx: Mapping[str, object]) -> None:
         with self._lock(self._gpu_locks, d.gpu_uuid):
-            if not self._backend.mig_enabled(d.gpu_uuid):
-                return
-            live = self._backend.instances(d.gpu_uuid)
-            target = _find_own_instance(d, live, self.checkpoint())
-            if target is None:
-                return
+            assert d.placement_start is not None and d.placement_size is not None
+            if d.gi_id is not None:
+                gi_id = d.gi_id
+            else:
+                # Crashed between create and checkpoint: find the instance by its intent.
+                if not self._backend.mig_enabled(d.gpu_uuid):
+                    return
+                live = self._backend.instances(d.gpu_uuid)
+                target = _find_own_instance(d, live, self.checkpoint())
+                if target is None:
+                    return
+                gi_id = target.gi_id
             try:
+                # The expectations make NVML-side reuse of the GI id harmless: an instance
+                # under that id with another profile or placement is not ours and survives.
                 self._backend.destroy(
                     d.gpu_uuid,
-                    target.gi_id,
-                    expect_profile_id=target.profile_id,
-                    expect_placement=target.placement,
+                    gi_id,
+                    expect_profile_id=d.profile_id,
+                    expect_placement=Placement(d.placement_start, d.placement_size),
                 )
+            except InstanceMismatch:
+                log.warning(
+                    "recorded MIG instance is gone and its id now names another instance",
+                    extra={**ctx, "gpu": d.gpu_uuid, "giID": gi_id, "device": d.device_name},
+                )
+                return
             except Exception as e:
                 raise ClaimError(
                     "destroy-failed",
-                    f"destroying MIG instance GI {target.gi_id} of {d.device_name}: {e}",
+                    f"destroying MIG instance GI {gi_id} of {d.device_name}: {e}",
                 ) from e
             log.info(
                 "destroyed MIG instance",
-                extra={**ctx, "gpu": d.gpu_uuid, "giID": target.gi_id, "device": d.device_name},
+                extra={**ctx, "gpu": d.gpu_uuid, "giID": gi_id, "device": d.device_name},
             )
 
     # -- start-up reconcile ---------------------------------------------------------------------
