@@ -77,7 +77,7 @@ def _up(root: Path, timeout: float, nodes: int) -> int:
             return 0
         if existing is not None:
             stop_cluster_at(root)  # half-dead leftovers from a crashed run
-        ensure_binaries(progress=sys.stderr)
+        ensure_binaries()
         begin = time.monotonic()
         cluster = LocalCluster(
             root,

@@ -10,9 +10,9 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
 
 K8S_VERSION = "v1.37.2"
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -78,7 +78,9 @@ def kubectl_path() -> Path | None:
     return next((p for p in candidates if os.access(p, os.X_OK)), None)
 
 
-def ensure_binaries(*, build: bool = True, progress: TextIO | None = None) -> Binaries:
+def ensure_binaries(
+    *, build: bool = True, progress: Callable[[str], None] | None = None
+) -> Binaries:
     """Return the cached binaries, building them first if needed and allowed.
 
     Raises BinariesUnavailableError with the reason when Go is missing, building is not
@@ -110,9 +112,8 @@ def ensure_binaries(*, build: bool = True, progress: TextIO | None = None) -> Bi
         raise BinariesUnavailableError(
             f"control-plane binaries in {directory} are missing or stale; run `make k8s-bin`"
         )
-    out = progress if progress is not None else sys.stderr
-    out.write(f"devcluster: building Kubernetes {K8S_VERSION} (cold: tens of minutes)\n")
-    out.flush()
+    say = progress if progress is not None else _to_stderr
+    say(f"building Kubernetes {K8S_VERSION} control plane (cold: ~6 minutes on 2 cores)")
     proc = subprocess.Popen(
         ["bash", str(BUILD_SCRIPT)],
         env=env,
@@ -124,10 +125,13 @@ def ensure_binaries(*, build: bool = True, progress: TextIO | None = None) -> Bi
     lines: list[str] = []
     for line in proc.stderr:
         lines.append(line)
-        out.write(line)
-        out.flush()
+        say(line.rstrip("\n"))
     if proc.wait() != 0:
         raise BinariesUnavailableError(
             "building the control plane failed (hack/k8s/build.sh):\n" + "".join(lines[-25:])
         )
     return binaries
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

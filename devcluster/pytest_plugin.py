@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from devcluster.binaries import BinariesUnavailableError
+from devcluster.binaries import BinariesUnavailableError, ensure_binaries
 from devcluster.cluster import ClusterStartError, LocalCluster
 from devcluster.nodes import FakeNode, NodeHeartbeater, delete_node
 
@@ -86,8 +86,11 @@ def _start(config: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> L
         return cluster
     # Logs stay under pytest's basetemp (the last three runs are kept) for post-mortems.
     root = tmp_path_factory.mktemp("devcluster", numbered=True)
-    cluster = LocalCluster(root)
     try:
+        # Normally a cache check; on a machine that never built, this is the ~6 minute
+        # build (`make test` runs it before pytest), with its progress shown live.
+        binaries = ensure_binaries(progress=lambda line: _say(config, line))
+        cluster = LocalCluster(root, binaries=binaries)
         info = cluster.start()
     except BinariesUnavailableError as exc:
         _SharedCluster.unavailable = f"Kubernetes control plane unavailable: {exc}"
