@@ -37,7 +37,7 @@ from nodesim.node_agent import AgentSettings, NodeAgent
 _log = logging.getLogger(__name__)
 
 DRIVER = "mig.carve.dev"
-GPU_MODELS_LABEL = "nodesim.carve.dev/gpu-models"
+GPU_COUNT_LABEL = "nodesim.carve.dev/gpus"
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,7 @@ class SimNode:
     def start(self, timeout: float = 60.0) -> SimNode:
         self.dir.mkdir(parents=True, exist_ok=True)
         self._write_sim_config()
-        labels = {GPU_MODELS_LABEL: "_".join(sorted(set(self.spec.gpus))), **self.spec.labels}
+        labels = {GPU_COUNT_LABEL: str(len(self.spec.gpus)), **self.spec.labels}
         self._heartbeater.add(
             FakeNode(
                 name=self.spec.name,

@@ -185,8 +185,13 @@ class CarveStack:
             detached=self.detached,
             **kwargs,
         )
+        try:
+            node.start()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                node.stop()
+            raise
         self.nodes[spec.name] = node
-        node.start()
         return node
 
     def remove_node(self, name: str) -> None:
