@@ -1,16 +1,23 @@
 from __future__ import annotations
 
 import json
+import tempfile
+import threading
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from driver import cdi
 from driver.config import API_VERSION
 from driver.nvml import sim
 from kubeletplugin.checkpoint import CheckpointStore, ClaimState
+from kubeletplugin.draservice import ClaimRef
 from kubeletplugin.prepare import ForeignPolicy
 from tests.kubeletplugin.node_harness import DRIVER, NODE, Node, mig, open_node, whole
 
@@ -334,3 +341,155 @@ def test_checkpoint_file_is_readable_json_with_states(node: Node) -> None:
     node.p.prepare([ref])
     doc = json.loads((node.checkpoint_dir / "checkpoint.json").read_text())
     assert doc["data"]["claims"][ref.uid]["state"] == "PrepareCompleted"
+
+
+class _Instrumented:
+    """The real backend, counting NVML changes in flight per GPU (instrumentation, not a fake)."""
+
+    def __init__(self, inner: Any, barrier: threading.Barrier | None = None) -> None:
+        self._inner = inner
+        self._barrier = barrier
+        self._lock = threading.Lock()
+        self.in_flight: dict[str, int] = {}
+        self.max_per_gpu = 0
+        self.max_total = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def _track(self, gpu: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            self.in_flight[gpu] = self.in_flight.get(gpu, 0) + 1
+            self.max_per_gpu = max(self.max_per_gpu, self.in_flight[gpu])
+            self.max_total = max(self.max_total, sum(self.in_flight.values()))
+        try:
+            if self._barrier is not None:
+                self._barrier.wait(timeout=20)  # breaks unless two GPUs are in here at once
+            else:
+                time.sleep(0.005)  # widen the window for an overlap to show
+            return fn(gpu, *args, **kwargs)
+        finally:
+            with self._lock:
+                self.in_flight[gpu] -= 1
+
+    def carve(self, gpu: str, *a: Any, **k: Any) -> Any:
+        return self._track(gpu, self._inner.carve, *a, **k)
+
+    def destroy(self, gpu: str, *a: Any, **k: Any) -> Any:
+        return self._track(gpu, self._inner.destroy, *a, **k)
+
+
+def _node_with(tmp_path: Path, wrapper: _Instrumented) -> Node:
+    n = open_node(tmp_path, [H100, H100])
+    wrapper._inner = n.backend
+    n.backend = wrapper  # type: ignore[assignment]
+    n.start()
+    return n
+
+
+def test_claims_on_different_gpus_carve_in_parallel(tmp_path: Path) -> None:
+    wrapper = _Instrumented(None, threading.Barrier(2))
+    n = _node_with(tmp_path, wrapper)
+    try:
+        a = n.claims.add("a", [mig(n.backend, 0, 19, 0)])
+        b = n.claims.add("b", [mig(n.backend, 1, 19, 0)])
+        res = n.p.prepare([a, b])
+        assert res[a.uid].error == "" and res[b.uid].error == "", res
+        assert wrapper.max_total == 2
+    finally:
+        n.p.close()
+        wrapper._inner.close()
+        sim.configure(None)
+
+
+def test_one_gpu_is_never_changed_by_two_operations_at_once(tmp_path: Path) -> None:
+    wrapper = _Instrumented(None)
+    n = _node_with(tmp_path, wrapper)
+    try:
+        first = [n.claims.add(f"f{s}", [mig(n.backend, 0, 19, s)]) for s in range(3)]
+        assert all(r.error == "" for r in n.p.prepare(first).values())
+        second = [n.claims.add(f"s{s}", [mig(n.backend, 0, 19, s)]) for s in range(3, 7)]
+        with ThreadPoolExecutor(2) as pool:
+            up = pool.submit(n.p.prepare, second)
+            down = pool.submit(n.p.unprepare, first)
+            assert all(r.error == "" for r in up.result().values())
+            assert set(down.result().values()) == {""}
+        assert wrapper.max_per_gpu == 1
+        assert len(n.instances()) == 4
+    finally:
+        n.p.close()
+        wrapper._inner.close()
+        sim.configure(None)
+
+
+_H100_PROFILES = {19: range(7), 15: (0, 2, 4, 6), 14: (0, 2, 4), 9: (0, 4), 0: (0,)}
+_device = st.tuples(st.integers(0, 1), st.sampled_from(sorted(_H100_PROFILES))).flatmap(
+    lambda gp: st.sampled_from(list(_H100_PROFILES[gp[1]])).map(lambda s: (gp[0], gp[1], s))
+)
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    claims=st.lists(st.lists(_device, min_size=1, max_size=2), min_size=1, max_size=5),
+    ops=st.lists(
+        st.tuples(st.sampled_from(["prepare", "unprepare", "restart"]), st.integers(0, 4)),
+        max_size=14,
+    ),
+)
+def test_random_operations_keep_checkpoint_nvml_and_cdi_in_agreement(
+    claims: list[list[tuple[int, int, int]]], ops: list[tuple[str, int]]
+) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        n = open_node(Path(d), [H100, H100])
+        try:
+            n.start()
+            refs = [
+                n.claims.add(f"c{i}", [mig(n.backend, g, p, s) for g, p, s in devs])
+                for i, devs in enumerate(claims)
+            ]
+            prepared: set[str] = set()
+            for op, i in ops:
+                if op == "restart":
+                    n.start()
+                    continue
+                ref = refs[i % len(refs)]
+                if op == "prepare":
+                    if n.p.prepare([ref])[ref.uid].error == "":
+                        prepared.add(ref.uid)
+                else:
+                    assert n.p.unprepare([ref])[ref.uid] == ""
+                    prepared.discard(ref.uid)
+                _check_agreement(n, prepared)
+        finally:
+            n.p.close()
+            n.backend.close()
+            sim.configure(None)
+
+
+def _check_agreement(n: Node, prepared: set[str]) -> None:
+    cp = n.p.checkpoint()
+    assert cp.foreign == ()
+    assert set(cp.claims) == prepared
+    assert all(r.state is ClaimState.PREPARE_COMPLETED for r in cp.claims.values())
+    recorded = sorted(
+        (d.gpu_uuid, d.gi_id, d.profile_id, d.placement_start)
+        for r in cp.claims.values()
+        for d in r.devices
+    )
+    live = sorted(
+        (g.uuid, i.gi_id, i.profile_id, i.placement.start)
+        for g in n.backend.gpus()
+        if n.backend.mig_enabled(g.uuid)
+        for i in n.backend.instances(g.uuid)
+    )
+    assert live == recorded  # every instance owned once, every owned instance alive
+    specs = {p.name for p in n.cdi_root.iterdir()} if n.cdi_root.exists() else set()
+    assert specs == {f"{DRIVER}-claim_{uid}.json" for uid in prepared}
+    for rec in cp.claims.values():
+        assert n.claims.finalizers(ClaimRef(rec.namespace, rec.name, rec.uid)) == [
+            f"{DRIVER}/node-{NODE}"
+        ]
