@@ -54,3 +54,29 @@ def test_controller_places_a_gated_pod_and_describe_shows_the_result(e2e: E2E) -
     assert node.name in text  # the allocation's node selector
     assert "Reserved For" in text and "p" in text
     assert e2e.check_invariants() == []
+
+
+def test_carve_status_draws_the_carved_slices_from_the_api(e2e: E2E) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    node = e2e.node("a100", "A100-SXM4-40GB")
+    e2e.template("three", [request("mig", [profile_is("3g.")])])
+    e2e.pod("p", {"mig": {"resourceClaimTemplateName": "three"}})
+    e2e.wait_phase("p", "Running")
+    claim = e2e.claim_of("p", "mig")
+    carve = Path(sys.executable).with_name("carve")
+    done = subprocess.run(
+        [str(carve), "status", f"--kubeconfig={e2e.stack.kubeconfig}"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    out = done.stdout
+    assert f"node {node.name}" in out
+    section = out.split(f"node {node.name}")[1].split("\nnode ")[0]
+    assert "AAAA" in section  # a 3g.20gb holds four of the eight memory slices
+    assert f"claim {e2e.namespace}/{claim['metadata']['name']}" in section
+    assert "(for p)" in section
