@@ -295,6 +295,39 @@ def _demo(nvml: Any, config: Path, kept: bool, out: TextIO) -> int:
     return 0
 
 
+# --- status ---------------------------------------------------------------------------------------
+
+
+def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
+    """The cluster's carved slices per node and GPU, from ResourceSlices and ResourceClaims."""
+    import json
+
+    from kubernetes import client, config
+
+    from driver.clusterview import cluster_view
+    from driver.clusterview import render as render_view
+
+    if args.kubeconfig:
+        api = config.new_client_from_config(config_file=args.kubeconfig)  # type: ignore[no-untyped-call]
+    else:
+        config.load_config()  # type: ignore[no-untyped-call]
+        api = client.ApiClient()
+    resource = client.ResourceV1Api(api)
+    # Raw JSON: the generated models lag behind the API and drop fields a 1.37 server sends.
+    raw_slices: Any = resource.list_resource_slice(_preload_content=False)
+    raw_claims: Any = resource.list_resource_claim_for_all_namespaces(_preload_content=False)
+    slices = json.loads(raw_slices.data)["items"]
+    claims = json.loads(raw_claims.data)["items"]
+    warnings: list[str] = []
+    views = cluster_view(
+        slices, claims, args.driver_name, on_error=lambda e: warnings.append(str(e))
+    )
+    print(render_view(views), file=out)
+    for warning in warnings:
+        print(f"warning: {warning}", file=out)
+    return 0
+
+
 # --- entry point ----------------------------------------------------------------------------------
 
 
@@ -311,6 +344,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="carve slices on a simulated node and explain each step")
     demo.add_argument("--keep", metavar="DIR", help="keep the simulated node in DIR")
     demo.set_defaults(run=cmd_demo)
+    status = sub.add_parser(
+        "status", help="show the cluster's carved MIG slices per node and GPU (from the API)"
+    )
+    status.add_argument(
+        "--kubeconfig", default=os.environ.get("KUBECONFIG"), help="default: $KUBECONFIG"
+    )
+    status.add_argument("--driver-name", default="mig.carve.dev", help="DRA driver name")
+    status.set_defaults(run=cmd_status)
     return parser
 
 
