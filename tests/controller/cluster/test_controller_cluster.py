@@ -399,3 +399,59 @@ def test_pods_gated_by_the_shipped_policy_are_placed(
     )
     assert bound[0]["spec"]["nodeName"] == node
     _assert_consistent(k8s_api, namespace)
+
+
+def test_controller_runs_with_only_the_shipped_rbac(
+    k8s_cluster: LocalCluster,
+    k8s_api: ApiClient,
+    namespace: str,
+    gpu_nodes: Callable[[list[str]], str],
+    tmp_path: Path,
+) -> None:
+    """deploy/manifests/20-rbac-controller.yaml is enough: binding subresource, finalizers,
+    gate removal, events, the Lease. The controller authenticates as its ServiceAccount."""
+    from kubernetes import utils
+    from kubernetes.utils import FailToCreateError
+
+    core = client.CoreV1Api(k8s_api)
+    try:
+        core.create_namespace({"metadata": {"name": "carve-system"}})
+    except client.exceptions.ApiException as exc:
+        if exc.status != 409:
+            raise
+    for obj in load_manifests("10-deviceclasses.yaml"):
+        ensure_cluster_object(k8s_api, obj)
+    for obj in load_manifests("20-rbac-controller.yaml"):
+        try:
+            utils.create_from_dict(k8s_api, obj)
+        except FailToCreateError as exc:
+            if any(e.status != 409 for e in exc.api_exceptions):
+                raise
+    user = "system:serviceaccount:carve-system:carve-controller"
+    client_for_user = k8s_cluster.client_for_user(
+        user, ("system:serviceaccounts", "system:serviceaccounts:carve-system")
+    )
+    del client_for_user  # only its kubeconfig file is needed
+    kubeconfig = k8s_cluster.info.root / "users" / f"{user.replace(':', '_')}.kubeconfig"
+    assert kubeconfig.exists()
+    node = gpu_nodes(["A100-SXM4-40GB"])
+    res = client.ResourceV1Api(k8s_api)
+    res.create_namespaced_resource_claim_template(namespace, profile_template("t", "1g.5gb"))
+    core.create_namespaced_pod(namespace, pod("rbac-pod", "t"))
+    log = tmp_path / "rbac.log"
+    proc = ControllerProcess(
+        kubeconfig, "carve-system", log, "carve-rbac", ["--lease-name", f"rbac-{namespace}"[:60]]
+    ).start()
+    try:
+        bound = wait_for("the pod bound", lambda: _bound(k8s_api, namespace), timeout=60)
+        assert bound[0]["spec"]["nodeName"] == node
+        wait_for(
+            "the Placed event",
+            lambda: any(
+                e["reason"] == "Placed" for e in events_for(k8s_api, namespace, "rbac-pod")
+            ),
+        )
+    finally:
+        proc.stop()
+    text = log.read_text()
+    assert "forbidden" not in text.lower(), text[-3000:]
