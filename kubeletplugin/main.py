@@ -278,7 +278,13 @@ def run(opts: Options, stop: threading.Event) -> int:
         ),
         metrics,
     )
-    server = PluginServer(opts.driver_name, opts.registry_dir, opts.plugins_dir, preparer)
+    server = PluginServer(
+        opts.driver_name,
+        opts.registry_dir,
+        opts.plugins_dir,
+        preparer,
+        node.health_source(opts.driver_name, opts.node_name, preparer.refused_gpus),
+    )
 
     def api_check() -> str:
         try:

@@ -7,11 +7,12 @@ One place decides between the real NVML (`pynvml` from nvidia-ml-py) and the sim
 from __future__ import annotations
 
 import os
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from driver.naming import parse_device_name
 from driver.nvml.backend import NvmlBackend
 from driver.resourceslice import PublishedGpu, build_resource_slices
 
@@ -53,6 +54,30 @@ class NodeHardware:
             gpus=self.published_gpus(exclude),
             split_counters=split,
         )
+
+    def health_source(
+        self, driver: str, node_name: str, refused: Callable[[], Mapping[str, str]]
+    ) -> Callable[[], list[tuple[str, str, bool, str]]]:
+        """Device health for the kubelet: every published device healthy, except those of a
+        GPU the agent refuses (foreign instances under policy refuse-gpu), with the reason."""
+        minors = {g.uuid: g.minor for g in self.mig.gpus()}
+        devices = [
+            (s["spec"]["pool"]["name"], d["name"])
+            for s in self.resource_slices(
+                driver=driver, node_name=node_name, generation=0, split=True
+            )
+            for d in s["spec"].get("devices") or ()
+        ]
+
+        def source() -> list[tuple[str, str, bool, str]]:
+            bad = {minors[u]: why for u, why in refused().items() if u in minors}
+            out = []
+            for pool, name in devices:
+                why = bad.get(parse_device_name(name).minor)
+                out.append((pool, name, why is None, why or ""))
+            return out
+
+        return source
 
     def close(self) -> None:
         self.mig.close()

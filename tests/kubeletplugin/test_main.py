@@ -98,34 +98,43 @@ def _wait(what: str, probe: Callable[[], T | None], timeout: float = 30.0) -> T:
 
 
 class PluginProcess:
+    """The real carve-kubelet-plugin on a simulated node; `start()` again after a crash."""
+
     def __init__(self, root: Path, node: str, kubeconfig: Path, *extra: str) -> None:
         self.root = root
-        self.port = _free_port()
-        (root / "sim.yaml").write_text(
+        self.node = node
+        self.kubeconfig = kubeconfig
+        self.extra = extra
+        self.sim_config = root / "sim.yaml"
+        self.sim_config.write_text(
             yaml.safe_dump(
                 {"state": str(root / "sim-state.json"),
                  "gpus": ["H100-SXM5-80GB", {"model": "A100-SXM4-40GB"}]}
             )
         )  # fmt: skip
         self.registry = root / "registry"
-        self.log = open(root / "plugin.log", "w")  # noqa: SIM115 - closed in stop()
+        self.kubelet = KubeletSim(self.registry)
+        self.start()
+
+    def start(self, env: dict[str, str] | None = None) -> None:
+        self.port = _free_port()
+        self.log = open(self.root / "plugin.log", "a")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [
                 PLUGIN,
-                "--node-name", node,
-                "--kubeconfig", str(kubeconfig),
-                "--simulate", str(root / "sim.yaml"),
+                "--node-name", self.node,
+                "--kubeconfig", str(self.kubeconfig),
+                "--simulate", str(self.sim_config),
                 "--registry-dir", str(self.registry),
-                "--plugins-dir", str(root / "plugins"),
-                "--cdi-root", str(root / "cdi"),
+                "--plugins-dir", str(self.root / "plugins"),
+                "--cdi-root", str(self.root / "cdi"),
                 "--metrics-address", f"127.0.0.1:{self.port}",
                 "--resync-seconds", "1",
-                *extra,
+                *self.extra,
             ],
             stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
+            env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
         )  # fmt: skip
-        self.kubelet = KubeletSim(self.registry)
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"
@@ -286,3 +295,82 @@ def test_plugin_against_real_apiserver(
 
     assert p.stop() == 0, p.logs()[-3000:]
     assert _slices(api, node) == []  # --cleanup-on-exit
+
+
+def _allocated_claim(kube: Any, namespace: str, node: str, device: str) -> ClaimRef:
+    path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
+    name = f"c-{uuid.uuid4().hex[:6]}"
+    claim = kube.request(
+        "POST",
+        path,
+        body={
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": [
+                {"name": "gpu", "exactly": {"deviceClassName": "mig.carve.dev"}}]}},
+        },
+    )  # fmt: skip
+    claim["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [{"request": "gpu", "driver": DRIVER, "pool": node, "device": device}]
+            },
+            "allocationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+    }
+    kube.request("PUT", f"{path}/{name}/status", body=claim)
+    return ClaimRef(namespace, name, claim["metadata"]["uid"])
+
+
+@pytest.mark.cluster
+def test_plugin_killed_mid_prepare_recovers_on_kubelet_retry(
+    cluster_plugin: tuple[PluginProcess, str, Any], namespace: str
+) -> None:
+    import grpc
+
+    from driver.nvml import sim
+    from driver.nvml.backend import NvmlBackend
+    from kubeletplugin.claims import KubeJson
+
+    p, node, api = cluster_plugin
+    kube = KubeJson(api)
+    plugin = p.kubelet.wait_for_plugin(DRIVER, timeout=30)
+    health = next(plugin.watch_health(timeout=10))
+    assert {h.health for h in health} == {"HEALTHY"} and len(health) > 20
+    dev = mig_device_name(1, "3g.20gb", 9, 4)
+    ref = _allocated_claim(kube, namespace, node, dev)
+
+    # the plugin dies right after NVML created the compute instance (the reply is lost)
+    p.stop()
+    p.start(env={"CARVE_SIM_FAULT_TAG": "plugin"})
+    sim.configure(p.sim_config)
+    try:
+        sim.sim_crash_at("after:GpuInstanceCreateComputeInstance", tag="plugin")
+        plugin = p.kubelet.wait_for_plugin(DRIVER, timeout=30)
+        with pytest.raises(grpc.RpcError):
+            plugin.prepare([ref])
+        assert p.proc.wait(timeout=10) == -9
+        p.kubelet.close()
+        p.log.close()
+
+        p.start()  # restarted by the DaemonSet; the kubelet retries the claim
+        plugin = _wait(
+            "re-registration", lambda: p.kubelet.scan() and p.kubelet.plugins.get(DRIVER)
+        )
+        res = plugin.prepare([ref])[ref.uid]
+        assert res.error == "", res.error
+        with NvmlBackend(sim, proc_root=sim.sim_proc_root()) as b:
+            live = [
+                (g.minor, i.profile_id, i.placement.start)
+                for g in b.gpus()
+                if b.mig_enabled(g.uuid)
+                for i in b.instances(g.uuid)
+            ]
+        assert live == [(1, 9, 4)]  # carved once, the interrupted one rolled back
+        assert plugin.unprepare([ref]) == {ref.uid: ""}
+        claim = kube.request("GET", f"/apis/resource.k8s.io/v1/namespaces/{namespace}"
+                                    f"/resourceclaims/{ref.name}")  # fmt: skip
+        assert not claim["metadata"].get("finalizers")
+    finally:
+        sim.configure(None)
