@@ -1,0 +1,45 @@
+"""``python -m nodesim demo|down|host`` — the cluster demo (`make demo`) and its cleanup.
+
+``host`` is internal: the demo starts it as a detached process that runs the simulated nodes
+and carve-controller until ``down``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from nodesim import demo
+
+
+def main(argv: list[str] | None = None) -> int:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help=f"demo state directory (default {demo.default_dir()})",
+    )
+    parser = argparse.ArgumentParser(prog="python -m nodesim", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser(
+        "demo", parents=[common], help="start the cluster, carve, simulated nodes and examples"
+    )
+    run.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the pods")
+    sub.add_parser("down", parents=[common], help="stop the demo's nodes, controller, cluster")
+    host = sub.add_parser("host", parents=[common], help=argparse.SUPPRESS)
+    host.add_argument("--kubeconfig", type=Path, required=True)
+    args = parser.parse_args(argv)
+    root: Path = (args.dir or demo.default_dir()).resolve()
+    if args.command == "demo":
+        return demo.run_demo(root, timeout=args.timeout)
+    if args.command == "down":
+        stopped = demo.down(root)
+        print(f"stopped: {', '.join(stopped) if stopped else 'nothing was running'}")
+        return 0
+    return demo.run_host(root, args.kubeconfig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
