@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 PRODUCT := driver kubeletplugin controller
 
-.PHONY: test lint typecheck unit demo venv clean k8s-bin cluster-up cluster-down
+.PHONY: test lint typecheck unit demo demo-down venv clean k8s-bin cluster-up cluster-down
 
 venv: $(STAMP)
 
@@ -46,8 +46,13 @@ cluster-down: venv
 # The one test command: lint, strict typing of the product packages, then every test suite.
 test: lint typecheck k8s-bin unit
 
-demo: venv
-	$(BIN)/carve demo
+# carve on a local v1.37 cluster with three simulated GPU nodes, running deploy/examples/;
+# it keeps running for kubectl until `make demo-down`. (`carve demo`: one node, NVML only.)
+demo: venv k8s-bin
+	$(BIN)/python -m nodesim demo
+
+demo-down: venv
+	$(BIN)/python -m nodesim down
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
