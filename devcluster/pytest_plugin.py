@@ -1,11 +1,13 @@
 """pytest fixtures for suites that need the real control plane.
 
-Enable in the root conftest with ``pytest_plugins = ["devcluster.pytest_plugin"]``, or, in a
-deeper conftest (where pytest refuses ``pytest_plugins``), import the fixtures by name; any
-number of such imports still share one cluster per test process.
+Import the fixtures by name in a suite's conftest (pytest refuses ``pytest_plugins`` outside
+the top-level conftest). Each importing conftest registers its own session fixture, so each
+suite gets its own cluster, started on first use and stopped at the end of the run: one
+suite's cluster-scoped objects (admission policies, DeviceClasses, nodes) never leak into
+another, while the tests of a suite share one cluster and isolate by namespace.
 
-- ``k8s_cluster`` (session): a running LocalCluster shared by the whole session; skips, with
-  the reason printed, when the binaries cannot be had (no Go, failed build). Set
+- ``k8s_cluster`` (session): a running LocalCluster for the suite; skips, with the reason
+  printed, when the binaries cannot be had (no Go, failed build). Set
   ``CARVE_DEVCLUSTER=<dir>`` to reuse a cluster started by ``python -m devcluster up``.
 - ``k8s_api`` (session): an admin ``kubernetes.client.ApiClient`` for that cluster.
 - ``node_heartbeater`` (session): the NodeHeartbeater keeping fake nodes Ready.
@@ -50,32 +52,11 @@ def _say(config: pytest.Config, message: str) -> None:
             print(f"devcluster: {message}", file=sys.stderr)
 
 
-class _SharedCluster:
-    """One cluster per test process, however many conftests import the fixture: each import
-    registers its own session-scoped fixture definition, so without this two suites in one
-    run would start two control planes."""
+class _Unavailable:
+    """Why the control plane cannot run, found once per process, so every later suite
+    skips at once instead of retrying the build."""
 
-    cluster: LocalCluster | None = None
-    users = 0
-    unavailable: str | None = None
-
-
-def _acquire_cluster(
-    config: pytest.Config, tmp_path_factory: pytest.TempPathFactory
-) -> LocalCluster:
-    if _SharedCluster.unavailable is not None:
-        pytest.skip(_SharedCluster.unavailable)
-    if _SharedCluster.cluster is None:
-        _SharedCluster.cluster = _start(config, tmp_path_factory)
-    _SharedCluster.users += 1
-    return _SharedCluster.cluster
-
-
-def _release_cluster() -> None:
-    _SharedCluster.users -= 1
-    if _SharedCluster.users == 0 and _SharedCluster.cluster is not None:
-        _SharedCluster.cluster.stop()
-        _SharedCluster.cluster = None
+    reason: str | None = None
 
 
 def _start(config: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> LocalCluster:
@@ -93,9 +74,9 @@ def _start(config: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> L
         cluster = LocalCluster(root, binaries=binaries)
         info = cluster.start()
     except BinariesUnavailableError as exc:
-        _SharedCluster.unavailable = f"Kubernetes control plane unavailable: {exc}"
+        _Unavailable.reason = f"Kubernetes control plane unavailable: {exc}"
         _say(config, f"SKIPPING tests that need the control plane: {exc}")
-        pytest.skip(_SharedCluster.unavailable)
+        pytest.skip(_Unavailable.reason)
     except ClusterStartError:
         _say(config, f"control plane failed to start; logs in {root / 'logs'}")
         raise
@@ -111,11 +92,13 @@ def _start(config: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> L
 def k8s_cluster(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LocalCluster]:
-    cluster = _acquire_cluster(request.config, tmp_path_factory)
+    if _Unavailable.reason is not None:
+        pytest.skip(_Unavailable.reason)
+    cluster = _start(request.config, tmp_path_factory)
     try:
         yield cluster
     finally:
-        _release_cluster()
+        cluster.stop()
 
 
 @pytest.fixture(scope="session")
