@@ -354,10 +354,13 @@ def test_plugin_killed_mid_prepare_recovers_on_kubelet_retry(
         p.kubelet.close()
         p.log.close()
 
-        p.start()  # restarted by the DaemonSet; the kubelet retries the claim
-        plugin = _wait(
-            "re-registration", lambda: p.kubelet.scan() and p.kubelet.plugins.get(DRIVER)
-        )
+        # Restarted by the DaemonSet. The killed process left its sockets behind, so a kubelet
+        # scanning meanwhile would fail on them; register once the new process serves.
+        runs = p.logs().count("carve kubelet plugin running")
+        p.start()
+        _wait("restart", lambda: p.logs().count("carve kubelet plugin running") > runs)
+        p.kubelet = KubeletSim(p.registry)
+        plugin = p.kubelet.wait_for_plugin(DRIVER, timeout=30)
         res = plugin.prepare([ref])[ref.uid]
         assert res.error == "", res.error
         with NvmlBackend(sim, proc_root=sim.sim_proc_root()) as b:
