@@ -133,6 +133,8 @@ class ClusterModel:
         self._device_index: dict[tuple[str, str], tuple[str, PublishedDevice]] = {}
         self._holds: dict[ClaimKey, ClaimHold] = {}
         self._claims_on_gpu: dict[str, set[ClaimKey]] = {}
+        self._gpus_of_claim: dict[ClaimKey, set[str]] = {}
+        self._states: dict[tuple[str, frozenset[tuple[int, int]]], GpuState | str] = {}
         self._unresolved: dict[ClaimKey, tuple[str, ...]] = {}
         self._kinds: dict[tuple[object, ...], int] = {}
         self.kind_examples: dict[int, str] = {}
@@ -220,6 +222,7 @@ class ClusterModel:
         for d in record.inventory.devices:
             self._device_index.pop((record.inventory.pool, d.name), None)
         for claim in self._claims_on_gpu.pop(uuid, set()):
+            self._gpus_of_claim.get(claim, set()).discard(uuid)
             self._unresolved[claim] = ()  # re-resolved against the new publication
         self.problems.pop(f"gpu {uuid}", None)
         node_list = self._node_gpus.get(record.node)
@@ -254,8 +257,7 @@ class ClusterModel:
         if old is None:
             return
         self._unresolved.pop(claim, None)
-        touched = [u for u, claims in self._claims_on_gpu.items() if claim in claims]
-        for uuid in touched:
+        for uuid in sorted(self._gpus_of_claim.pop(claim, ())):
             self._claims_on_gpu[uuid].discard(claim)
             self._recompute(uuid)
             self._refresh_busy(self.gpus[uuid].node)
@@ -276,6 +278,7 @@ class ClusterModel:
                 missing.append(f"{d.pool}/{d.device}")
                 continue
             self._claims_on_gpu.setdefault(hit[0], set()).add(hold.claim)
+            self._gpus_of_claim.setdefault(hold.claim, set()).add(hit[0])
             touched.add(hit[0])
         if missing:
             # Slices not seen yet (or withdrawn): keep the hold and attach when they appear.
@@ -320,15 +323,31 @@ class ClusterModel:
                 )
             occupancy = Occupancy(EMPTY_STATE, blocked=True)
         elif holders:
-            try:
-                occupancy = Occupancy(record.geometry.state_of(holders))
-            except PlacementError as exc:
+            state = self._state_of(record, frozenset(holders))
+            if isinstance(state, str):
                 self.problems[subject] = Problem(
-                    subject, f"allocations on GPU {uuid} (node {record.node}) conflict: {exc}"
+                    subject, f"allocations on GPU {uuid} (node {record.node}) conflict: {state}"
                 )
                 occupancy = Occupancy(EMPTY_STATE, blocked=True)
+            else:
+                occupancy = Occupancy(state)
         record.occupancy = occupancy
         self._rebucket(uuid)
+
+    def _state_of(self, record: GpuRecord, instances: frozenset[tuple[int, int]]) -> GpuState | str:
+        """The geometry state holding ``instances``, or why they cannot coexist; memoized
+        because the same sets recur on many GPUs."""
+        key = (record.inventory.model.key, instances)
+        hit = self._states.get(key)
+        if hit is None:
+            try:
+                hit = record.geometry.state_of(instances)
+            except PlacementError as exc:
+                hit = str(exc)
+            if len(self._states) > 100_000:
+                self._states.clear()
+            self._states[key] = hit
+        return hit
 
     # ------------------------------------------------------------------------------------------
     # Index by (kind, occupancy, node busy)

@@ -182,6 +182,9 @@ class _Search:
     budget: int
 
 
+_CACHE_LIMIT = 200_000
+
+
 class _BudgetExhaustedError(Exception):
     pass
 
@@ -213,6 +216,15 @@ class PlacementEngine:
         self._weights: dict[str, dict[int, int]] = {}
         self._kind_eligible: dict[tuple[ExactRequest, int], frozenset[tuple[int, int]]] = {}
         self._reads_identity: dict[ExactRequest, bool] = {}
+        self._candidate_cache: dict[
+            tuple[str, Occupancy, frozenset[tuple[int, int]]],
+            list[tuple[tuple[object, ...], int, int, int, Occupancy]],
+        ] = {}
+        self._orders: dict[str, Mapping[tuple[int, int], int]] = {}
+        self._room_cache: dict[
+            tuple[str, Occupancy, frozenset[tuple[int, int]]],
+            tuple[tuple[int, bool, str | None], ...],
+        ] = {}
 
     # ------------------------------------------------------------------------------------------
     # Entry points
@@ -376,17 +388,18 @@ class PlacementEngine:
     def _candidates(
         self, gpu: GpuRecord, occupancy: Occupancy, eligible: frozenset[tuple[int, int]]
     ) -> list[tuple[tuple[object, ...], int, int, int, Occupancy]]:
-        """Feasible (sort key, loss, pid, start, next occupancy) on one GPU, best first."""
+        """Feasible (sort key, loss, pid, start, next occupancy) on one GPU, best first.
+
+        Cached per (model, occupancy, eligible set): the answer depends on nothing else, and
+        the same few states recur across thousands of GPUs and decisions."""
+        cache_key = (gpu.inventory.model.key, occupancy, eligible)
+        hit = self._candidate_cache.get(cache_key)
+        if hit is not None:
+            return hit
         geometry = gpu.geometry
         before = self._value(geometry, occupancy)
         out = []
-        if self.policy is Policy.FIRST_FIT:
-            order = {
-                (p.id, pl.start): i
-                for i, (p, pl) in enumerate(
-                    (p, pl) for p in geometry.model.profiles for pl in p.placements
-                )
-            }
+        order = self._nvml_order(geometry)
         for pid, start in eligible:
             nxt = self._after(geometry, occupancy, pid, start)
             if nxt is None:
@@ -398,7 +411,20 @@ class PlacementEngine:
                 key = (loss, pid, start)
             out.append((key, loss, pid, start, nxt))
         out.sort(key=lambda c: c[0])
+        if len(self._candidate_cache) >= _CACHE_LIMIT:
+            self._candidate_cache.clear()
+        self._candidate_cache[cache_key] = out
         return out
+
+    def _nvml_order(self, geometry: Geometry) -> Mapping[tuple[int, int], int]:
+        """(profile id, start) -> position in the model's profile list and NVML placement
+        order: the order a first-fit allocator walks published devices in."""
+        order = self._orders.get(geometry.model.key)
+        if order is None:
+            pairs = ((p.id, pl.start) for p in geometry.model.profiles for pl in p.placements)
+            order = {pair: i for i, pair in enumerate(pairs)}
+            self._orders[geometry.model.key] = order
+        return order
 
     @staticmethod
     def _rank(  # noqa: PLR0917 -- one candidate's facts, always passed together
@@ -445,39 +471,48 @@ class PlacementEngine:
         return cache[node]
 
     def _place_single(self, request: PlacementRequest, slot: _Slot) -> Placement | NoPlacement:
-        """One device, no constraints: scan the (kind, occupancy, node busy) buckets."""
+        """One device, no constraints: scan the (kind, occupancy, node busy) buckets.
+
+        Per bucket the work is two dictionary look-ups (eligibility per kind, best candidate
+        per (model, state)); GPUs are only visited for the winning buckets, in node order,
+        until one sits on a node that passes node fit."""
         spec = slot.alternative.spec
         options: list[tuple[tuple[object, ...], int, int, int, list[tuple[str, str]]]] = []
-        any_eligible = False
-        for (_, occupancy, busy), members in self.model.buckets.items():
-            gpu = self.model.gpus[members[0][1]]
-            eligible = self._eligible(spec, gpu)
-            if isinstance(eligible, CelError):
-                return self._cel_failure(slot.claim, slot.alternative, eligible)
+        per_kind: dict[int, tuple[GpuRecord, frozenset[tuple[int, int]]]] = {}
+        first_fit = self.policy is Policy.FIRST_FIT
+        for (kind, occupancy, busy), members in self.model.buckets.items():
+            known = per_kind.get(kind)
+            if known is None:
+                gpu = self.model.gpus[members[0][1]]
+                eligible = self._eligible(spec, gpu)
+                if isinstance(eligible, CelError):
+                    return self._cel_failure(slot.claim, slot.alternative, eligible)
+                known = per_kind[kind] = (gpu, eligible)
+            gpu, eligible = known
             if not eligible:
                 continue
-            any_eligible = True
             cands = self._candidates(gpu, occupancy, eligible)
             if not cands:
                 continue
             _, loss, pid, start, _ = cands[0]
-            if self.policy is Policy.BEST_FIT:
-                rank: tuple[object, ...] = self._rank(gpu, occupancy, busy, loss, pid, start)
+            if first_fit:
+                rank: tuple[object, ...] = (members[0],)
             else:
-                rank = (members[0],)
+                rank = self._rank(gpu, occupancy, busy, loss, pid, start)
             options.append((rank, loss, pid, start, members))
-        if not any_eligible:
+        if not any(eligible for _, eligible in per_kind.values()):
             return self._no_device(slot)
         misfits: dict[str, NodeMisfit | None] = {}
-        if self.policy is Policy.FIRST_FIT:
+        if first_fit:
             # First GPU in (node, uuid) order across all buckets with room.
             streams = [_stream(o[4], o[2], o[3], o[1]) for o in options]
             for node, uuid, pid, start, loss in heapq.merge(*streams):
                 if self._fits_node(request.needs, node, misfits) is None:
                     return self._single_result(slot, self.model.gpus[uuid], pid, start, loss)
         else:
-            options.sort(key=lambda o: o[0])
-            for _, loss, pid, start, members in options:
+            heapq.heapify(options)
+            while options:
+                _, loss, pid, start, members = heapq.heappop(options)
                 for node, uuid in members:
                     if self._fits_node(request.needs, node, misfits) is None:
                         return self._single_result(slot, self.model.gpus[uuid], pid, start, loss)
@@ -682,6 +717,41 @@ class PlacementEngine:
     # ------------------------------------------------------------------------------------------
     # Explanations
 
+    def _room(
+        self, geometry: Geometry, occupancy: Occupancy, eligible: frozenset[tuple[int, int]]
+    ) -> tuple[tuple[int, bool, str | None], ...]:
+        """Per eligible profile: whether it fits now, else the name of a profile whose
+        instances, once gone, would make room. Memoized per (model, occupancy, eligible)."""
+        key = (geometry.model.key, occupancy, eligible)
+        hit = self._room_cache.get(key)
+        if hit is not None:
+            return hit
+        out: list[tuple[int, bool, str | None]] = []
+        for pid in sorted({pid for pid, _ in eligible}):
+            starts = [s for p, s in eligible if p == pid]
+            if any(self._after(geometry, occupancy, pid, s) for s in starts):
+                out.append((pid, True, None))
+                continue
+            freeing = None
+            if not occupancy.blocked:
+                for q in sorted({q for q, _ in occupancy.state.instances}):
+                    state = occupancy.state
+                    for inst in [i for i in state.instances if i[0] == q]:
+                        state = geometry.remove(state, *inst)
+                    if pid == WHOLE_GPU:
+                        ok = not state.instances
+                    else:
+                        ok = any(geometry.fits(state, pid, s) for s in starts)
+                    if ok:
+                        freeing = _profile_name(geometry, q)
+                        break
+            out.append((pid, False, freeing))
+        result = tuple(out)
+        if len(self._room_cache) >= _CACHE_LIMIT:
+            self._room_cache.clear()
+        self._room_cache[key] = result
+        return result
+
     def _no_device(self, slot: _Slot) -> NoPlacement:
         spec = slot.alternative.spec
         return NoPlacement(
@@ -743,33 +813,24 @@ class PlacementEngine:
         after: dict[tuple[str, int], Counter[str]] = {}
         after_count: Counter[tuple[str, int]] = Counter()
         models: dict[str, Geometry] = {}
-        for (_, occupancy, _), members in self.model.buckets.items():
+        per_kind: dict[int, frozenset[tuple[int, int]]] = {}
+        for (kind, occupancy, _), members in self.model.buckets.items():
             gpu = self.model.gpus[members[0][1]]
-            eligible = self._eligible(spec, gpu)
-            if isinstance(eligible, CelError):
-                return eligible.message
+            eligible = per_kind.get(kind)
+            if eligible is None:
+                found = self._eligible(spec, gpu)
+                if isinstance(found, CelError):
+                    return found.message
+                eligible = per_kind[kind] = found
             geometry = gpu.geometry
             model_key = geometry.model.key
             models[model_key] = geometry
-            for pid in sorted({pid for pid, _ in eligible}):
+            for pid, room, freeing in self._room(geometry, occupancy, eligible):
                 key = (model_key, pid)
-                starts = [s for p, s in eligible if p == pid]
-                if any(self._after(geometry, occupancy, pid, s) for s in starts):
-                    free[key] += len(members)
-                    continue
-                free[key] += 0
-                if occupancy.blocked:
-                    continue
-                for q in sorted({q for q, _ in occupancy.state.instances}):
-                    state = occupancy.state
-                    for inst in [i for i in state.instances if i[0] == q]:
-                        state = geometry.remove(state, *inst)
-                    if any(geometry.fits(state, pid, s) for s in starts if pid != WHOLE_GPU) or (
-                        pid == WHOLE_GPU and not state.instances
-                    ):
-                        after.setdefault(key, Counter())[_profile_name(geometry, q)] += 1
-                        after_count[key] += len(members)
-                        break
+                free[key] += len(members) if room else 0
+                if freeing is not None:
+                    after.setdefault(key, Counter())[freeing] += 1
+                    after_count[key] += len(members)
         texts = []
         for (model_key, pid), n in sorted(free.items()):
             if n:
