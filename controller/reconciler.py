@@ -346,6 +346,7 @@ class ReconcilerConfig:
     classes: CarveClasses = field(default_factory=CarveClasses)
     native_fallback_after: float | None = None
     retry_interval: float = 30.0
+    max_replans: int = 3
     event_interval: float = 300.0
 
     @property
@@ -383,6 +384,8 @@ class Reconciler:
         self._pods: dict[str, _PodState] = {}
         self._dirty_claims: set[str] = set()
         self._event_sent: dict[str, dict[str, float]] = {}
+        # Ungated pods whose allocation kube-scheduler cleared: how often, and when to retry.
+        self._replans: dict[str, tuple[int, float]] = {}
 
     # -- input (any thread) ----------------------------------------------------------------------
 
@@ -426,6 +429,8 @@ class Reconciler:
             self._wake_all(capacity=kind is not Kind.CLASS, classes=kind is Kind.CLASS)
 
     def _on_pod(self, key: str, pod: Obj, type_: EventType) -> None:
+        if type_ is EventType.DELETED or is_terminal(pod) or pod.get("spec", {}).get("nodeName"):
+            self._replans.pop(key, None)
         if type_ is EventType.DELETED or is_terminal(pod):
             self._forget_pod(key)
             ns = pod.get("metadata", {}).get("namespace", "")
@@ -600,6 +605,8 @@ class Reconciler:
             try:
                 if w.kind is WorkKind.UNGATE:
                     self._ungate(pod, state, w.claims)
+                elif not has_gate(pod, self._cfg.gate):
+                    self._replan(pod, state, w.claims, now)
                 else:
                     self._place(pod, state, w.claims)
             except (WriteSkippedError, ObjectGoneError) as exc:
@@ -609,6 +616,55 @@ class Reconciler:
                 _log.exception("pod %s: placement failed; will retry", key, extra={"pod": key})
                 state.attempts += 1
                 state.retry_at = now + min(30.0, 0.5 * 2**state.attempts)
+
+    def _replan(self, pod: Obj, state: _PodState, claims: Sequence[Obj], now: float) -> None:
+        """Allocate again after kube-scheduler's PostFilter cleared an allocation of ours.
+
+        The scheduler does that when the pod fits no node, including the one carve chose (for
+        instance because of a resource carve does not model, or a node change in between).
+        Re-planning at once could loop forever, so each round waits longer, and after
+        `max_replans` rounds the pod is left to kube-scheduler's own allocator.
+        """
+        key = key_of(pod)
+        rounds, not_before = self._replans.get(key, (0, 0.0))
+        if now < not_before:
+            state.retry_at = not_before
+            return
+        if rounds >= self._cfg.max_replans:
+            self._replans.pop(key, None)
+            self._release_to_scheduler(
+                pod,
+                "SchedulerRejectedPlacement",
+                f"kube-scheduler cleared carve's allocation {rounds} times "
+                f"({_scheduling_message(pod) or 'the pod fits no node'}); "
+                "leaving the allocation to kube-scheduler",
+            )
+            return
+        self._replans[key] = (rounds + 1, now + min(60.0, 2.0 ** (rounds + 1)))
+        self._recorder.event(
+            pod,
+            Kind.POD,
+            "Warning",
+            "AllocationCleared",
+            "kube-scheduler cleared the allocation of this pod's claims "
+            f"({_scheduling_message(pod) or 'no reason given'}); placing again",
+        )
+        self._place(pod, state, claims)
+
+    def _release_to_scheduler(self, pod: Obj, reason: str, message: str) -> None:
+        """Drop our finalizer from the pod's unallocated claims: kube-scheduler owns them now."""
+        ns = pod.get("metadata", {}).get("namespace", "")
+        for name in pod_claim_names(pod)[0]:
+            claim = self.stores[Kind.CLAIM].get(f"{ns}/{name}")
+            if (
+                claim is not None
+                and not is_allocated(claim)
+                and has_finalizer(claim, self._cfg.finalizer)
+            ):
+                self._store_claim(self._writer.remove_finalizer(claim))
+        self._forget_pod(key_of(pod))
+        self._metrics.count_outcome("native-fallback")
+        self._recorder.event(pod, Kind.POD, "Warning", reason, message)
 
     def _ungate(self, pod: Obj, state: _PodState, claims: Sequence[Obj]) -> None:
         key = key_of(pod)
@@ -732,26 +788,21 @@ class Reconciler:
     def _hand_to_scheduler(self, pod: Obj, why: Unplaceable) -> None:
         """Ungate an unplaceable pod so kube-scheduler and Cluster Autoscaler see it."""
         key = key_of(pod)
-        ns = pod.get("metadata", {}).get("namespace", "")
-        for name in pod_claim_names(pod)[0]:
-            claim = self.stores[Kind.CLAIM].get(f"{ns}/{name}")
-            if (
-                claim is not None
-                and not is_allocated(claim)
-                and has_finalizer(claim, self._cfg.finalizer)
-            ):
-                self._store_claim(self._writer.remove_finalizer(claim))
-        self.stores[Kind.POD][key] = self._writer.remove_gate(pod)
-        self._forget_pod(key)
-        self._metrics.count_outcome("native-fallback")
-        self._recorder.event(
+        self._release_to_scheduler(
             pod,
-            Kind.POD,
-            "Warning",
             "HandedToScheduler",
             f"unplaceable for longer than {self._cfg.native_fallback_after:.0f}s "
             f"({why.message}); gate removed so kube-scheduler can allocate natively",
         )
+        self.stores[Kind.POD][key] = self._writer.remove_gate(pod)
+
+
+def _scheduling_message(pod: Obj) -> str:
+    """kube-scheduler's last word on the pod (the PodScheduled condition), if any."""
+    for cond in pod.get("status", {}).get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+            return str(cond.get("message") or cond.get("reason") or "")
+    return ""
 
 
 def _rv(obj: Obj | None) -> int | None:

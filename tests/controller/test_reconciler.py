@@ -697,3 +697,60 @@ def test_kubelet_plugin_node_finalizer_holds_the_release() -> None:
     long_name = node_finalizer("mig.carve.dev", "n" * 200)
     c = _allocated_claim(ALLOCATION_FINALIZER, long_name)
     assert release_action(c, 0, "mig.carve.dev") is ReleaseKind.WAIT_NODE
+
+
+def test_repeated_postfilter_deallocation_backs_off_then_leaves_pod_to_scheduler() -> None:
+    h = Harness(nodes={"n1": 1})
+    h.add(Kind.CLAIM, claim("c"))
+    h.add(Kind.POD, pod("p", ["c"]))
+    h.step()
+
+    def scheduler_clears() -> None:
+        c = h.current("c")
+        c["status"].pop("allocation")
+        h.update(Kind.CLAIM, c)
+        p = h.current("p")
+        p["status"]["conditions"] = [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "message": "0/1 nodes are available: 1 Insufficient example.com/foo.",
+            }
+        ]
+        h.update(Kind.POD, p)
+
+    for round_ in range(3):
+        scheduler_clears()
+        h.step()
+        assert h.current("c")["status"].get("allocation"), f"round {round_} not re-placed"
+        h.now[0] += 2.0 ** (round_ + 1)
+    scheduler_clears()
+    h.step()
+    assert not h.current("c")["status"].get("allocation")
+    assert not has_finalizer(h.current("c"), ALLOCATION_FINALIZER)
+    reasons = [e[2] for e in h.recorder.events if e[0] == "p"]
+    assert reasons.count("AllocationCleared") == 3
+    assert reasons[-1] == "SchedulerRejectedPlacement"
+    last = [e for e in h.recorder.events if e[0] == "p"][-1][3]
+    assert "Insufficient example.com/foo" in last
+    # Never touched again.
+    h.now[0] += 100
+    h.step()
+    assert not h.current("c")["status"].get("allocation")
+
+
+def test_replan_waits_for_its_backoff() -> None:
+    h = Harness(nodes={"n1": 1})
+    h.add(Kind.CLAIM, claim("c"))
+    h.add(Kind.POD, pod("p", ["c"]))
+    h.step()
+    for _ in range(2):
+        c = h.current("c")
+        c["status"].pop("allocation")
+        h.update(Kind.CLAIM, c)
+        h.step()
+    # The second clearing came right after the first re-plan: it waits 2s before placing again.
+    assert not h.current("c")["status"].get("allocation")
+    h.now[0] += 2.5
+    h.step()
+    assert h.current("c")["status"].get("allocation")

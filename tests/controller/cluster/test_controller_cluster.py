@@ -455,3 +455,43 @@ def test_controller_runs_with_only_the_shipped_rbac(
         proc.stop()
     text = log.read_text()
     assert "forbidden" not in text.lower(), text[-3000:]
+
+
+def test_scheduler_postfilter_deallocation_is_replanned_then_left_to_scheduler(
+    k8s_api: ApiClient,
+    namespace: str,
+    gpu_nodes: Callable[[list[str]], str],
+    fake_node: Callable[..., str],
+    carve: Any,
+) -> None:
+    """kube-scheduler's PostFilter clears an unreserved allocation of carve's when the pod fits
+    no node: here the GPU node fails on a host port carve does not model, and a second node
+    fails only on carve's node selector (so the DRA plugin marks the claim). carve places again
+    with growing delays and finally leaves the pod to kube-scheduler instead of looping."""
+    gpu = gpu_nodes(["A100-SXM4-40GB"])
+    fake_node()
+    res, core = client.ResourceV1Api(k8s_api), client.CoreV1Api(k8s_api)
+    blocker = pod("port-holder", "unused", gated=False)
+    blocker["spec"].pop("resourceClaims")
+    blocker["spec"]["containers"][0]["resources"].pop("claims")
+    blocker["spec"]["containers"][0]["ports"] = [{"containerPort": 80, "hostPort": 9999}]
+    blocker["spec"]["nodeName"] = gpu
+    core.create_namespaced_pod(namespace, blocker)
+    res.create_namespaced_resource_claim_template(namespace, profile_template("t", "1g.5gb"))
+    body = pod("needs-port", "t")
+    body["spec"]["containers"][0]["ports"] = [{"containerPort": 80, "hostPort": 9999}]
+    core.create_namespaced_pod(namespace, body)
+    carve("carve-a")
+
+    def reasons() -> list[str]:
+        return [e["reason"] for e in events_for(k8s_api, namespace, "needs-port")]
+
+    wait_for("a re-placement", lambda: "AllocationCleared" in reasons(), timeout=60)
+    wait_for(
+        "carve to leave the pod to kube-scheduler",
+        lambda: "SchedulerRejectedPlacement" in reasons(),
+        timeout=120,
+    )
+    (claim,) = claims_of(k8s_api, namespace)
+    assert "mig.carve.dev/allocation" not in (claim["metadata"].get("finalizers") or [])
+    _assert_consistent(k8s_api, namespace)
