@@ -40,6 +40,9 @@ if TYPE_CHECKING:
     from kubernetes.client import ApiClient
 
 
+_PORT_ATTEMPTS = 3
+
+
 class ClusterStartError(RuntimeError):
     """A component did not become ready; the message carries its log tail."""
 
@@ -140,10 +143,40 @@ class LocalCluster:
                 f"a cluster is already running in {layout.root}; stop it with "
                 f"`python -m devcluster down --dir {layout.root}`"
             )
+        _register_for_cleanup(self)
+        deadline = begin + timeout
+        for attempt in range(_PORT_ATTEMPTS):
+            try:
+                ports, server = self._launch(binaries, deadline)
+                break
+            except ClusterStartError as exc:
+                # Free ports are probed, then bound by the component: another process can
+                # take one in between. Start over on fresh ports rather than fail the run.
+                self._stop_processes()
+                if "address already in use" not in str(exc) or attempt + 1 == _PORT_ATTEMPTS:
+                    self.stop()
+                    raise
+            except BaseException:
+                self.stop()
+                raise
+        self._info = ClusterInfo(
+            root=layout.root,
+            kubeconfig=layout.admin_kubeconfig,
+            server=server,
+            ports=ports,
+            processes=tuple(p.record for p in self._processes),
+            owner_pid=os.getpid(),
+            detached=self._detached,
+            started_seconds=round(time.monotonic() - begin, 2),
+        )
+        layout.state_file.write_text(self._info.to_json())
+        return self._info
+
+    def _launch(self, binaries: Binaries, deadline: float) -> tuple[Ports, str]:
+        layout = self.layout
         # A previous run's etcd data would resurrect its objects and leases.
         for stale in (layout.etcd_data, layout.pki_dir, layout.logs):
             shutil.rmtree(stale, ignore_errors=True)
-        _register_for_cleanup(self)
         ports = _free_ports()
         server = f"https://{LOOPBACK}:{ports.apiserver}"
         pki = create_cluster_pki(layout.pki_dir)
@@ -162,49 +195,38 @@ class LocalCluster:
             pki.controller_manager,
             "system:kube-controller-manager",
         )
-        deadline = begin + timeout
-        try:
-            etcd = self._spawn("etcd", components.etcd_args(binaries.etcd, layout, ports))
-            self._wait(etcd, deadline, lambda: _etcd_healthy(ports.etcd_client))
-            self._progress("etcd ready")
-            apiserver = self._spawn(
-                "kube-apiserver",
-                components.apiserver_args(binaries.kube_apiserver, layout, ports, pki),
-            )
-            self._wait(apiserver, deadline, lambda: _https_ok(server, "/readyz", pki))
-            self._progress("kube-apiserver ready")
-            scheduler = self._spawn(
-                "kube-scheduler",
-                components.scheduler_args(binaries.kube_scheduler, layout, ports),
-            )
-            kcm = self._spawn(
-                "kube-controller-manager",
-                components.controller_manager_args(
-                    binaries.kube_controller_manager, layout, ports, pki
-                ),
-            )
-            self._wait(scheduler, deadline, lambda: _lease_held(server, "kube-scheduler", pki))
-            self._progress("kube-scheduler holds its lease")
-            self._wait(kcm, deadline, lambda: _lease_held(server, "kube-controller-manager", pki))
-            # The serviceaccount controller creating "default" proves the controllers run
-            # with their own credentials; pods in a namespace need that account to exist.
-            self._wait(kcm, deadline, lambda: _default_service_account(server, pki))
-            self._progress("kube-controller-manager ready")
-        except BaseException:
-            self.stop()
-            raise
-        self._info = ClusterInfo(
-            root=layout.root,
-            kubeconfig=layout.admin_kubeconfig,
-            server=server,
-            ports=ports,
-            processes=tuple(p.record for p in self._processes),
-            owner_pid=os.getpid(),
-            detached=self._detached,
-            started_seconds=round(time.monotonic() - begin, 2),
+        etcd = self._spawn("etcd", components.etcd_args(binaries.etcd, layout, ports))
+        self._wait(etcd, deadline, lambda: _etcd_healthy(ports.etcd_client))
+        self._progress("etcd ready")
+        apiserver = self._spawn(
+            "kube-apiserver",
+            components.apiserver_args(binaries.kube_apiserver, layout, ports, pki),
         )
-        layout.state_file.write_text(self._info.to_json())
-        return self._info
+        self._wait(apiserver, deadline, lambda: _https_ok(server, "/readyz", pki))
+        self._progress("kube-apiserver ready")
+        scheduler = self._spawn(
+            "kube-scheduler",
+            components.scheduler_args(binaries.kube_scheduler, layout, ports),
+        )
+        kcm = self._spawn(
+            "kube-controller-manager",
+            components.controller_manager_args(
+                binaries.kube_controller_manager, layout, ports, pki
+            ),
+        )
+        self._wait(scheduler, deadline, lambda: _lease_held(server, "kube-scheduler", pki))
+        self._progress("kube-scheduler holds its lease")
+        self._wait(kcm, deadline, lambda: _lease_held(server, "kube-controller-manager", pki))
+        # The serviceaccount controller creating "default" proves the controllers run
+        # with their own credentials; pods in a namespace need that account to exist.
+        self._wait(kcm, deadline, lambda: _default_service_account(server, pki))
+        self._progress("kube-controller-manager ready")
+        return ports, server
+
+    def _stop_processes(self) -> None:
+        for proc in reversed(self._processes):
+            proc.stop()
+        self._processes.clear()
 
     def stop(self) -> None:
         """Stop every component (reverse start order); idempotent and safe from atexit."""
@@ -213,8 +235,7 @@ class LocalCluster:
         self._stopped = True
         if self._attached:
             return
-        for proc in reversed(self._processes):
-            proc.stop()
+        self._stop_processes()
         with contextlib.suppress(FileNotFoundError):
             self.layout.state_file.unlink()
         _LIVE.discard(self)

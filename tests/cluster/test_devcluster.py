@@ -4,10 +4,12 @@ no component outlives its owner. Only the tests marked ``cluster`` need the bina
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -271,3 +273,36 @@ def test_no_component_survives_a_killed_test_session(k8s_cluster: object, tmp_pa
     owner.wait()
     survivors = [r.name for r in records if not _wait_gone(r)]
     assert survivors == []
+
+
+@pytest.mark.cluster
+def test_start_retries_on_fresh_ports_when_one_was_taken(
+    k8s_cluster: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ports are probed free and bound later by the component; if another process takes one
+    in between, the start is retried on new ports instead of failing the test run."""
+    from devcluster import cluster as cluster_module
+
+    squatter = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    real_free_ports = cluster_module._free_ports
+    handed_out: list[Ports] = []
+
+    def clashing_then_real() -> Ports:
+        ports = real_free_ports()
+        if not handed_out:
+            ports = dataclasses.replace(ports, etcd_client=squatter.getsockname()[1])
+        handed_out.append(ports)
+        return ports
+
+    monkeypatch.setattr(cluster_module, "_free_ports", clashing_then_real)
+    cluster = cluster_module.LocalCluster(tmp_path / "c")
+    try:
+        info = cluster.start()
+        assert len(handed_out) == 2
+        assert info.ports == handed_out[1]
+        assert all(is_running(p) for p in info.processes)
+    finally:
+        cluster.stop()
+        squatter.close()
