@@ -12,6 +12,7 @@ raised into the reconciler, so one bad object cannot stop allocation for everybo
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
@@ -45,6 +46,17 @@ Obj = dict[str, Any]
 _log = logging.getLogger(__name__)
 
 
+@functools.lru_cache(maxsize=4096)
+def _quantity(text: str) -> Decimal:
+    # GPUs of one model publish the same few quantities thousands of times.
+    return parse_kubernetes_quantity(text)
+
+
+@functools.lru_cache(maxsize=1024)
+def _semver(text: str) -> Semver:
+    return Semver.parse(text)
+
+
 def cel_device(driver: str, device: Mapping[str, Any]) -> CelDevice:
     """The facts selectors read, from one ResourceSlice device (attributes and capacity)."""
     attributes: dict[str, AttributeValue] = {}
@@ -58,11 +70,11 @@ def cel_device(driver: str, device: Mapping[str, Any]) -> CelDevice:
         elif "bool" in value:
             attributes[name] = bool(value["bool"])
         elif "version" in value:
-            attributes[name] = Semver.parse(str(value["version"]))
+            attributes[name] = _semver(str(value["version"]))
     capacity: dict[str, Decimal] = {}
     for name, value in (device.get("capacity") or {}).items():
         if isinstance(value, Mapping) and "value" in value:
-            capacity[name] = parse_kubernetes_quantity(str(value["value"]))
+            capacity[name] = _quantity(str(value["value"]))
     return CelDevice.of(driver, attributes, capacity)
 
 
@@ -79,6 +91,10 @@ class EnginePlanner:
         self._claim_keys: dict[str, ClaimKey] = {}
         self._pinned: dict[str, str] = {}  # pod key -> node chosen by us, until bound
         self.problems: dict[str, str] = {}
+        # Nodes whose slices changed since the last decision. A node publishes several slices
+        # at once (counters, devices per GPU); re-reading its pool once per decision instead of
+        # once per slice event keeps start-up linear in the number of slices.
+        self._dirty_nodes: set[str] = set()
 
     # -- model feed -------------------------------------------------------------------------------
 
@@ -99,7 +115,7 @@ class EnginePlanner:
             node = (obj.get("spec") or {}).get("nodeName")
             if node and (obj.get("spec") or {}).get("driver") == self.driver:
                 self._slices.setdefault(node, {})[key] = obj
-                self._refresh_node_gpus(node)
+                self._dirty_nodes.add(node)
         elif kind is Kind.CLAIM:
             self._observe_claim(key, obj)
         elif kind is Kind.CLASS:
@@ -143,6 +159,16 @@ class EnginePlanner:
             self.model.release(old)
         self._claim_keys[key] = hold.claim
         self.model.hold(hold)
+
+    def flush(self) -> None:
+        """Bring every node whose slices changed up to date in the model."""
+        dirty, self._dirty_nodes = self._dirty_nodes, set()
+        for node in sorted(dirty):
+            try:
+                self._refresh_node_gpus(node)
+            except (ValueError, KeyError, TypeError) as exc:
+                self.problems[f"node {node}"] = str(exc)
+                _log.warning("ignoring malformed slices of node %s: %s", node, exc)
 
     def _refresh_node_gpus(self, node: str) -> None:
         slices = list(self._slices.get(node, {}).values())
@@ -191,7 +217,7 @@ class EnginePlanner:
             node = (obj.get("spec") or {}).get("nodeName")
             if node and key in self._slices.get(node, {}):
                 del self._slices[node][key]
-                self._refresh_node_gpus(node)
+                self._dirty_nodes.add(node)
         elif kind is Kind.CLAIM:
             old = self._claim_keys.pop(key, None)
             if old is not None:
@@ -206,6 +232,7 @@ class EnginePlanner:
     def plan(
         self, pod: Obj, claims: Sequence[Obj], classes: Mapping[str, Obj]
     ) -> Plan | Unplaceable:
+        self.flush()
         pod_key = key_of(pod)
         try:
             needs: PodNeeds = parse_pod_needs(pod)

@@ -386,6 +386,8 @@ class Reconciler:
         self._event_sent: dict[str, dict[str, float]] = {}
         # Ungated pods whose allocation kube-scheduler cleared: how often, and when to retry.
         self._replans: dict[str, tuple[int, float]] = {}
+        self._users: dict[str, set[str]] = {}  # claim key -> keys of live pods using it
+        self._uses: dict[str, set[str]] = {}  # pod key -> claim keys it uses
 
     # -- input (any thread) ----------------------------------------------------------------------
 
@@ -419,6 +421,7 @@ class Reconciler:
             store[key] = obj
             self._planner.observe(kind, obj)
         if kind is Kind.POD:
+            self._index_pod(key, None if type_ is EventType.DELETED else obj)
             self._on_pod(key, obj, type_)
         elif kind is Kind.CLAIM:
             self._dirty_claims.add(key)
@@ -442,19 +445,32 @@ class Reconciler:
             state.retry_at = 0.0
             state.permanent = False
 
+    def _index_pod(self, key: str, pod: Obj | None) -> None:
+        """Keep claim -> live pods current, so release decisions do not scan every pod."""
+        for claim_key in self._uses.pop(key, ()):
+            users = self._users.get(claim_key)
+            if users is not None:
+                users.discard(key)
+                if not users:
+                    del self._users[claim_key]
+        if pod is None or is_terminal(pod):
+            return
+        ns = pod.get("metadata", {}).get("namespace", "")
+        claim_keys = {f"{ns}/{name}" for name in pod_claim_names(pod)[0]}
+        if claim_keys:
+            self._uses[key] = claim_keys
+            for claim_key in claim_keys:
+                self._users.setdefault(claim_key, set()).add(key)
+
     def _forget_pod(self, key: str) -> None:
         """The pod needs nothing more from us: drop its queue state and event memory."""
         self._pods.pop(key, None)
         self._event_sent.pop(key, None)
 
     def _wake_pods_of_claim(self, claim: Obj) -> None:
-        ns = claim.get("metadata", {}).get("namespace", "")
-        name = claim.get("metadata", {}).get("name")
-        for key, state in self._pods.items():
-            if not key.startswith(ns + "/"):
-                continue
-            pod = self.stores[Kind.POD].get(key)
-            if pod is not None and name in pod_claim_names(pod)[0]:
+        for pod_key in self._users.get(key_of(claim), ()):
+            state = self._pods.get(pod_key)
+            if state is not None:
                 state.retry_at = 0.0
                 state.permanent = False
 
@@ -510,15 +526,7 @@ class Reconciler:
     # -- release (invariant 4) --------------------------------------------------------------------
 
     def _live_consumers(self, claim: Obj) -> int:
-        ns = claim.get("metadata", {}).get("namespace", "")
-        name = claim.get("metadata", {}).get("name")
-        n = 0
-        for key, pod in self.stores[Kind.POD].items():
-            if not key.startswith(ns + "/") or is_terminal(pod):
-                continue
-            if name in pod_claim_names(pod)[0]:
-                n += 1
-        return n
+        return len(self._users.get(key_of(claim), ()))
 
     def _release_pass(self) -> None:
         dirty, self._dirty_claims = self._dirty_claims, set()
