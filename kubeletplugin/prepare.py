@@ -659,21 +659,42 @@ class Preparer:
         self._save(lambda c: c.with_foreign(tuple(found)))
 
     def _check_completed(self) -> None:
-        for record in self.checkpoint().claims.values():
-            for d in record.devices:
-                if not d.is_mig or d.gi_id is None:
-                    continue
-                live = (
-                    self._backend.instances(d.gpu_uuid)
-                    if self._backend.mig_enabled(d.gpu_uuid)
-                    else ()
-                )
-                if _find_own_instance(d, live, self.checkpoint()) is None:
-                    self.metrics.errors.labels(operation="reconcile", reason="instance-lost").inc()
-                    log.error(
-                        "prepared claim's MIG instance is gone (GPU reset?)",
-                        extra={"claimUID": record.uid, "device": d.device_name, "giID": d.gi_id},
+        """Prepared claims whose instances vanished (node reboot, GPU reset) are forgotten.
+
+        Otherwise a later prepare of the same claim would return CDI IDs for MIG devices that
+        no longer exist. With every instance gone the record is torn down (spec and finalizer
+        too), so the kubelet's next prepare carves afresh; a partial loss is only reported,
+        because tearing down the survivors would break a workload that may still run.
+        """
+        live: dict[str, Sequence[GpuInstance]] = {}
+        for record in list(self.checkpoint().claims.values()):
+            mig = [d for d in record.devices if d.is_mig and d.gi_id is not None]
+            if record.state is not ClaimState.PREPARE_COMPLETED or not mig:
+                continue
+            missing = []
+            for d in mig:
+                if d.gpu_uuid not in live:
+                    live[d.gpu_uuid] = (
+                        self._backend.instances(d.gpu_uuid)
+                        if self._backend.mig_enabled(d.gpu_uuid)
+                        else ()
                     )
+                if _find_own_instance(d, live[d.gpu_uuid], self.checkpoint()) is None:
+                    missing.append(d.device_name)
+            if not missing:
+                continue
+            ctx = {"claim": f"{record.namespace}/{record.name}", "claimUID": record.uid}
+            self.metrics.errors.labels(operation="reconcile", reason="instance-lost").inc()
+            log.error(
+                "prepared claim's MIG instances are gone (node reboot or GPU reset?)",
+                extra={**ctx, "devices": missing, "all": len(missing) == len(mig)},
+            )
+            if len(missing) == len(mig):
+                try:
+                    with self._lock(self._claim_locks, record.uid):
+                        self._teardown(record, ctx)
+                except Exception:
+                    log.exception("could not forget the lost claim; will retry", extra=ctx)
 
 
 def _find_own_instance(

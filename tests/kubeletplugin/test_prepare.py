@@ -493,3 +493,19 @@ def _check_agreement(n: Node, prepared: set[str]) -> None:
         assert n.claims.finalizers(ClaimRef(rec.namespace, rec.name, rec.uid)) == [
             f"{DRIVER}/node-{NODE}"
         ]
+
+
+def test_reboot_forgets_lost_instances_and_prepare_carves_again(node: Node) -> None:
+    ref = node.claims.add("c", [mig(node.backend, 0, 19, 2)])
+    first = node.p.prepare([ref])[ref.uid]
+    assert first.error == ""
+    sim.sim_reboot()  # every instance is gone; Hopper comes back with MIG off
+    node.start()
+    assert node.p.checkpoint().claims == {}
+    assert not CdiWriterPath(node, ref.uid).exists()
+    assert node.claims.finalizers(ref) == []
+    again = node.p.prepare([ref])[ref.uid]
+    assert again.error == "" and node.instances() == [(0, 19, 2, 1)]
+    new_uuid = node.p.checkpoint().claims[ref.uid].devices[0].mig_uuid
+    env = cdi.resolve([node.cdi_root], again.devices[0].cdi_device_ids).env
+    assert f"NVIDIA_VISIBLE_DEVICES={new_uuid}" in env
