@@ -462,6 +462,13 @@ class Reconciler:
             for claim_key in claim_keys:
                 self._users.setdefault(claim_key, set()).add(key)
 
+    def _condition(self, pod: Obj, status: bool, reason: str, message: str) -> None:
+        """Best effort, like events: a failed condition write never blocks a decision."""
+        try:
+            self._writer.set_pod_condition(pod, status, reason, message)
+        except Exception as exc:
+            _log.info("pod %s: could not set condition: %s", key_of(pod), exc)
+
     def _forget_pod(self, key: str) -> None:
         """The pod needs nothing more from us: drop its queue state and event memory."""
         self._pods.pop(key, None)
@@ -754,9 +761,9 @@ class Reconciler:
         summary = "; ".join(
             f"{a.name}: " + ", ".join(r.device for r in a.results) for a in plan.allocations
         )
-        self._recorder.event(
-            pod, Kind.POD, "Normal", "Placed", f"carve placed claims on node {plan.node}: {summary}"
-        )
+        message = f"carve placed claims on node {plan.node}: {summary}"
+        self._recorder.event(pod, Kind.POD, "Normal", "Placed", message)
+        self._condition(pod, True, "Placed", message)
         _log.info(
             "pod %s placed on %s in %.3fs",
             key,
@@ -784,6 +791,7 @@ class Reconciler:
             state.last_message = why.message
             self._event_sent.setdefault(key, {})[why.message] = now
             self._recorder.event(pod, Kind.POD, "Warning", why.reason, why.message)
+            self._condition(pod, False, why.reason, why.message)
             _log.info("pod %s waits: %s", key, why.message, extra={"pod": key})
 
     def _fallback_due(self, pod: Obj) -> bool:

@@ -31,6 +31,8 @@ from tenacity import (
 Obj = dict[str, Any]
 
 ALLOCATION_FINALIZER = "mig.carve.dev/allocation"
+PLACED_CONDITION = "mig.carve.dev/Placed"
+"""Pod condition: True once carve allocated the pod's claims, False with the reason it waits."""
 SCHEDULING_GATE = "mig.carve.dev/placement"
 
 _log = logging.getLogger(__name__)
@@ -80,6 +82,8 @@ class ClaimWriter(Protocol):
     def remove_finalizer(self, claim: Obj) -> Obj: ...
 
     def remove_gate(self, pod: Obj) -> Obj: ...
+
+    def set_pod_condition(self, pod: Obj, status: bool, reason: str, message: str) -> None: ...
 
 
 def node_selector_for(node: str) -> Obj:
@@ -389,6 +393,34 @@ class KubeClaimWriter:
             return cur
 
         return self._rmw(pod, self._get_pod, self._put_pod, mutate)
+
+    def set_pod_condition(self, pod: Obj, status: bool, reason: str, message: str) -> None:
+        """Record carve's verdict in the pod's conditions (`kubectl describe pod` shows it).
+
+        A strategic-merge patch keyed by condition type: it neither races with the kubelet's or
+        the scheduler's own conditions nor needs a resourceVersion.
+        """
+        self._check_fence()
+        meta = pod["metadata"]
+        cond = pod_condition(status, reason, message, self._clock())
+        self._core.patch_namespaced_pod_status(
+            meta["name"],
+            meta.get("namespace", ""),
+            {"status": {"conditions": [cond]}},
+            _content_type="application/strategic-merge-patch+json",
+        )
+
+
+def pod_condition(
+    status: bool, reason: str, message: str, now: dt.datetime, type_: str = PLACED_CONDITION
+) -> Obj:
+    return {
+        "type": type_,
+        "status": "True" if status else "False",
+        "reason": reason,
+        "message": message[:32768],
+        "lastTransitionTime": _rfc3339(now),
+    }
 
 
 def _allocation_matches(existing: Obj, wanted: ClaimAllocation) -> bool:

@@ -179,6 +179,7 @@ class MemoryWriter:
         self.objects: dict[str, Obj] = {}
         self.calls: list[tuple[str, str]] = []
         self.fail: dict[tuple[str, str], Exception] = {}
+        self.conditions: dict[str, tuple[bool, str, str]] = {}
         self._rv = itertools.count(100)
 
     def put(self, obj: Obj) -> Obj:
@@ -226,6 +227,9 @@ class MemoryWriter:
             g for g in cur["spec"].get("schedulingGates", []) if g["name"] != SCHEDULING_GATE
         ]
         return self.put(cur)
+
+    def set_pod_condition(self, pod: Obj, status: bool, reason: str, message: str) -> None:
+        self.conditions[pod["metadata"]["name"]] = (status, reason, message)
 
 
 class ListRecorder:
@@ -315,6 +319,8 @@ def test_only_the_first_two_in_queue_order_get_the_two_devices() -> None:
     assert has_gate(h.current("c"), SCHEDULING_GATE)
     waits = [e for e in h.recorder.events if e[0] == "c"]
     assert waits == [("c", "Warning", "NoCapacity", "no node has 1 free devices")]
+    assert h.writer.conditions["c"] == (False, "NoCapacity", "no node has 1 free devices")
+    assert h.writer.conditions["a"][:2] == (True, "Placed")
 
 
 def test_allocation_is_written_with_finalizer_then_gate_removed() -> None:

@@ -153,6 +153,7 @@ def _assert_consistent(api: ApiClient, ns: str) -> None:
     planner = EnginePlanner()
     for s in raw(client.ResourceV1Api(api).list_resource_slice(_preload_content=False))["items"]:
         planner.observe(Kind.SLICE, s)
+    planner.flush()
     per_gpu: dict[str, list[tuple[int, int]]] = {}
     for pool, device in devices:
         hit = planner.model.device(pool, device)
@@ -193,6 +194,18 @@ def test_gated_pods_are_placed_and_bound_and_overflow_waits_with_reason(
     evs = wait_for("a waiting event", lambda: events_for(k8s_api, namespace, name))
     assert evs[0]["type"] == "Warning"
     assert "3g.20gb" in evs[0]["note"]
+    conds = {
+        c["type"]: c
+        for c in wait_for(
+            "the Placed condition",
+            lambda: raw(core.read_namespaced_pod(name, namespace, _preload_content=False))[
+                "status"
+            ].get("conditions"),
+        )
+    }
+    placed_cond = conds["mig.carve.dev/Placed"]
+    assert placed_cond["status"] == "False"
+    assert "3g.20gb" in placed_cond["message"]
     claim = next(
         c for c in claims_of(k8s_api, namespace) if (c.get("status") or {}).get("allocation")
     )
