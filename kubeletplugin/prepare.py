@@ -604,18 +604,28 @@ class Preparer:
         self._check_completed()
 
     def retry_pending(self) -> None:
-        """Retry teardowns that could not finish (e.g. the API was unreachable)."""
+        """Periodic housekeeping: retry teardowns that could not finish (e.g. the API was
+        unreachable), and release claims that no longer exist in the API.
+
+        The kubelet unprepares every claim it prepared, but not one whose object was removed
+        behind its back (finalizers stripped by hand, kubelet state lost); without this its
+        instance would stay carved forever. Only a definite answer counts: the claim is absent,
+        or its name now belongs to another UID. A read error leaves everything as it is.
+        """
         for record in list(self.checkpoint().claims.values()):
-            if record.state is ClaimState.PREPARE_COMPLETED:
-                continue
             ctx = {"claim": f"{record.namespace}/{record.name}", "claimUID": record.uid}
             try:
+                if record.state is ClaimState.PREPARE_COMPLETED:
+                    claim = self._claims.get(record.namespace, record.name)
+                    if claim is not None and claim.uid == record.uid:
+                        continue
+                    log.warning("releasing claim that no longer exists in the API", extra=ctx)
                 with self._lock(self._claim_locks, record.uid):
                     current = self.checkpoint().claims.get(record.uid)
-                    if current is not None and current.state is not ClaimState.PREPARE_COMPLETED:
+                    if current is not None and current.state is record.state:
                         self._teardown(current, ctx)
             except Exception as e:
-                log.warning("pending teardown still failing", extra={**ctx, "error": str(e)})
+                log.warning("housekeeping of claim failed", extra={**ctx, "error": str(e)})
 
     def _record_foreign(self) -> None:
         cp = self.checkpoint()

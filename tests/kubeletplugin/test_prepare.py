@@ -509,3 +509,16 @@ def test_reboot_forgets_lost_instances_and_prepare_carves_again(node: Node) -> N
     new_uuid = node.p.checkpoint().claims[ref.uid].devices[0].mig_uuid
     env = cdi.resolve([node.cdi_root], again.devices[0].cdi_device_ids).env
     assert f"NVIDIA_VISIBLE_DEVICES={new_uuid}" in env
+
+
+def test_housekeeping_releases_claims_removed_behind_the_kubelets_back(node: Node) -> None:
+    kept = node.claims.add("kept", [mig(node.backend, 0, 19, 0)])
+    gone = node.claims.add("gone", [mig(node.backend, 0, 19, 1)])
+    recreated = node.claims.add("again", [mig(node.backend, 1, 19, 0)])
+    assert all(r.error == "" for r in node.p.prepare([kept, gone, recreated]).values())
+    del node.claims.objects[("default", "gone")]  # finalizer stripped and deleted by hand
+    node.claims.objects[("default", "again")]["metadata"]["uid"] = "a-new-uid"
+    node.p.retry_pending()
+    assert set(node.p.checkpoint().claims) == {kept.uid}
+    assert node.instances() == [(0, 19, 0, 1)]
+    assert node.claims.finalizers(kept) == [f"{DRIVER}/node-{NODE}"]
