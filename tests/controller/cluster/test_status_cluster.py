@@ -132,3 +132,27 @@ def test_lease_election_on_the_apiserver(k8s_api: ApiClient, namespace: str) -> 
     b.stop(release=True)
     c = elector("c")
     assert c.try_acquire_or_renew()
+
+
+def test_repeated_events_fold_into_one_series(k8s_api: ApiClient, namespace: str) -> None:
+    from controller.events import KubeRecorder
+    from controller.reconciler import Kind
+
+    core = client.CoreV1Api(k8s_api)
+    p = raw(core.create_namespaced_pod(namespace, pod("ev", "t"), _preload_content=False))
+    rec = KubeRecorder(client.EventsV1Api(k8s_api))
+    for _ in range(3):
+        rec.event(p, Kind.POD, "Warning", "NoCapacity", "no H100 has a free 3g.40gb placement")
+    rec.event(p, Kind.POD, "Normal", "Placed", "placed on node-a")
+    evs = raw(
+        client.EventsV1Api(k8s_api).list_namespaced_event(
+            namespace, field_selector="regarding.name=ev", _preload_content=False
+        )
+    )["items"]
+    by_reason = {
+        e["reason"]: e for e in evs if e.get("reportingController") == "mig.carve.dev/controller"
+    }
+    assert set(by_reason) == {"NoCapacity", "Placed"}
+    assert by_reason["NoCapacity"]["series"]["count"] == 3
+    assert by_reason["NoCapacity"]["regarding"]["uid"] == p["metadata"]["uid"]
+    assert by_reason["NoCapacity"]["reportingController"] == "mig.carve.dev/controller"
