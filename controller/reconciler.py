@@ -347,6 +347,7 @@ class ReconcilerConfig:
     native_fallback_after: float | None = None
     retry_interval: float = 30.0
     max_replans: int = 3
+    claims_grace: float = 30.0
     event_interval: float = 300.0
 
     @property
@@ -611,7 +612,10 @@ class Reconciler:
             key = key_of(pod)
             state = self._pods[key]
             if w.kind is WorkKind.WAIT:
-                self._wait(pod, state, Unplaceable("ClaimsNotReady", w.message))
+                # kube-controller-manager normally creates claims within milliseconds: only a
+                # wait that lasts is worth an event (and a condition write) per pod.
+                if now - state.first_seen >= self._cfg.claims_grace:
+                    self._wait(pod, state, Unplaceable("ClaimsNotReady", w.message))
                 continue
             if state.retry_at > now or state.permanent:
                 continue

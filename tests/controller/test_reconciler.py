@@ -760,3 +760,17 @@ def test_replan_waits_for_its_backoff() -> None:
     h.now[0] += 2.5
     h.step()
     assert h.current("c")["status"].get("allocation")
+
+
+def test_missing_generated_claim_is_reported_only_when_it_lasts() -> None:
+    h = Harness()
+    p = pod("p", [])
+    p["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "t"}]
+    h.add(Kind.POD, p)
+    h.step()
+    assert [e for e in h.recorder.events if e[0] == "p"] == []
+    h.now[0] += 31
+    h.step()
+    (ev,) = [e for e in h.recorder.events if e[0] == "p"]
+    assert ev[2] == "ClaimsNotReady"
+    assert "kube-controller-manager" in ev[3]
