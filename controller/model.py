@@ -109,6 +109,13 @@ class GpuRecord:
         return self.inventory.node
 
 
+def _used_units(record: GpuRecord) -> int:
+    occupancy = record.occupancy
+    if occupancy.blocked:
+        return record.inventory.model.memory_units
+    return occupancy.state.occupied.bit_count()
+
+
 def _kind_signature(inv: GpuInventory) -> tuple[object, ...]:
     def strip(device: PublishedDevice) -> tuple[object, ...]:
         attrs = tuple(
@@ -135,6 +142,8 @@ class ClusterModel:
         self._claims_on_gpu: dict[str, set[ClaimKey]] = {}
         self._gpus_of_claim: dict[ClaimKey, set[str]] = {}
         self._states: dict[tuple[str, frozenset[tuple[int, int]]], GpuState | str] = {}
+        self._units_total: dict[str, int] = {}
+        self._units_used: dict[str, int] = {}
         self._unresolved: dict[ClaimKey, tuple[str, ...]] = {}
         self._kinds: dict[tuple[object, ...], int] = {}
         self.kind_examples: dict[int, str] = {}
@@ -207,6 +216,8 @@ class ClusterModel:
                 by_placement={(d.profile_id, d.start): d for d in inv.devices},
             )
             self.gpus[inv.uuid] = record
+            key = inv.model.key
+            self._units_total[key] = self._units_total.get(key, 0) + inv.model.memory_units
             for d in inv.devices:
                 self._device_index[(inv.pool, d.name)] = (inv.uuid, d)
         for claim in list(self._unresolved):
@@ -219,6 +230,9 @@ class ClusterModel:
     def _drop_gpu(self, uuid: str) -> None:
         self._unbucket(uuid)
         record = self.gpus.pop(uuid)
+        key = record.inventory.model.key
+        self._units_total[key] -= record.inventory.model.memory_units
+        self._units_used[key] = self._units_used.get(key, 0) - _used_units(record)
         for d in record.inventory.devices:
             self._device_index.pop((record.inventory.pool, d.name), None)
         for claim in self._claims_on_gpu.pop(uuid, set()):
@@ -331,7 +345,10 @@ class ClusterModel:
                 occupancy = Occupancy(EMPTY_STATE, blocked=True)
             else:
                 occupancy = Occupancy(state)
+        before = _used_units(record)
         record.occupancy = occupancy
+        key = record.inventory.model.key
+        self._units_used[key] = self._units_used.get(key, 0) + _used_units(record) - before
         self._rebucket(uuid)
 
     def _state_of(self, record: GpuRecord, instances: frozenset[tuple[int, int]]) -> GpuState | str:
@@ -382,6 +399,11 @@ class ClusterModel:
         bisect.insort(self.buckets.setdefault(key, []), (record.node, uuid))
         self._bucket_of[uuid] = key
 
+    def utilization(self, model_key: str) -> float:
+        """Fraction of the memory units of all GPUs of ``model_key`` that are occupied."""
+        total = self._units_total.get(model_key, 0)
+        return self._units_used.get(model_key, 0) / total if total else 0.0
+
     # ------------------------------------------------------------------------------------------
     # Comparison
 
@@ -395,6 +417,8 @@ class ClusterModel:
             tuple(sorted(self._busy_nodes)),
             tuple(sorted(self.problems)),
             tuple(sorted(self._unresolved)),
+            tuple(sorted((k, v) for k, v in self._units_used.items() if v)),
+            tuple(sorted((k, v) for k, v in self._units_total.items() if v)),
         )
 
 

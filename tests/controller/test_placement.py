@@ -506,3 +506,19 @@ def test_custom_class_selectors_apply() -> None:
     careless = place(engine, "p", claim("a", exact("r", cls="careless.mig.carve.dev")))
     assert isinstance(careless, NoPlacement) and careless.permanent
     assert "placementSize" in careless.message
+
+
+def test_request_several_models_serve_goes_to_the_model_with_more_room() -> None:
+    # 1g.10gb exists on A100-80GB (1 unit) and A100-40GB (2 units). The 80GB GPU is half used,
+    # so its room is kept for requests only it can serve (4g.40gb, 7g.80gb...).
+    model = build_cluster(2, 1, [A100, A100_40])
+    engine = engine_for(model)
+    big = placed(place(engine, "a", profile_claim("a", "4g.40gb")))
+    engine.commit(big, "a", NEEDS)
+    assert model.utilization(A100.key) == 0.5 and model.utilization(A100_40.key) == 0.0
+    small = placed(place(engine, "b", profile_claim("b", "1g.10gb")))
+    assert model.gpus[small.choices[0].gpu_uuid].inventory.model is A100_40
+    # Within one model, packing still wins: the next 1g.10gb shares the 40GB GPU.
+    engine.commit(small, "b", NEEDS)
+    again = placed(place(engine, "c", profile_claim("c", "1g.10gb")))
+    assert again.choices[0].gpu_uuid == small.choices[0].gpu_uuid
