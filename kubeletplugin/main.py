@@ -333,13 +333,15 @@ def run(opts: Options, stop: threading.Event) -> int:
             "opsPort": ops.port,
         },
     )
-    registered_before = False
+    last_verdict = server.registration
     next_retry = time.monotonic() + _RETRY_PENDING_SECONDS
     while not stop.wait(0.5):
-        registered = server.registration.registered
-        if registered and not registered_before:
-            publisher.trigger()  # the kubelet may have wiped our slices while we were away
-        registered_before = registered
+        # Every registration (each verdict is a new object) may follow a kubelet restart, and
+        # the kubelet wipes the node's slices when it starts: republish at once.
+        verdict = server.registration
+        if verdict is not last_verdict and verdict.registered:
+            publisher.trigger()
+        last_verdict = verdict
         if time.monotonic() >= next_retry:
             preparer.retry_pending()
             next_retry = time.monotonic() + _RETRY_PENDING_SECONDS
