@@ -25,7 +25,7 @@ from kubernetes.client import ApiClient
 
 from devcluster import components
 from devcluster.binaries import Binaries
-from devcluster.components import Layout, Ports
+from devcluster.components import FEATURE_GATES, Layout, Ports
 from devcluster.kubeconfig import write_kubeconfig
 from devcluster.nodes import (
     FakeNode,
@@ -306,3 +306,33 @@ def test_start_retries_on_fresh_ports_when_one_was_taken(
     finally:
         cluster.stop()
         squatter.close()
+
+
+@pytest.mark.cluster
+def test_the_apis_and_gates_carve_relies_on_are_live(k8s_api: ApiClient) -> None:
+    version = client.VersionApi(k8s_api).get_code()
+    assert (version.major, version.minor, version.git_version) == ("1", "37", "v1.37.2")
+    resources = client.ResourceV1Api(k8s_api).get_api_resources().resources
+    assert {
+        "deviceclasses",
+        "resourceclaims",
+        "resourceclaimtemplates",
+        "resourceslices",
+        "devicetaintrules",
+    } <= {r.name for r in resources}
+    admission = client.AdmissionregistrationV1Api(k8s_api).get_api_resources().resources
+    assert "mutatingadmissionpolicies" in {r.name for r in admission}
+    method, url, headers, _, _ = k8s_api.param_serialize("GET", "/metrics")
+    response = k8s_api.call_api(method, url, header_params=headers)
+    response.read()  # type: ignore[no-untyped-call]
+    assert response.status == 200
+    assert response.data is not None
+    metrics = response.data.decode()
+    for gate in FEATURE_GATES:
+        assert f'kubernetes_feature_enabled{{name="{gate}",stage="' in metrics, gate
+        line = next(
+            x
+            for x in metrics.splitlines()
+            if x.startswith(f'kubernetes_feature_enabled{{name="{gate}",')
+        )
+        assert line.endswith(" 1"), line
