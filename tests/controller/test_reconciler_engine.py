@@ -214,3 +214,35 @@ def test_no_memory_slice_is_ever_given_twice(ops: list[tuple[str, bool]]) -> Non
         for uuid, instances in per_gpu.items():
             # Raises PlacementError on overlapping memory slices or exhausted engine pools.
             c.planner.model.gpus[uuid].geometry.state_of(instances)
+
+
+def _example_templates() -> list[Obj]:
+    import pathlib
+
+    import yaml
+
+    path = pathlib.Path(__file__).resolve().parents[2] / "deploy/examples/10-claim-templates.yaml"
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def test_every_shipped_example_template_is_placeable() -> None:
+    """deploy/examples must work: each template's claim is placed on an H100 + A100 node."""
+    templates = _example_templates()
+    assert len(templates) >= 5
+    for t in templates:
+        c = Cluster({"n1": ["H100-SXM5-80GB", "A100-SXM4-40GB"]})
+        name = t["metadata"]["name"]
+        body = claim(name)
+        body["spec"] = t["spec"]["spec"]
+        c.submit(body)
+        c.rec.step()
+        alloc = c.allocation(name)
+        assert alloc is not None, f"{name}: {c.recorder.events}"
+        results = alloc["devices"]["results"]
+        if name == "two-1g-same-gpu":
+            gpus = {c.planner.model.device(r["pool"], r["device"])[0].uuid for r in results}  # type: ignore[index]
+            assert len(results) == 2 and len(gpus) == 1
+        if name == "mig-4g-or-smaller":
+            assert results[0]["request"] == "mig/big"
+        if name == "whole-h100":
+            assert results[0]["device"] == "gpu-0"
