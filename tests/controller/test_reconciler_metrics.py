@@ -121,3 +121,29 @@ def test_flags_have_environment_equivalents(monkeypatch: pytest.MonkeyPatch) -> 
     assert args.driver_name == "mig.example.org"
     args = build_parser().parse_args(["--driver-name", "x.example.org"])
     assert args.driver_name == "x.example.org"
+
+
+def test_http_endpoints() -> None:
+    import urllib.error
+    import urllib.request
+
+    from controller.main import serve_http
+
+    ready = [False]
+    m = ControllerMetrics()
+    m.set_queue_depth(2)
+    server = serve_http("127.0.0.1:0", m, lambda: ready[0])
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        with urllib.request.urlopen(f"{base}/healthz") as r:
+            assert r.status == 200
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(f"{base}/readyz")
+        assert err.value.code == 503
+        ready[0] = True
+        with urllib.request.urlopen(f"{base}/readyz") as r:
+            assert r.status == 200
+        with urllib.request.urlopen(f"{base}/metrics") as r:
+            assert b"carve_pending_pods 2.0" in r.read()
+    finally:
+        server.shutdown()
