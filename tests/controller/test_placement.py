@@ -19,7 +19,15 @@ from controller.claims import (
     ExactRequest,
 )
 from controller.model import WHOLE_GPU, ClusterModel
-from controller.nodefit import NodeInfo, PodNeeds, Resources, Taint, TaintEffect, Toleration
+from controller.nodefit import (
+    NodeInfo,
+    PodNeeds,
+    Resources,
+    Taint,
+    TaintEffect,
+    Toleration,
+    check_node,
+)
 from controller.placement import (
     ClaimToPlace,
     NoPlacement,
@@ -522,3 +530,65 @@ def test_request_several_models_serve_goes_to_the_model_with_more_room() -> None
     engine.commit(small, "b", NEEDS)
     again = placed(place(engine, "c", profile_claim("c", "1g.10gb")))
     assert again.choices[0].gpu_uuid == small.choices[0].gpu_uuid
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(min_value=0, max_value=4000),  # cpu millicores allocatable
+            st.booleans(),  # cordoned
+            st.booleans(),  # tainted
+        ),
+        min_size=1,
+        max_size=4,
+    ),
+    st.lists(st.tuples(st.sampled_from(PROFILES), st.integers(1, 2)), min_size=1, max_size=12),
+)
+def test_every_placement_passes_node_fit(
+    nodes: list[tuple[int, bool, bool]], pods: list[tuple[str, int]]
+) -> None:
+    model = ClusterModel()
+    for i, (cpu, cordoned, tainted) in enumerate(nodes):
+        name = f"n{i}"
+        taints = (Taint("dedicated", "x", TaintEffect.NO_EXECUTE),) if tainted else ()
+        model.set_node(NodeInfo(name, Resources(cpu, 2**40, 110), (), taints, cordoned))
+        model.set_node_gpus(name, [build_gpu(name, 0, A100), build_gpu(name, 1, H100)])
+    engine = engine_for(model)
+    needs = PodNeeds(Resources(700, 2**30, 1))
+    for j, (profile, count) in enumerate(pods):
+        result = engine.place(
+            PlacementRequest(f"p{j}", needs, (profile_claim(f"c{j}", profile, count),))
+        )
+        if isinstance(result, Placement):
+            node = model.nodes[result.node]
+            assert check_node(needs, node, model.node_usage(node.name)) is None
+            engine.commit(result, f"p{j}", needs)
+        else:
+            fitting = [
+                n
+                for n in model.nodes.values()
+                if check_node(needs, n, model.node_usage(n.name)) is None
+            ]
+            if result.reason is NoPlacementReason.NODE_MISFIT:
+                assert not fitting  # blamed on nodes only when no node would take the pod
+            elif fitting:
+                assert result.reason in (
+                    NoPlacementReason.INSUFFICIENT_DEVICES,
+                    NoPlacementReason.NO_MATCHING_DEVICE,
+                )
+            if result.reason is NoPlacementReason.NO_MATCHING_DEVICE:
+                # Only A100-40GB has these; this cluster has none.
+                assert profile in ("1g.5gb", "3g.20gb")
+    replay(model)
+
+
+def test_search_budget_bounds_hopeless_multi_device_requests() -> None:
+    model = build_cluster(1, 8, [A100])
+    engine = PlacementEngine(model, CLASSES, search_budget=50)
+    # 8 GPUs x 2 placements = 16 3g.40gb at most; ask for 17 through a constraint that forces
+    # the search (distinct placementStart is impossible beyond 2, so it must give up).
+    apart = DeviceConstraint((), ConstraintKind.DISTINCT, "mig.carve.dev/placementStart")
+    result = place(engine, "p", claim("a", exact("r", "1g.10gb", count=9), constraints=[apart]))
+    assert isinstance(result, NoPlacement)
+    assert "search limit" in result.message
