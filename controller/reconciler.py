@@ -21,7 +21,6 @@ import datetime as dt
 import enum
 import logging
 import queue
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -379,7 +378,6 @@ class Reconciler:
         self._clock = clock
         self._wall = wall_clock
         self._events: queue.Queue[tuple[Kind, EventType, Obj]] = queue.Queue()
-        self._wakeup = threading.Event()
         self._synced: set[Kind] = set()
         self.stores: dict[Kind, dict[str, Obj]] = {k: {} for k in Kind}
         self._pods: dict[str, _PodState] = {}
@@ -394,11 +392,9 @@ class Reconciler:
 
     def enqueue(self, kind: Kind, type_: EventType, obj: Obj) -> None:
         self._events.put((kind, type_, obj))
-        self._wakeup.set()
 
     def mark_synced(self, kind: Kind) -> None:
         self._events.put((kind, EventType.ADDED, {"__synced__": True}))
-        self._wakeup.set()
 
     @property
     def synced(self) -> bool:
@@ -437,6 +433,8 @@ class Reconciler:
             self._replans.pop(key, None)
         if type_ is EventType.DELETED or is_terminal(pod):
             self._forget_pod(key)
+            if pod.get("spec", {}).get("nodeName"):
+                self._wake_all(capacity=True)  # its CPU, memory and pod slot are free again
             ns = pod.get("metadata", {}).get("namespace", "")
             for name in pod_claim_names(pod)[0]:
                 self._dirty_claims.add(f"{ns}/{name}")
@@ -515,15 +513,6 @@ class Reconciler:
             return
         self._release_pass()
         self._place_pass()
-
-    def run(self, stop: threading.Event, tick: float = 1.0) -> None:
-        while not stop.is_set():
-            try:
-                self.step(timeout=tick)
-            except Exception:
-                # A bug in one decision must not stop the allocator for the whole cluster.
-                _log.exception("reconcile step failed; continuing")
-                time.sleep(tick)
 
     def resync(self) -> None:
         """Re-examine every claim and pod (periodic safety net against missed events)."""
