@@ -100,6 +100,14 @@ def mig_device_nodes(
     )
 
 
+def uvm_device_nodes(*, uvm_major: int) -> tuple[DeviceNode, ...]:
+    """The unified-memory nodes CUDA opens in every process (dynamic major, minors 0 and 1)."""
+    return (
+        DeviceNode("/dev/nvidia-uvm", uvm_major, 0, GPU_NODE_MODE),
+        DeviceNode("/dev/nvidia-uvm-tools", uvm_major, 1, GPU_NODE_MODE),
+    )
+
+
 def whole_gpu_device_nodes(*, gpu_minor: int) -> tuple[DeviceNode, ...]:
     return (
         DeviceNode(f"/dev/nvidia{gpu_minor}", NVIDIA_MAJOR, gpu_minor, GPU_NODE_MODE),

@@ -264,6 +264,7 @@ def run(opts: Options, stop: threading.Event) -> int:
         store=CheckpointStore(opts.checkpoint_dir),
         cdi=CdiWriter(opts.cdi_root, vendor=opts.driver_name),
         metrics=metrics,
+        common_nodes=node.common_device_nodes(),
     )
     preparer.reconcile()
     publisher = SlicePublisher(

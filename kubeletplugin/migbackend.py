@@ -12,14 +12,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from driver.cdi import DeviceNode, uvm_device_nodes
 from driver.naming import parse_device_name
-from driver.nvml.backend import NvmlBackend
+from driver.nvml.backend import NvmlBackend, parse_char_major
 from driver.resourceslice import PublishedGpu, build_resource_slices
 
 
 @dataclass
 class NodeHardware:
     mig: NvmlBackend
+    proc_root: Path = Path("/proc")
+
+    def common_device_nodes(self) -> tuple[DeviceNode, ...]:
+        """Nodes every container with a carve device needs besides the per-device ones.
+
+        /dev/nvidia-uvm has a dynamic major; without the module loaded (no CUDA yet on the
+        host) there is nothing to add and CUDA would load it inside the container's view.
+        """
+        try:
+            text = (self.proc_root / "devices").read_text()
+        except OSError:
+            return ()
+        major = parse_char_major(text, "nvidia-uvm")
+        return () if major is None else uvm_device_nodes(uvm_major=major)
 
     def published_gpus(self, exclude: Collection[str] = ()) -> list[PublishedGpu]:
         """MIG-capable GPUs of the node, minus refused ones (by UUID)."""
@@ -90,7 +105,8 @@ def open_backend(simulate: Path | None) -> NodeHardware:
 
         os.environ["CARVE_SIM_CONFIG"] = str(simulate)
         sim.configure(simulate)
-        return NodeHardware(NvmlBackend(sim, proc_root=sim.sim_proc_root()).open())
+        proc = sim.sim_proc_root()
+        return NodeHardware(NvmlBackend(sim, proc_root=proc).open(), proc)
     import pynvml
 
     return NodeHardware(NvmlBackend(pynvml).open())

@@ -33,7 +33,13 @@ from enum import StrEnum
 from typing import Protocol
 
 from driver.catalog import Placement, ProfileSpec
-from driver.cdi import CdiDevice, CdiWriter, mig_device_nodes, whole_gpu_device_nodes
+from driver.cdi import (
+    CdiDevice,
+    CdiWriter,
+    DeviceNode,
+    mig_device_nodes,
+    whole_gpu_device_nodes,
+)
 from driver.config import ConfigError, resolve_config
 from driver.naming import parse_device_name
 from driver.nvml.errors import InstanceMismatch, PlacementTaken
@@ -96,6 +102,9 @@ class MigBackend(Protocol):
 
 
 class ClaimError(Exception):
+    """A claim that cannot be (un)prepared; `reason` labels the error metric, the message goes
+    to the kubelet and from there to the pod's events."""
+
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
@@ -143,9 +152,12 @@ class Preparer:
         store: CheckpointStore,
         cdi: CdiWriter,
         metrics: PluginMetrics | None = None,
+        common_nodes: Sequence[DeviceNode] = (),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`common_nodes` go to every device (e.g. /dev/nvidia-uvm, whose major is dynamic)."""
         self._s = settings
+        self._common_nodes = tuple(common_nodes)
         self._backend = backend
         self._claims = claims
         self._store = store
@@ -488,7 +500,7 @@ class Preparer:
                 )
             else:
                 nodes = whole_gpu_device_nodes(gpu_minor=r.gpu_minor)
-            out.append(CdiDevice(r.device_name, nodes, env))
+            out.append(CdiDevice(r.device_name, (*nodes, *self._common_nodes), env))
         return out
 
     # -- unprepare and teardown ---------------------------------------------------------------

@@ -158,3 +158,11 @@ def test_written_specs_always_load_and_resolve(uid: str, names: list[str]) -> No
         w = CdiWriter(Path(d))
         ids = w.write(uid, [_mig_device(n) for n in names])
         assert len(cdi.resolve([Path(d)], ids).device_nodes) == 4 * len(names)
+
+
+def test_uvm_nodes() -> None:
+    nodes = cdi.uvm_device_nodes(uvm_major=510)
+    assert [(n.path, n.major, n.minor, n.type) for n in nodes] == [
+        ("/dev/nvidia-uvm", 510, 0, "c"),
+        ("/dev/nvidia-uvm-tools", 510, 1, "c"),
+    ]

@@ -275,6 +275,9 @@ def test_plugin_against_real_apiserver(
     assert prepared.device_name == dev and prepared.pool_name == node
     edits = cdi.resolve([p.root / "cdi"], prepared.cdi_device_ids)
     assert any(e.startswith("NVIDIA_VISIBLE_DEVICES=MIG-") for e in edits.env)
+    uvm = {n["path"]: n for n in edits.device_nodes if n["path"].startswith("/dev/nvidia-uvm")}
+    assert sorted(uvm) == ["/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+    assert uvm["/dev/nvidia-uvm"]["major"] > 0 and uvm["/dev/nvidia-uvm-tools"]["minor"] == 1
     fin = f"{DRIVER}/node-{node}"
     assert fin in kube.request("GET", f"{path}/slice")["metadata"]["finalizers"]
     wrong = ClaimRef(namespace, "slice", str(uuid.uuid4()))
