@@ -90,7 +90,11 @@ class ClusterInfo:
 
 
 class LocalCluster:
-    """One control plane. Use as a context manager, or call start() and stop()."""
+    """One control plane. Use as a context manager, or call start() and stop().
+
+    An owned (not detached) cluster must be started from a thread that outlives it, such as
+    the main thread: the kernel's parent-death signal follows the thread that started each
+    component, so a cluster started from a short-lived worker thread dies with that thread."""
 
     def __init__(
         self,
