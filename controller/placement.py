@@ -44,6 +44,7 @@ from controller.model import (
     IDENTITY_ATTRIBUTES,
     WHOLE_GPU,
     ClusterModel,
+    GpuInventory,
     GpuRecord,
     Occupancy,
     PublishedDevice,
@@ -222,6 +223,9 @@ class PlacementEngine:
             list[tuple[tuple[object, ...], int, int, int, Occupancy]],
         ] = {}
         self._orders: dict[str, Mapping[tuple[int, int], int]] = {}
+        self._patterns: dict[
+            tuple[str, str], tuple[GpuInventory, tuple[int, ...], tuple[object, ...]]
+        ] = {}
         self._room_cache: dict[
             tuple[str, Occupancy, frozenset[tuple[int, int]]],
             tuple[tuple[int, bool, str | None], ...],
@@ -564,7 +568,7 @@ class PlacementEngine:
             sig: tuple[object, ...] = (
                 self.model.node_busy(node),
                 tuple((g.kind, g.occupancy) for g in gpus),
-                tuple(_pattern(a, gpus) for a in attrs),
+                tuple(self._pattern(a, gpus) for a in attrs),
                 node if identity else "",
             )
             groups.setdefault(sig, []).append(node)
@@ -726,6 +730,37 @@ class PlacementEngine:
                 return False
         return True
 
+    def _pattern(self, attribute: str, gpus: list[GpuRecord]) -> tuple[object, ...]:
+        """How a constraint attribute's values repeat across a node's devices, with the values
+        renamed by first appearance. Nodes with equal kinds and equal patterns are
+        interchangeable under the constraint, so they are solved once."""
+        seen: dict[object, int] = {}
+        out: list[object] = []
+        for g in gpus:
+            local, distinct = self._local_pattern(g, attribute)
+            out.append((local, tuple(seen.setdefault(v, len(seen)) for v in distinct)))
+        return tuple(out)
+
+    def _local_pattern(
+        self, gpu: GpuRecord, attribute: str
+    ) -> tuple[tuple[int, ...], tuple[object, ...]]:
+        """Per device (inventory order) the index of its value among the GPU's distinct values,
+        and those values; cached per published inventory."""
+        key = (gpu.uuid, attribute)
+        hit = self._patterns.get(key)
+        if hit is not None and hit[0] is gpu.inventory:
+            return hit[1], hit[2]
+        index: dict[object, int] = {}
+        local = tuple(
+            index.setdefault(d.facts.attribute(attribute), len(index))
+            for d in gpu.inventory.devices
+        )
+        distinct = tuple(index)
+        if len(self._patterns) >= _CACHE_LIMIT:
+            self._patterns.clear()
+        self._patterns[key] = (gpu.inventory, local, distinct)
+        return local, distinct
+
     # ------------------------------------------------------------------------------------------
     # Explanations
 
@@ -868,14 +903,3 @@ def _profile_name(geometry: Geometry, pid: int) -> str:
     if pid == WHOLE_GPU:
         return "whole-GPU"
     return geometry.model.profile_by_id(pid).name
-
-
-def _pattern(attribute: str, gpus: list[GpuRecord]) -> tuple[int, ...]:
-    """How a constraint attribute's values repeat across the node's GPUs, as first-seen
-    indices: nodes with the same pattern behave the same under the constraint."""
-    seen: dict[object, int] = {}
-    out = []
-    for g in gpus:
-        values = tuple(sorted(repr(d.facts.attribute(attribute)) for d in g.inventory.devices))
-        out.append(seen.setdefault(values, len(seen)))
-    return tuple(out)
