@@ -233,3 +233,30 @@ def test_first_available_falls_back_to_a_smaller_profile(e2e: E2E) -> None:
     assert "-mig-2g12gb-" in result["device"]
     assert len(node.hardware_view().instances) == 2
     assert e2e.check_invariants() == []
+
+
+def test_a_prepare_that_keeps_failing_fails_the_pod_with_the_plugins_message(e2e: E2E) -> None:
+    from driver.nvml import sim
+
+    node = e2e.node("faulty", "A100-SXM4-40GB")
+    sim.configure(node.sim_config)
+    try:
+        # Faults live in the node's simulator state, so they reach the plugin process.
+        sim.sim_inject_fault("CreateGpuInstanceWithPlacement", error="UNKNOWN", times=50)
+    finally:
+        sim.configure(None)
+    e2e.template("one-1g", [request("mig", [profile_is("1g.5gb")])])
+    e2e.pod("p", {"mig": {"resourceClaimTemplateName": "one-1g"}})
+    pod = e2e.wait_phase("p", "Failed", timeout=90)
+    assert pod["status"]["reason"] == "FailedPrepareDynamicResources"
+    message = pod["status"]["message"]
+    assert "claim p-mig-" in message  # which claim
+    assert "cannot create 1g.5gb" in message and "NVML error 999" in message  # what failed
+    reasons = [e["reason"] for e in e2e.events("Pod", "p")]
+    assert reasons.count("FailedPrepareDynamicResources") >= 2  # retried before giving up
+    assert node.hardware_view().instances == ()
+    sim.configure(node.sim_config)
+    try:
+        sim.sim_clear_faults()
+    finally:
+        sim.configure(None)

@@ -1,0 +1,288 @@
+"""End-to-end latency: a pod with a carve claim, from create to Running, and where time goes.
+
+Run: python -m bench.e2e_latency [--pods 100] [--rate 4] [--latency realistic|zero]
+
+Starts a private v1.37 control plane, carve-controller and simulated GPU nodes (real
+carve-kubelet-plugin processes on the NVML simulator with the chosen latency preset), then
+creates pods at a steady rate, each with a 1g slice from a ResourceClaimTemplate, running a few
+seconds. Watches on pods and claims stamp every step with this machine's clock (the API's own
+timestamps have one-second resolution, too coarse here), split as:
+
+  admission   the pod's create call (the MutatingAdmissionPolicy adds carve's gate)
+  claim       pod created -> kube-controller-manager created its ResourceClaim
+  controller  claim created -> carve-controller wrote status.allocation
+  ungate      allocation written -> carve-controller removed the scheduling gate
+  scheduler   gate removed -> kube-scheduler bound the pod (reserving the claim)
+  node        bound -> the node agent posted Running; of which `prepare` is the
+              NodePrepareResources call (carve the GI + CI, CDI spec, checkpoint)
+
+Figures are printed, not asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+STAGES = ("admission", "claim", "controller", "ungate", "scheduler", "node", "prepare", "total")
+GPUS_PER_NODE = ("A100-SXM4-80GB", "H100-SXM5-80GB")
+
+
+def _pct(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+class _Stamps:
+    """First time each pod / claim reached each state, on this machine's clock."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pod: dict[str, dict[str, float]] = {}
+        self.claim_of: dict[str, str] = {}  # claim name -> pod name (owner)
+        self.pod_claim: dict[str, str] = {}  # pod name -> the claim it ran with
+        self.claim: dict[str, dict[str, float]] = {}
+
+    def _mark(self, table: dict[str, dict[str, float]], key: str, what: str, now: float) -> None:
+        table.setdefault(key, {}).setdefault(what, now)
+
+    def on_pod(self, _kind: Any, _type: Any, obj: dict[str, Any]) -> None:
+        now = time.time()
+        name = obj["metadata"]["name"]
+        spec, status = obj.get("spec", {}), obj.get("status", {})
+        with self.lock:
+            for st in status.get("resourceClaimStatuses") or []:
+                if st.get("resourceClaimName"):
+                    # The first one: kube-controller-manager re-creates (and at once deletes)
+                    # claims of pods that already finished, renaming the pod's status entry.
+                    self.pod_claim.setdefault(name, str(st["resourceClaimName"]))
+            if not spec.get("schedulingGates"):
+                self._mark(self.pod, name, "ungated", now)
+            if spec.get("nodeName"):
+                self._mark(self.pod, name, "bound", now)
+            if status.get("phase") == "Running":
+                self._mark(self.pod, name, "running", now)
+
+    def on_claim(self, _kind: Any, _type: Any, obj: dict[str, Any]) -> None:
+        now = time.time()
+        meta = obj["metadata"]
+        owner = next((o["name"] for o in meta.get("ownerReferences") or []), None)
+        with self.lock:
+            if owner:
+                self.claim_of[meta["name"]] = owner
+            self._mark(self.claim, meta["name"], "created", now)
+            if (obj.get("status") or {}).get("allocation"):
+                self._mark(self.claim, meta["name"], "allocated", now)
+
+
+def run(pods: int, rate: float, latency: str, nodes: int, run_seconds: float) -> int:
+    from kubernetes import client
+
+    from controller.informers import Informer, InformerConfig
+    from controller.reconciler import Kind
+    from devcluster.binaries import BinariesUnavailableError
+    from devcluster.cluster import LocalCluster
+    from nodesim.simnode import SimNodeSpec
+    from nodesim.stack import CarveStack
+
+    root = Path(tempfile.mkdtemp(prefix="carve-e2e-bench-"))
+    cluster = LocalCluster(root / "cluster")
+    try:
+        info = cluster.start()
+    except BinariesUnavailableError as exc:
+        print(f"e2e latency: control plane unavailable: {exc}", file=sys.stderr)
+        return 2
+    stack = CarveStack(Path(info.kubeconfig), root / "stack")
+    informers: list[Informer] = []
+    try:
+        stack.install()
+        stack.start_controller()
+        for i in range(nodes):
+            stack.add_node(SimNodeSpec(f"bench-{i}", GPUS_PER_NODE, latency=latency))
+        # Dict bodies: the generated models lag behind the 1.37 API.
+        core: Any = client.CoreV1Api(stack.api)
+        resource: Any = client.ResourceV1Api(stack.api)
+        ns = "bench"
+        core.create_namespace({"metadata": {"name": ns}})
+        time.sleep(1.0)  # the default ServiceAccount
+        template = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "one-1g"},
+            "spec": {
+                "spec": {
+                    "devices": {
+                        "requests": [
+                            {
+                                "name": "mig",
+                                "exactly": {
+                                    "deviceClassName": "mig.carve.dev",
+                                    "selectors": [
+                                        {
+                                            "cel": {
+                                                "expression": 'device.attributes["mig.carve.dev"]'
+                                                '.profile.startsWith("1g.")'
+                                            }
+                                        }
+                                    ],
+                                },
+                            }
+                        ]
+                    }
+                }
+            },
+        }
+        resource.create_namespaced_resource_claim_template(ns, template)
+        time.sleep(2.0)  # let the admission policy's cache see the template
+        stamps = _Stamps()
+        config = InformerConfig(watch_timeout_s=120, resync_period_s=3600.0)
+        informers = [
+            Informer(
+                Kind.POD,
+                functools.partial(core.list_namespaced_pod, ns),
+                stamps.on_pod,
+                lambda _k: None,
+                config,
+            ),
+            Informer(
+                Kind.CLAIM,
+                functools.partial(resource.list_namespaced_resource_claim, ns),
+                stamps.on_claim,
+                lambda _k: None,
+                config,
+            ),
+        ]
+        for inf in informers:
+            threading.Thread(target=inf.run, args=(time.monotonic,), daemon=True).start()
+        while not all(i.has_synced for i in informers):
+            time.sleep(0.05)
+
+        created: dict[str, tuple[float, float]] = {}
+        begin = time.monotonic()
+        for i in range(pods):
+            due = begin + i / rate
+            time.sleep(max(0.0, due - time.monotonic()))
+            name = f"p{i:03d}"
+            manifest = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": name,
+                    "annotations": {"nodesim.carve.dev/run-seconds": str(run_seconds)},
+                },
+                "spec": {
+                    "restartPolicy": "Never",
+                    "resourceClaims": [{"name": "mig", "resourceClaimTemplateName": "one-1g"}],
+                    "containers": [
+                        {"name": "main", "image": "x", "resources": {"claims": [{"name": "mig"}]}}
+                    ],
+                },
+            }
+            t0 = time.time()
+            pod = core.create_namespaced_pod(ns, manifest)
+            t1 = time.time()
+            gates = [g.name for g in (pod.spec.scheduling_gates if pod.spec else None) or []]
+            if "mig.carve.dev/placement" not in gates:
+                print(f"warning: {name} was not gated by carve's admission policy")
+            created[name] = (t0, t1)
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            with stamps.lock:
+                done = sum(1 for n in created if "running" in stamps.pod.get(n, {}))
+            if done == pods:
+                break
+            time.sleep(0.2)
+
+        records: dict[str, Any] = {}
+        for node in stack.nodes.values():
+            with node.agent._lock:
+                for rec in node.agent.records.values():
+                    records[rec.name] = rec
+        samples: dict[str, list[float]] = {s: [] for s in STAGES}
+        missing = 0
+        with stamps.lock:
+            claim_by_pod = dict(stamps.pod_claim)
+            per_pod: dict[str, int] = {}
+            for owner in stamps.claim_of.values():
+                per_pod[owner] = per_pod.get(owner, 0) + 1
+            duplicates = sum(1 for n in per_pod.values() if n > 1)
+            for name, (t0, t1) in created.items():
+                p = stamps.pod.get(name, {})
+                c = stamps.claim.get(claim_by_pod.get(name, ""), {})
+                need = ("ungated", "bound", "running")
+                if any(k not in p for k in need) or "created" not in c or "allocated" not in c:
+                    missing += 1
+                    continue
+                agent_record = records.get(name)
+                samples["admission"].append(t1 - t0)
+                samples["claim"].append(c["created"] - t1)
+                samples["controller"].append(c["allocated"] - c["created"])
+                samples["ungate"].append(p["ungated"] - c["allocated"])
+                samples["scheduler"].append(p["bound"] - p["ungated"])
+                samples["node"].append(p["running"] - p["bound"])
+                if agent_record is not None and "prepare_end" in agent_record.timings:
+                    timings = agent_record.timings
+                    samples["prepare"].append(timings["prepare_end"] - timings["prepare_start"])
+                samples["total"].append(p["running"] - t0)
+        print(
+            f"e2e latency: {pods} pods at {rate:g}/s, 1g slices, {nodes} nodes x "
+            f"{len(GPUS_PER_NODE)} GPUs ({', '.join(GPUS_PER_NODE)}), simulator latency "
+            f"'{latency}', containers run {run_seconds:g}s"
+        )
+        print(f"{'stage':<12}{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}")
+        for stage in STAGES:
+            values = samples[stage]
+            print(
+                f"{stage:<12}{_pct(values, 0.5) * 1000:>10.0f}{_pct(values, 0.99) * 1000:>10.0f}"
+                f"{(max(values) if values else float('nan')) * 1000:>10.0f}"
+            )
+        if duplicates:
+            print(
+                f"note: kube-controller-manager re-created the claim of {duplicates} finished "
+                "pod(s) and deleted it again (1.37 behaviour; after Running, not counted above)"
+            )
+        if missing:
+            print(f"{missing} pod(s) did not reach Running in time (excluded):")
+            with stamps.lock:
+                for name in created:
+                    p = stamps.pod.get(name, {})
+                    c = stamps.claim.get(claim_by_pod.get(name, ""), {})
+                    if "running" not in p or "allocated" not in c:
+                        print(
+                            f"  {name}: pod reached {sorted(p)}, claim "
+                            f"{claim_by_pod.get(name)} reached {sorted(c)}"
+                        )
+            print(f"  controller log tail:\n{stack.controller_log_tail(15)}")
+        return 0 if not missing else 1
+    finally:
+        for inf in informers:
+            inf.stop()
+        stack.stop(delete_nodes=False)
+        cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pods", type=int, default=100)
+    parser.add_argument("--rate", type=float, default=1.0, help="pods created per second")
+    parser.add_argument("--latency", choices=("realistic", "zero"), default="realistic")
+    parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument("--run-seconds", type=float, default=4.0)
+    args = parser.parse_args(argv)
+    return run(args.pods, args.rate, args.latency, args.nodes, args.run_seconds)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
