@@ -184,6 +184,14 @@ class _Search:
 
 
 _CACHE_LIMIT = 200_000
+
+MAX_COMBINATIONS = 64
+"""firstAvailable combinations tried per decision (8 alternatives on 32 requests would be
+8**32); the first ones are the preferred ones."""
+MAX_DEVICES_PER_POD = 128
+"""Bounds the search depth; no node publishes anywhere near this many usable slices."""
+MAX_RESULTS_PER_CLAIM = 32
+"""status.allocation.devices.results limit."""
 _PRESSURE_BANDS = 20
 
 
@@ -242,6 +250,12 @@ class PlacementEngine:
         per_request = [
             (ci, claim, r) for ci, claim in enumerate(request.claims) for r in claim.spec.requests
         ]
+        if not per_request:
+            return NoPlacement(
+                NoPlacementReason.NO_MATCHING_DEVICE,
+                "the pod has no device requests to place",
+                permanent=True,
+            )
         constraints = [
             _Constraint(ci, c)
             for ci, claim in enumerate(request.claims)
@@ -249,14 +263,24 @@ class PlacementEngine:
         ]
         failures: list[NoPlacement] = []
         # firstAvailable: combinations in order of preference (lexicographic), first fit wins.
-        for combo in itertools.product(*(r.alternatives for _, _, r in per_request)):
+        combos = itertools.product(*(r.alternatives for _, _, r in per_request))
+        for combo in itertools.islice(combos, MAX_COMBINATIONS):
             slots: list[_Slot] = []
             for (ci, claim, r), alt in zip(per_request, combo, strict=True):
                 n = 1 if alt.spec.mode is AllocationMode.ALL else alt.spec.count
                 slots.extend(_Slot(ci, claim.key, r.name, alt) for _ in range(n))
             result = self._place_slots(request, slots, constraints)
             if isinstance(result, Placement):
-                return result
+                too_many = self._over_result_limit(result)
+                if too_many is None:
+                    return result
+                result = too_many
+            if result is None or len(slots) > MAX_DEVICES_PER_POD:
+                result = NoPlacement(
+                    NoPlacementReason.INSUFFICIENT_DEVICES,
+                    f"the pod asks for {len(slots)} devices; the controller places at most "
+                    f"{MAX_DEVICES_PER_POD} per pod",
+                )
             if result.permanent:
                 return result
             failures.append(result)
@@ -456,9 +480,24 @@ class PlacementEngine:
     # ------------------------------------------------------------------------------------------
     # Solving
 
+    def _over_result_limit(self, placement: Placement) -> NoPlacement | None:
+        """A claim's allocation holds at most 32 results (an API limit), which allocationMode
+        All can exceed on a large node."""
+        counts = Counter(c.claim for c in placement.choices)
+        for claim, n in sorted(counts.items()):
+            if n > MAX_RESULTS_PER_CLAIM:
+                return NoPlacement(
+                    NoPlacementReason.INSUFFICIENT_DEVICES,
+                    f"claim {claim} would get {n} devices; an allocation holds at most "
+                    f"{MAX_RESULTS_PER_CLAIM}",
+                )
+        return None
+
     def _place_slots(
         self, request: PlacementRequest, slots: list[_Slot], constraints: list[_Constraint]
-    ) -> Placement | NoPlacement:
+    ) -> Placement | NoPlacement | None:
+        if len(slots) > MAX_DEVICES_PER_POD:
+            return None
         single = (
             len(slots) == 1
             and not slots[0].all_mode

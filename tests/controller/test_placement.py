@@ -592,3 +592,27 @@ def test_search_budget_bounds_hopeless_multi_device_requests() -> None:
     result = place(engine, "p", claim("a", exact("r", "1g.10gb", count=9), constraints=[apart]))
     assert isinstance(result, NoPlacement)
     assert "search limit" in result.message
+
+
+def test_limits_give_answers_not_crashes() -> None:
+    model = build_cluster(1, 8, [A100])
+    engine = engine_for(model)
+    # All on a node with 8 GPUs x 25 MIG devices: more than a claim's 32 results, and the
+    # devices overlap anyway; either way a clear refusal.
+    every_mig = DeviceRequest(
+        "all",
+        (Alternative("all", ExactRequest("mig.carve.dev", mode=AllocationMode.ALL, count=0)),),
+    )
+    assert isinstance(place(engine, "p", claim("a", every_mig)), NoPlacement)
+    # 8 whole GPUs through All fit in one claim (8 <= 32 results).
+    whole = DeviceRequest(
+        "all",
+        (Alternative("all", ExactRequest("gpu.carve.dev", mode=AllocationMode.ALL, count=0)),),
+    )
+    assert len(placed(place(engine, "p", claim("b", whole))).choices) == 8
+    # 5 claims x 32 devices: beyond the per-pod bound, refused before any search.
+    many = tuple(claim(f"c{i}", exact("r", "1g.10gb", count=32)) for i in range(5))
+    result = engine.place(PlacementRequest("p", NEEDS, many))
+    assert isinstance(result, NoPlacement) and "at most 128 per pod" in result.message
+    empty = engine.place(PlacementRequest("p", NEEDS, ()))
+    assert isinstance(empty, NoPlacement) and empty.permanent
