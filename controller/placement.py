@@ -224,8 +224,10 @@ class PlacementEngine:
         self.search_budget = search_budget
         self._values: dict[tuple[str, GpuState], int] = {}
         self._weights: dict[str, dict[int, int]] = {}
-        self._kind_eligible: dict[tuple[ExactRequest, int], frozenset[tuple[int, int]]] = {}
-        self._reads_identity: dict[ExactRequest, bool] = {}
+        self._kind_eligible: dict[
+            tuple[ExactRequest, tuple[str, ...], int], frozenset[tuple[int, int]]
+        ] = {}
+        self._reads_identity: dict[tuple[ExactRequest, tuple[str, ...]], bool] = {}
         self._candidate_cache: dict[
             tuple[str, Occupancy, frozenset[tuple[int, int]]],
             list[tuple[tuple[object, ...], int, int, int, Occupancy]],
@@ -344,7 +346,9 @@ class PlacementEngine:
         return self.evaluator.matches_all(self._selectors(spec), facts)
 
     def _identity_dependent(self, spec: ExactRequest) -> bool:
-        hit = self._reads_identity.get(spec)
+        """Whether a selector may read per-GPU identity (then eligibility is per GPU)."""
+        key = (spec, self._selectors(spec))
+        hit = self._reads_identity.get(key)
         if hit is None:
             hit = False
             for expression in self._selectors(spec):
@@ -355,7 +359,9 @@ class PlacementEngine:
                     or compiled.referenced & IDENTITY_ATTRIBUTES
                 ):
                     hit = True
-            self._reads_identity[spec] = hit
+            if len(self._reads_identity) >= _CACHE_LIMIT:
+                self._reads_identity.clear()
+            self._reads_identity[key] = hit
         return hit
 
     def _eligible(
@@ -363,13 +369,18 @@ class PlacementEngine:
     ) -> frozenset[tuple[int, int]] | CelError:
         """(profile id, start) of the GPU's devices the (sub)request may use."""
         if not self._identity_dependent(spec):
-            key = (spec, gpu.kind)
+            # The class's selectors are part of the key: classes change in place.
+            key = (spec, self._selectors(spec), gpu.kind)
             hit = self._kind_eligible.get(key)
             if hit is not None:
                 return hit
-            example = self.model.gpus.get(self.model.kind_examples[gpu.kind], gpu)
+            example = self.model.gpus.get(self.model.kind_examples.get(gpu.kind, ""))
+            if example is None or example.kind != gpu.kind:
+                example = gpu  # the example was removed or republished as another kind
             result = self._eligible_on(spec, example)
             if not isinstance(result, CelError):
+                if len(self._kind_eligible) >= _CACHE_LIMIT:
+                    self._kind_eligible.clear()
                 self._kind_eligible[key] = result
             return result
         return self._eligible_on(spec, gpu)

@@ -616,3 +616,27 @@ def test_limits_give_answers_not_crashes() -> None:
     assert isinstance(result, NoPlacement) and "at most 128 per pod" in result.message
     empty = engine.place(PlacementRequest("p", NEEDS, ()))
     assert isinstance(empty, NoPlacement) and empty.permanent
+
+
+def test_class_changes_and_republished_gpus_are_seen_by_cached_decisions() -> None:
+    model = build_cluster(1, 1, [A100])
+    classes = dict(CLASSES)
+    engine = PlacementEngine(model, classes)
+    assert isinstance(place(engine, "p", claim("a", exact("r", "1g.10gb"))), Placement)
+    # The DeviceClass is edited in place (as the reconciler's planner does) to exclude 1g.
+    classes["mig.carve.dev"] = DeviceClass(
+        "mig.carve.dev",
+        (
+            'device.attributes["mig.carve.dev"].type == "mig"',
+            'device.attributes["mig.carve.dev"].placementSize > 1',
+        ),
+    )
+    refused = place(engine, "p", claim("a", exact("r", "1g.10gb")))
+    assert isinstance(refused, NoPlacement)
+    assert refused.reason is NoPlacementReason.NO_MATCHING_DEVICE
+    # The node republishes its GPU as another model: the next decision uses the new devices.
+    model.set_node_gpus("node-0000", [build_gpu("node-0000", 0, H100)])
+    classes["mig.carve.dev"] = CLASSES["mig.carve.dev"]
+    selector = 'device.attributes["mig.carve.dev"].productName == "NVIDIA H100 80GB HBM3"'
+    req = DeviceRequest("r", (Alternative("r", ExactRequest("mig.carve.dev", (selector,))),))
+    assert isinstance(place(engine, "p", claim("a", req)), Placement)
