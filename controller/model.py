@@ -141,7 +141,7 @@ class ClusterModel:
         self._holds: dict[ClaimKey, ClaimHold] = {}
         self._claims_on_gpu: dict[str, set[ClaimKey]] = {}
         self._gpus_of_claim: dict[ClaimKey, set[str]] = {}
-        self._states: dict[tuple[str, frozenset[tuple[int, int]]], GpuState | str] = {}
+        self._states: dict[tuple[Geometry, frozenset[tuple[int, int]]], GpuState | str] = {}
         self._units_total: dict[str, int] = {}
         self._units_used: dict[str, int] = {}
         self._unresolved: dict[ClaimKey, tuple[str, ...]] = {}
@@ -354,7 +354,7 @@ class ClusterModel:
     def _state_of(self, record: GpuRecord, instances: frozenset[tuple[int, int]]) -> GpuState | str:
         """The geometry state holding ``instances``, or why they cannot coexist; memoized
         because the same sets recur on many GPUs."""
-        key = (record.inventory.model.key, instances)
+        key = (record.geometry, instances)
         hit = self._states.get(key)
         if hit is None:
             try:

@@ -222,22 +222,22 @@ class PlacementEngine:
         self.policy = policy
         self.evaluator = evaluator or SelectorEvaluator()
         self.search_budget = search_budget
-        self._values: dict[tuple[str, GpuState], int] = {}
-        self._weights: dict[str, dict[int, int]] = {}
+        self._values: dict[tuple[Geometry, GpuState], int] = {}
+        self._weights: dict[Geometry, dict[int, int]] = {}
         self._kind_eligible: dict[
             tuple[ExactRequest, tuple[str, ...], int], frozenset[tuple[int, int]]
         ] = {}
         self._reads_identity: dict[tuple[ExactRequest, tuple[str, ...]], bool] = {}
         self._candidate_cache: dict[
-            tuple[str, Occupancy, frozenset[tuple[int, int]]],
+            tuple[Geometry, Occupancy, frozenset[tuple[int, int]]],
             list[tuple[tuple[object, ...], int, int, int, Occupancy]],
         ] = {}
-        self._orders: dict[str, Mapping[tuple[int, int], int]] = {}
+        self._orders: dict[Geometry, Mapping[tuple[int, int], int]] = {}
         self._patterns: dict[
             tuple[str, str], tuple[GpuInventory, tuple[int, ...], tuple[object, ...]]
         ] = {}
         self._room_cache: dict[
-            tuple[str, Occupancy, frozenset[tuple[int, int]]],
+            tuple[Geometry, Occupancy, frozenset[tuple[int, int]]],
             tuple[tuple[int, bool, str | None], ...],
         ] = {}
 
@@ -403,13 +403,13 @@ class PlacementEngine:
     def _value(self, geometry: Geometry, occupancy: Occupancy) -> int:
         if occupancy.blocked:
             return 0
-        key = (geometry.model.key, occupancy.state)
+        key = (geometry, occupancy.state)
         value = self._values.get(key)
         if value is None:
-            weights = self._weights.get(geometry.model.key)
+            weights = self._weights.get(geometry)
             if weights is None:
                 weights = {p.id: p.size * p.size for p in geometry.model.profiles}
-                self._weights[geometry.model.key] = weights
+                self._weights[geometry] = weights
             admits = geometry.admits(occupancy.state)
             value = sum(weights.get(pid, 0) * n for pid, n in admits.items())
             self._values[key] = value
@@ -432,7 +432,7 @@ class PlacementEngine:
 
         Cached per (model, occupancy, eligible set): the answer depends on nothing else, and
         the same few states recur across thousands of GPUs and decisions."""
-        cache_key = (gpu.inventory.model.key, occupancy, eligible)
+        cache_key = (gpu.geometry, occupancy, eligible)
         hit = self._candidate_cache.get(cache_key)
         if hit is not None:
             return hit
@@ -459,11 +459,11 @@ class PlacementEngine:
     def _nvml_order(self, geometry: Geometry) -> Mapping[tuple[int, int], int]:
         """(profile id, start) -> position in the model's profile list and NVML placement
         order: the order a first-fit allocator walks published devices in."""
-        order = self._orders.get(geometry.model.key)
+        order = self._orders.get(geometry)
         if order is None:
             pairs = ((p.id, pl.start) for p in geometry.model.profiles for pl in p.placements)
             order = {pair: i for i, pair in enumerate(pairs)}
-            self._orders[geometry.model.key] = order
+            self._orders[geometry] = order
         return order
 
     def _rank(  # noqa: PLR0917 -- one candidate's facts, always passed together
@@ -819,7 +819,7 @@ class PlacementEngine:
     ) -> tuple[tuple[int, bool, str | None], ...]:
         """Per eligible profile: whether it fits now, else the name of a profile whose
         instances, once gone, would make room. Memoized per (model, occupancy, eligible)."""
-        key = (geometry.model.key, occupancy, eligible)
+        key = (geometry, occupancy, eligible)
         hit = self._room_cache.get(key)
         if hit is not None:
             return hit
