@@ -184,6 +184,7 @@ class _Search:
 
 
 _CACHE_LIMIT = 200_000
+_EXHAUSTED = "search budget exhausted"
 
 MAX_COMBINATIONS = 64
 """firstAvailable combinations tried per decision (8 alternatives on 32 requests would be
@@ -233,6 +234,10 @@ class PlacementEngine:
             list[tuple[tuple[object, ...], int, int, int, Occupancy]],
         ] = {}
         self._orders: dict[Geometry, Mapping[tuple[int, int], int]] = {}
+        self._solutions: dict[
+            tuple[tuple[object, ...], tuple[object, ...]],
+            tuple[list[list[_Pick]], int] | str | None,
+        ] = {}
         self._patterns: dict[
             tuple[str, str], tuple[GpuInventory, tuple[int, ...], tuple[object, ...]]
         ] = {}
@@ -619,21 +624,27 @@ class PlacementEngine:
                 self.model.node_busy(node),
                 tuple((g.kind, g.occupancy) for g in gpus),
                 tuple(self._pattern(a, gpus) for a in attrs),
-                node if identity else "",
+                tuple(g.uuid for g in gpus) if identity else (),
             )
             groups.setdefault(sig, []).append(node)
+        shape = (
+            tuple(
+                (s.claim_index, s.request, s.alternative, self._selectors(s.alternative.spec))
+                for s in slots
+            ),
+            tuple((c.claim_index, c.constraint) for c in constraints),
+        )
         best: tuple[tuple[object, ...], str, list[list[_Pick]], int] | None = None
         exhausted = False
         for sig, members in groups.items():
             gpus = self.model.gpus_on(members[0])
-            try:
-                solved = self._solve_node(gpus, slots, constraints)
-            except _BudgetExhaustedError:
-                exhausted = True
-                continue
+            solved = self._solve_cached(shape, sig, gpus, slots, constraints)
             if isinstance(solved, NoPlacement):
                 return solved
-            if solved is None:
+            if solved == _EXHAUSTED:
+                exhausted = True
+                continue
+            if not isinstance(solved, tuple):
                 continue
             picks, loss = solved
             node = members[0]
@@ -658,6 +669,34 @@ class PlacementEngine:
             for pos, pid, start in slot_picks
         )
         return Placement(node, choices, loss)
+
+    def _solve_cached(
+        self,
+        shape: tuple[object, ...],
+        sig: tuple[object, ...],
+        gpus: list[GpuRecord],
+        slots: list[_Slot],
+        constraints: list[_Constraint],
+    ) -> tuple[list[list[_Pick]], int] | NoPlacement | str | None:
+        """A node signature's solution for this request shape, remembered across decisions:
+        most nodes do not change between two decisions, and pods of one workload share a
+        shape. The key holds everything the search reads (kinds, occupancies, constraint
+        patterns, requests with their class selectors), so an entry is never stale."""
+        key = (shape, sig)
+        if key in self._solutions:
+            return self._solutions[key]
+        try:
+            solved: tuple[list[list[_Pick]], int] | NoPlacement | str | None = self._solve_node(
+                gpus, slots, constraints
+            )
+        except _BudgetExhaustedError:
+            solved = _EXHAUSTED
+        if isinstance(solved, NoPlacement):
+            return solved  # a selector error: reported, not remembered
+        if len(self._solutions) >= _CACHE_LIMIT // 10:
+            self._solutions.clear()
+        self._solutions[key] = solved
+        return solved
 
     def _solve_node(
         self, gpus: list[GpuRecord], slots: list[_Slot], constraints: list[_Constraint]
