@@ -189,3 +189,20 @@ def test_kill_during_unprepare_then_retry(env: Env, step: str) -> None:
     # and the placements are usable again
     assert env.result(env.run("prepare"))["error"] == ""
     env.check_prepared()
+
+
+@pytest.mark.parametrize(
+    "recovery_step",
+    ["sim:before:ComputeInstanceDestroy", "sim:before:GpuInstanceDestroy",
+     "sim:after:GpuInstanceDestroy"],
+)  # fmt: skip
+def test_kill_during_start_up_recovery_then_retry(env: Env, recovery_step: str) -> None:
+    """A second crash while the restarted agent rolls back the first one is recovered too."""
+    _arm(env, "sim:after:GpuInstanceCreateComputeInstance@1")
+    assert env.run("prepare").returncode == -9  # two instances carved, none recorded complete
+    sim.sim_clear_faults()
+    _arm(env, recovery_step)
+    assert env.run("prepare").returncode == -9  # killed inside reconcile's rollback
+    sim.sim_clear_faults()
+    assert env.result(env.run("prepare"))["error"] == ""
+    env.check_prepared()
