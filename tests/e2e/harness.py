@@ -22,6 +22,7 @@ T = TypeVar("T")
 Obj = dict[str, Any]
 GROUP_LABEL = "e2e.carve.dev/group"
 NATIVE_CLASS = "e2e-native-mig"
+GATED_NAMESPACES = {"e2e.carve.dev/gated": "on"}
 
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60.0, poll=0.2) -> T:
@@ -74,7 +75,9 @@ class E2E:
         self.resource = client.ResourceV1Api(stack.api)
         self.apps = client.AppsV1Api(stack.api)
         self.nodes: dict[str, SimNode] = {}
-        self.core.create_namespace({"metadata": {"name": self.namespace}})
+        self.core.create_namespace(
+            {"metadata": {"name": self.namespace, "labels": dict(GATED_NAMESPACES)}}
+        )
         wait_for(
             "the namespace's default ServiceAccount",
             lambda: self._exists(
