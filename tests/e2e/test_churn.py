@@ -110,3 +110,27 @@ def test_churn_100_pods_with_controller_and_plugin_killed(e2e: E2E) -> None:
     wait_for("claims to be released", lambda: not e2e.claims(), timeout=60)
     wait_for("no instance left", lambda: e2e.instance_count() == 0, timeout=30)
     assert e2e.check_at_rest() == []
+
+
+def test_the_checker_sees_an_instance_no_claim_owns(e2e: E2E) -> None:
+    """The churn's checker must be able to fail: carve behind carve's back and it reports."""
+    from driver.nvml import sim
+    from driver.nvml.backend import NvmlBackend
+
+    node = e2e.node("a30", "A30-24GB")
+    sim.configure(node.sim_config)
+    try:
+        backend = NvmlBackend(sim, proc_root=sim.sim_proc_root()).open()
+        [gpu] = backend.gpus()
+        profile = next(p for p in gpu.profiles if p.name == "2g.12gb")
+        carved = backend.carve(gpu.uuid, profile.id, 2)
+        try:
+            [leak] = e2e.check_invariants()
+            assert node.name in leak and "placement start 2" in leak
+            assert e2e.check_at_rest()
+        finally:
+            backend.destroy(gpu.uuid, carved.gi_id)
+            backend.close()
+    finally:
+        sim.configure(None)
+    assert e2e.check_invariants() == []
