@@ -18,6 +18,7 @@ applying updates one by one and rebuilding from scratch give identical states.
 from __future__ import annotations
 
 import bisect
+import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -466,6 +467,18 @@ def inventories_from_slices(
     return out
 
 
+@functools.lru_cache(maxsize=4096)
+def _quantity(text: str) -> Decimal:
+    # GPUs of one model publish the same few quantities thousands of times, and the planner
+    # re-reads every device of a node whenever one of its slices changes.
+    return parse_kubernetes_quantity(text)
+
+
+@functools.lru_cache(maxsize=1024)
+def _semver(text: str) -> Semver:
+    return Semver.parse(text)
+
+
 def device_facts(device: Mapping[str, object], driver: str) -> CelDevice:
     """A ResourceSlice device (API JSON) as the facts CEL selectors read."""
     attributes: dict[str, AttributeValue] = {}
@@ -475,7 +488,7 @@ def device_facts(device: Mapping[str, object], driver: str) -> CelDevice:
             continue
         if "version" in value:
             try:
-                attributes[name] = Semver.parse(str(value["version"]))
+                attributes[name] = _semver(str(value["version"]))
             except ValueError:
                 continue  # the apiserver validates versions; never trust, never crash
         elif "bool" in value:
@@ -489,7 +502,7 @@ def device_facts(device: Mapping[str, object], driver: str) -> CelDevice:
     for name, value in raw_caps.items() if isinstance(raw_caps, Mapping) else ():
         if isinstance(value, Mapping) and "value" in value:
             try:
-                capacity[name] = parse_kubernetes_quantity(str(value["value"]))
+                capacity[name] = _quantity(str(value["value"]))
             except ValueError:
                 continue
     return CelDevice.of(driver, attributes, capacity)

@@ -12,10 +12,8 @@ raised into the reconciler, so one bad object cannot stop allocation for everybo
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 from collections.abc import Mapping, Sequence
-from decimal import Decimal
 from typing import Any
 
 from controller.claims import (
@@ -26,7 +24,7 @@ from controller.claims import (
     parse_claim_spec,
     parse_device_class,
 )
-from controller.model import WHOLE_GPU, ClusterModel, GpuInventory, PublishedDevice
+from controller.model import WHOLE_GPU, ClusterModel, GpuInventory, PublishedDevice, device_facts
 from controller.nodefit import PodNeeds, PodSpecError, parse_node, parse_pod_needs, pod_requests
 from controller.placement import (
     ClaimToPlace,
@@ -38,44 +36,11 @@ from controller.placement import (
 )
 from controller.reconciler import Kind, Plan, Unplaceable, is_terminal, key_of
 from controller.status import ClaimAllocation, DeviceResult
-from driver.cel import AttributeValue, CelDevice, Semver, parse_kubernetes_quantity
 from driver.resourceslice import parse_resource_slices
 
 Obj = dict[str, Any]
 
 _log = logging.getLogger(__name__)
-
-
-@functools.lru_cache(maxsize=4096)
-def _quantity(text: str) -> Decimal:
-    # GPUs of one model publish the same few quantities thousands of times.
-    return parse_kubernetes_quantity(text)
-
-
-@functools.lru_cache(maxsize=1024)
-def _semver(text: str) -> Semver:
-    return Semver.parse(text)
-
-
-def cel_device(driver: str, device: Mapping[str, Any]) -> CelDevice:
-    """The facts selectors read, from one ResourceSlice device (attributes and capacity)."""
-    attributes: dict[str, AttributeValue] = {}
-    for name, value in (device.get("attributes") or {}).items():
-        if not isinstance(value, Mapping):
-            continue
-        if "string" in value:
-            attributes[name] = str(value["string"])
-        elif "int" in value:
-            attributes[name] = int(value["int"])
-        elif "bool" in value:
-            attributes[name] = bool(value["bool"])
-        elif "version" in value:
-            attributes[name] = _semver(str(value["version"]))
-    capacity: dict[str, Decimal] = {}
-    for name, value in (device.get("capacity") or {}).items():
-        if isinstance(value, Mapping) and "value" in value:
-            capacity[name] = _quantity(str(value["value"]))
-    return CelDevice.of(driver, attributes, capacity)
 
 
 class EnginePlanner:
@@ -189,14 +154,14 @@ class EnginePlanner:
             if whole is not None:
                 published.append(
                     PublishedDevice(
-                        g.whole_gpu_device, WHOLE_GPU, 0, cel_device(self.driver, whole)
+                        g.whole_gpu_device, WHOLE_GPU, 0, device_facts(whole, self.driver)
                     )
                 )
             for (pid, start), name in sorted(g.devices.items()):
                 dev = devices.get((g.pool, name))
                 if dev is not None:
                     published.append(
-                        PublishedDevice(name, pid, start, cel_device(self.driver, dev))
+                        PublishedDevice(name, pid, start, device_facts(dev, self.driver))
                     )
             inventories.append(GpuInventory(node, g.pool, g.uuid, g.model, tuple(published)))
         if errors:
