@@ -82,8 +82,12 @@ class RegisteredPlugin:
         info: pluginregistration_v1_pb2.PluginInfo,
         service: str,
         timeout: float,
+        socket_identity: SocketIdentity | None = None,
     ) -> None:
         self.registration_socket = registration_socket
+        # Which incarnation of the registration socket this registration came from; a socket
+        # re-created at the same path is a new plugin to the watcher.
+        self.socket_identity = socket_identity
         self.driver_name = info.name
         self.endpoint = info.endpoint
         self.supported_versions = tuple(info.supported_versions)
@@ -211,6 +215,23 @@ def _is_socket(path: Path) -> bool:
         return False
 
 
+SocketIdentity = tuple[int, int, int]
+
+
+def socket_identity(path: Path) -> SocketIdentity | None:
+    """What tells one incarnation of a socket file from the next one at the same path.
+
+    The kubelet's plugin watcher reacts to the create event of a re-created socket; a scanner
+    has to notice the new file instead. The inode alone is not enough (a file system reuses a
+    freed inode at once), so the change time goes with it. None when the path is gone.
+    """
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
+
+
 class KubeletSim:
     """Registers DRA plugins found in a registry directory, as the kubelet's plugin watcher does."""
 
@@ -225,9 +246,9 @@ class KubeletSim:
         self.supported_services = tuple(supported_services)
         self.timeout = timeout
         self._plugins: dict[str, RegisteredPlugin] = {}
-        # Refused registration sockets: path -> (inode, reason). A refused plugin is retried
-        # only when its socket is re-created, as the watcher sees a new plugin then.
-        self._refused: dict[Path, tuple[int, str]] = {}
+        # Refused registration sockets: path -> (socket identity, reason). A refused plugin is
+        # retried only when its socket is re-created, as the watcher sees a new plugin then.
+        self._refused: dict[Path, tuple[SocketIdentity | None, str]] = {}
         self._lock = threading.Lock()
 
     @property
@@ -244,12 +265,14 @@ class KubeletSim:
 
     def register(self, socket: Path) -> RegisteredPlugin:
         """Run the registration handshake against one registration socket."""
+        # Read before the handshake: a socket re-created during it is then seen as new next scan.
+        identity = socket_identity(socket)
         channel = _channel(str(socket))
         try:
             stub = pluginregistration_v1_pb2_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
             info = stub.GetInfo(pluginregistration_v1_pb2.InfoRequest(), timeout=self.timeout)
             try:
-                plugin = self._validate(socket, info)
+                plugin = self._validate(socket, info, identity)
             except RegistrationError as exc:
                 stub.NotifyRegistrationStatus(
                     pluginregistration_v1_pb2.RegistrationStatus(
@@ -280,7 +303,10 @@ class KubeletSim:
         return plugin
 
     def _validate(
-        self, socket: Path, info: pluginregistration_v1_pb2.PluginInfo
+        self,
+        socket: Path,
+        info: pluginregistration_v1_pb2.PluginInfo,
+        identity: SocketIdentity | None,
     ) -> RegisteredPlugin:
         if info.type != PLUGIN_TYPE:
             raise RegistrationError(f"plugin type {info.type!r} is not {PLUGIN_TYPE!r}")
@@ -291,10 +317,13 @@ class KubeletSim:
         service = choose_service(info.supported_versions, self.supported_services)
         if not _is_socket(Path(info.endpoint)):
             raise RegistrationError(f"endpoint {info.endpoint} is not a socket")
-        return RegisteredPlugin(socket, info, service, self.timeout)
+        return RegisteredPlugin(socket, info, service, self.timeout, identity)
 
     def scan(self) -> list[RegisteredPlugin]:
-        """One pass of the plugin watcher: register new sockets, drop vanished ones."""
+        """One pass of the plugin watcher: register new and re-created sockets, drop vanished ones.
+
+        Returns the plugins registered in this pass.
+        """
         found = sorted(
             p
             for p in self.registry_dir.glob("*-reg.sock")
@@ -302,13 +331,17 @@ class KubeletSim:
         )
         registered: list[RegisteredPlugin] = []
         with self._lock:
-            known = {p.registration_socket: name for name, p in self._plugins.items()}
-            gone = [name for sock, name in known.items() if sock not in found]
+            known = {p.registration_socket: p for p in self._plugins.values()}
+            gone = [p.driver_name for sock, p in known.items() if sock not in found]
             for name in gone:
                 self._plugins.pop(name).close()
                 _log.info("plugin %s deregistered: its registration socket vanished", name)
         for socket in found:
-            if socket in known or self._refused_before(socket):
+            identity = socket_identity(socket)
+            current = known.get(socket)
+            if current is not None and current.socket_identity == identity:
+                continue
+            if self._refused_before(socket):
                 continue
             try:
                 registered.append(self.register(socket))
@@ -319,21 +352,17 @@ class KubeletSim:
         return registered
 
     def _refuse(self, socket: Path, reason: str) -> None:
-        try:
-            inode = socket.lstat().st_ino
-        except FileNotFoundError:
-            inode = -1
+        identity = socket_identity(socket)
         with self._lock:
-            self._refused[socket] = (inode, reason)
+            self._refused[socket] = (identity, reason)
 
     def _refused_before(self, socket: Path) -> bool:
-        try:
-            inode = socket.lstat().st_ino
-        except FileNotFoundError:
+        identity = socket_identity(socket)
+        if identity is None:
             return True
         with self._lock:
             refused = self._refused.get(socket)
-        return refused is not None and refused[0] == inode
+        return refused is not None and refused[0] == identity
 
     def wait_for_plugin(
         self, driver_name: str, timeout: float = 10.0, poll: float = 0.05

@@ -137,7 +137,6 @@ class NodeAgent:
         self.records: dict[str, PodRecord] = {}  # pod uid -> record (kept after the pod ends)
         self._claim_users: dict[str, set[str]] = {}  # claim uid -> pod uids holding it prepared
         self._claim_locks: dict[str, threading.Lock] = {}
-        self._reg_inodes: dict[Path, int] = {}
         core = client.CoreV1Api(api_client)
         self._informer = Informer(
             Kind.POD,
@@ -205,20 +204,8 @@ class NodeAgent:
                 _log.exception("plugin watcher pass failed")
 
     def _poll_plugins(self) -> None:
-        """Register every registration socket that is new or was re-created since last time."""
-        for sock in sorted(self.kubelet.registry_dir.glob("*-reg.sock")):
-            try:
-                inode = sock.lstat().st_ino
-            except FileNotFoundError:
-                continue
-            if self._reg_inodes.get(sock) == inode:
-                continue
-            try:
-                self.kubelet.register(sock)
-            except Exception as exc:  # refused or not answering yet: try again next pass
-                _log.debug("registration via %s not done yet: %s", sock, exc)
-                continue
-            self._reg_inodes[sock] = inode
+        """One plugin-watcher pass; pods waiting for a plugin retry once one is registered."""
+        if self.kubelet.scan():
             self._wake_all()
 
     def _plugin(self, driver: str) -> RegisteredPlugin:

@@ -31,7 +31,7 @@ from devcluster.nodes import FakeNode, NodeHeartbeater, delete_node
 from devcluster.processes import ManagedProcess, tail_of
 from driver import catalog
 from nodesim.invariants import NodeHardware, node_hardware
-from nodesim.kubelet import KubeletSim
+from nodesim.kubelet import KubeletSim, socket_identity
 from nodesim.node_agent import AgentSettings, NodeAgent
 
 _log = logging.getLogger(__name__)
@@ -214,11 +214,8 @@ class SimNode:
                     f"{self._plugin.exit_code()}:\n{tail_of(self.plugin_log, 30)}"
                 )
             plugin = self.kubelet.plugins.get(DRIVER)
-            try:
-                inode = sock.lstat().st_ino
-            except FileNotFoundError:
-                inode = None
-            if plugin is not None and inode is not None and self._registered_inode() == inode:
+            identity = socket_identity(sock)
+            if plugin is not None and identity is not None and plugin.socket_identity == identity:
                 return
             if time.monotonic() > deadline:
                 raise TimeoutError(
@@ -226,9 +223,6 @@ class SimNode:
                     f"{self.plugin_log}:\n{tail_of(self.plugin_log, 30)}"
                 )
             time.sleep(0.1)
-
-    def _registered_inode(self) -> int | None:
-        return self.agent._reg_inodes.get(self.registry_dir / f"{DRIVER}-reg.sock")
 
     def stop(self, *, delete: bool = True) -> None:
         self.agent.stop()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -187,6 +188,22 @@ def test_restart_on_the_same_directories_registers_again(root: Path) -> None:
             kubelet.wait_for_plugin(DRIVER, timeout=5)
             assert server.wait_registered(timeout=5)
         kubelet.scan()
+    kubelet.close()
+
+
+def test_a_socket_recreated_between_scans_is_registered_again(root: Path) -> None:
+    # The watcher may never see the gap of a restart: the old socket is gone and the new one is
+    # in place at the same path before the next scan. It is still a new plugin to register.
+    kubelet = KubeletSim(root / "plugins_registry")
+    with running_plugin(root, FakePreparer()):
+        first = kubelet.wait_for_plugin(DRIVER, timeout=5)
+    time.sleep(0.05)  # a restart is never instant; keeps the change times apart on any clock
+    with running_plugin(root, FakePreparer()) as server:
+        registered = kubelet.scan()
+        assert [p.driver_name for p in registered] == [DRIVER]
+        assert kubelet.plugins[DRIVER] is not first
+        assert server.wait_registered(timeout=5)
+        assert kubelet.scan() == []  # the same incarnation is not registered twice
     kubelet.close()
 
 
