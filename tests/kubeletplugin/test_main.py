@@ -31,8 +31,6 @@ from kubeletplugin.draservice import ClaimRef
 from kubeletplugin.main import UsageError, parse_options
 from nodesim.kubelet import KubeletSim
 
-pytest_plugins = ["devcluster.pytest_plugin"]
-
 REPO = Path(__file__).resolve().parents[2]
 DRIVER = "mig.carve.dev"
 PLUGIN = str(Path(sys.executable).with_name("carve-kubelet-plugin"))

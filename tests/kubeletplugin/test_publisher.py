@@ -6,8 +6,6 @@ import pytest
 
 from kubeletplugin.publisher import _content_hash, parse_server_version, uses_split_counters
 
-pytest_plugins = ["devcluster.pytest_plugin"]
-
 
 @pytest.mark.parametrize(
     ("version", "expected"),
