@@ -189,22 +189,21 @@ class NvmlBackend:
             return tuple(out)
 
     def gpu(self, gpu_uuid: str) -> GpuInfo:
-        with self._lock:
-            if gpu_uuid not in self._gpus:
-                self.gpus()
-            info = self._gpus.get(gpu_uuid)
-        if info is None:
-            raise NotFound(f"no GPU with UUID {gpu_uuid} on this node", gpu=gpu_uuid)
-        return info
+        return self._known(self._gpus, gpu_uuid)
 
     def _handle(self, gpu_uuid: str) -> Any:
+        return self._known(self._handles, gpu_uuid)
+
+    def _known(self, table: dict[str, _T], gpu_uuid: str) -> _T:
+        """``table[gpu_uuid]`` from one of the per-GPU caches; an unknown UUID gets one fresh
+        enumeration before it is reported as not on this node."""
         with self._lock:
-            if gpu_uuid not in self._handles:
+            if gpu_uuid not in table:
                 self.gpus()
-            handle = self._handles.get(gpu_uuid)
-        if handle is None:
+            value = table.get(gpu_uuid)
+        if value is None:
             raise NotFound(f"no GPU with UUID {gpu_uuid} on this node", gpu=gpu_uuid)
-        return handle
+        return value
 
     def _describe(self, index: int, uuid: str, handle: Any) -> GpuInfo:
         nv = self._nvml
