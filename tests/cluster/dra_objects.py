@@ -8,18 +8,16 @@ A toy GPU with eight memory slices stands in for a MIG-capable GPU: one counter 
 from __future__ import annotations
 
 import datetime
-import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from kubernetes import client
 from kubernetes.client import ApiClient
 
 MEMORY_SLICES = 8
 COUNTER_SET = "gpu-0-counter-set"
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -225,19 +223,6 @@ def as_dict(model: Any) -> dict[str, Any]:
     """Wire-format (camelCase) dict of a client model, so tests read fields as in YAML."""
     result: dict[str, Any] = client.ApiClient().sanitize_for_serialization(model)  # type: ignore[no-untyped-call]
     return result
-
-
-def wait_for(
-    what: str, probe: Callable[[], T | None], timeout: float = 30.0, interval: float = 0.2
-) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
 
 
 def pod_condition(pod_obj: Mapping[str, Any], kind: str) -> dict[str, Any] | None:

@@ -17,6 +17,7 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
 from devcluster.cluster import LocalCluster
+from devcluster.waiting import wait_for
 from tests.cluster.dra_objects import (
     BINDING_CONDITION,
     BY_NAME,
@@ -29,7 +30,6 @@ from tests.cluster.dra_objects import (
     pod,
     pod_condition,
     unique_driver,
-    wait_for,
 )
 
 pytestmark = pytest.mark.cluster

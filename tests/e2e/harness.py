@@ -6,34 +6,22 @@ from __future__ import annotations
 
 import json
 import re
-import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from devcluster.waiting import wait_for
 from nodesim.invariants import allocated_devices, at_rest, leaks, overlaps
 from nodesim.simnode import DRIVER, SimNode, SimNodeSpec
 from nodesim.stack import CarveStack
 
-T = TypeVar("T")
 Obj = dict[str, Any]
 GROUP_LABEL = "e2e.carve.dev/group"
 NATIVE_CLASS = "e2e-native-mig"
 GATED_NAMESPACES = {"e2e.carve.dev/gated": "on"}
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60.0, poll=0.2) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(poll)
 
 
 def cel(expression: str) -> Obj:
@@ -83,6 +71,7 @@ class E2E:
             lambda: self._exists(
                 lambda: self.core.read_namespaced_service_account("default", self.namespace)
             ),
+            timeout=60.0,
         )
 
     @staticmethod

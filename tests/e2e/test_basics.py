@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.harness import E2E, NATIVE_CLASS, profile_is, request, wait_for
+from devcluster.waiting import wait_for
+from tests.e2e.harness import E2E, NATIVE_CLASS, profile_is, request
 
 pytestmark = pytest.mark.cluster
 

@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from tests.e2e.harness import E2E, profile_is, request, wait_for
+from devcluster.waiting import wait_for
+from tests.e2e.harness import E2E, profile_is, request
 
 pytestmark = pytest.mark.cluster
 

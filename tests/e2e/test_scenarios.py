@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import pytest
 
+from devcluster.waiting import wait_for
 from driver import catalog
 from driver.naming import parse_device_name
-from tests.e2e.harness import E2E, cel, first_available, profile_is, request, wait_for
+from tests.e2e.harness import E2E, cel, first_available, profile_is, request
 
 pytestmark = pytest.mark.cluster
 

@@ -20,11 +20,12 @@ import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
 
+from devcluster.waiting import wait_for
 from driver import cdi
 from driver.naming import mig_device_name
 from kubeletplugin.draservice import ClaimRef
@@ -34,7 +35,6 @@ from nodesim.kubelet import KubeletSim
 REPO = Path(__file__).resolve().parents[2]
 DRIVER = "mig.carve.dev"
 PLUGIN = str(Path(sys.executable).with_name("carve-kubelet-plugin"))
-T = TypeVar("T")
 
 
 def test_every_flag_has_an_env_equivalent() -> None:
@@ -82,17 +82,6 @@ def _get(url: str) -> tuple[int, str]:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
-
-
-def _wait(what: str, probe: Callable[[], T | None], timeout: float = 30.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 class PluginProcess:
@@ -173,7 +162,7 @@ def test_process_without_apiserver_serves_and_fails_claims_cleanly(tmp_path: Pat
     try:
         plugin = p.kubelet.wait_for_plugin(DRIVER, timeout=30)
         assert _get(p.url("/healthz")) == (200, "ok\n")
-        code, body = _wait(
+        code, body = wait_for(
             "registration to show in /readyz",
             lambda: (r := _get(p.url("/readyz")))[1].startswith("[+]registration") and r,
         )
@@ -231,14 +220,14 @@ def test_plugin_against_real_apiserver(
     plugin = p.kubelet.wait_for_plugin(DRIVER, timeout=30)
 
     # published, split layout (1.37): per GPU one counter slice and one device slice
-    slices = _wait("ResourceSlices", lambda: len(s := _slices(api, node)) >= 4 and s)
+    slices = wait_for("ResourceSlices", lambda: len(s := _slices(api, node)) >= 4 and s)
     counters = [s for s in slices if s["spec"].get("sharedCounters")]
     devices = [d["name"] for s in slices for d in s["spec"].get("devices") or ()]
     assert len(counters) == 2 and not any(s["spec"].get("devices") for s in counters)
     assert {s["spec"]["pool"]["generation"] for s in slices} == {1}
     dev = mig_device_name(0, "1g.10gb", 19, 3)
     assert dev in devices and "gpu-1" in devices
-    assert _wait("readiness", lambda: _get(p.url("/readyz"))[0] == 200)
+    assert wait_for("readiness", lambda: _get(p.url("/readyz"))[0] == 200)
 
     # a claim allocated by another client through the status subresource
     path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
@@ -288,7 +277,7 @@ def test_plugin_against_real_apiserver(
     # the kubelet wipes the node's slices: they come back
     for s in _slices(api, node):
         kube.request("DELETE", f"/apis/resource.k8s.io/v1/resourceslices/{s['metadata']['name']}")
-    back = _wait("republished slices", lambda: len(s := _slices(api, node)) >= 4 and s)
+    back = wait_for("republished slices", lambda: len(s := _slices(api, node)) >= 4 and s)
     assert {s["spec"]["pool"]["generation"] for s in back} == {1}
 
     metrics = _get(p.url("/metrics"))[1]
@@ -359,7 +348,7 @@ def test_plugin_killed_mid_prepare_recovers_on_kubelet_retry(
         # scanning meanwhile would fail on them; register once the new process serves.
         runs = p.logs().count("carve kubelet plugin running")
         p.start()
-        _wait("restart", lambda: p.logs().count("carve kubelet plugin running") > runs)
+        wait_for("restart", lambda: p.logs().count("carve kubelet plugin running") > runs)
         p.kubelet = KubeletSim(p.registry)
         plugin = p.kubelet.wait_for_plugin(DRIVER, timeout=30)
         res = plugin.prepare([ref])[ref.uid]

@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import copy
 import json
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import yaml
 from kubernetes import client
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
+from devcluster.waiting import wait_for
 from driver.catalog import gpu_model
 from driver.resourceslice import PublishedGpu, build_resource_slices
 
-T = TypeVar("T")
 Obj = dict[str, Any]
 REPO = Path(__file__).resolve().parents[3]
 MANIFESTS = REPO / "deploy" / "manifests"
@@ -28,17 +27,6 @@ GATE_LABEL = "carve.test/admission-gate"
 
 def load_manifests(name: str) -> list[Obj]:
     return [d for d in yaml.safe_load_all((MANIFESTS / name).read_text()) if d]
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 30.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.1)
 
 
 def raw(resp: Any) -> Obj:

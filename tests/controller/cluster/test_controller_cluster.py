@@ -23,6 +23,7 @@ from kubernetes.client import ApiClient
 from controller.planner import EnginePlanner
 from controller.reconciler import Kind
 from devcluster.cluster import LocalCluster
+from devcluster.waiting import wait_for
 from tests.controller.cluster.objects import (
     GATE_LABEL,
     allocated_devices,
@@ -38,7 +39,6 @@ from tests.controller.cluster.objects import (
     publish_node_gpus,
     raw,
     template,
-    wait_for,
 )
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]

@@ -16,7 +16,8 @@ from kubernetes.client import ApiClient
 
 from controller.informers import Informer, InformerConfig, _ExpiredError
 from controller.reconciler import EventType, Kind
-from tests.controller.cluster.objects import template, wait_for
+from devcluster.waiting import wait_for
+from tests.controller.cluster.objects import template
 
 pytestmark = pytest.mark.cluster
 

@@ -21,6 +21,7 @@ from controller.status import (
     DeviceResult,
     KubeClaimWriter,
 )
+from devcluster.waiting import wait_for
 from tests.controller.cluster.objects import (
     DRIVER,
     delete_node_slices,
@@ -31,7 +32,6 @@ from tests.controller.cluster.objects import (
     profile_template,
     publish_node_gpus,
     raw,
-    wait_for,
 )
 
 pytestmark = pytest.mark.cluster
