@@ -267,6 +267,11 @@ def run(opts: Options, stop: threading.Event) -> int:
         common_nodes=node.common_device_nodes(),
     )
     preparer.reconcile()
+    # Before serving: release instances of checkpointed claims that are gone from the API (the
+    # node came back to a different or rebuilt cluster, or finalizers were stripped by hand).
+    # Otherwise their placements stay taken, and every prepare allocated there fails until the
+    # first periodic housekeeping pass. An unreachable API leaves everything as it is.
+    preparer.retry_pending()
     publisher = SlicePublisher(
         pub_settings,
         api,

@@ -367,3 +367,38 @@ def test_plugin_killed_mid_prepare_recovers_on_kubelet_retry(
         assert not claim["metadata"].get("finalizers")
     finally:
         sim.configure(None)
+
+
+@pytest.mark.cluster
+def test_restart_releases_claims_that_vanished_from_the_api_before_serving(
+    cluster_plugin: tuple[PluginProcess, str, Any], namespace: str
+) -> None:
+    """A node that comes back to a cluster which no longer has its claims (rebuilt cluster,
+    finalizers stripped by hand) must free those placements before the kubelet's first
+    prepare, not only at the first periodic housekeeping pass 30 s later."""
+    from kubeletplugin.claims import KubeJson
+
+    p, node, api = cluster_plugin
+    kube = KubeJson(api)
+    plugin = p.kubelet.wait_for_plugin(DRIVER, timeout=30)
+    dev = mig_device_name(0, "3g.40gb", 9, 4)
+    old = _allocated_claim(kube, namespace, node, dev)
+    assert plugin.prepare([old])[old.uid].error == ""
+
+    # The plugin goes down with the instance carved; meanwhile the claim disappears.
+    p.stop()
+    path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{old.name}"
+    kube.request("PATCH", path, body={"metadata": {"finalizers": None}},
+                 content_type="application/merge-patch+json")  # fmt: skip
+    kube.request("DELETE", path)
+
+    runs = p.logs().count("carve kubelet plugin running")
+    p.start()
+    wait_for("restart", lambda: p.logs().count("carve kubelet plugin running") > runs)
+    p.kubelet = KubeletSim(p.registry)
+    plugin = p.kubelet.wait_for_plugin(DRIVER, timeout=30)
+    new = _allocated_claim(kube, namespace, node, dev)
+    res = plugin.prepare([new])[new.uid]
+    assert res.error == "", res.error
+    assert "releasing claim that no longer exists in the API" in p.logs()
+    assert plugin.unprepare([new]) == {new.uid: ""}
