@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -204,6 +205,10 @@ def run_demo(root: Path, *, timeout: float = 180.0) -> int:
         _step("Stopping the previous demo")
         for what in down(root):
             _say(f"  stopped {what}")
+    # A demo is a new cluster, so its nodes get new GPUs: simulated hardware, checkpoints and CDI
+    # specs left by an earlier demo describe claims this cluster never had, and would hold their
+    # placements until the plugin's housekeeping released them.
+    shutil.rmtree(root / "stack", ignore_errors=True)
 
     _step("Control plane: etcd, kube-apiserver, kube-scheduler, kube-controller-manager v1.37")
     try:
@@ -266,7 +271,11 @@ def run_demo(root: Path, *, timeout: float = 180.0) -> int:
     claim = _claim_name(kubectl, pod, entry)
     if claim:
         _step(f"kubectl describe resourceclaim {claim}   (pod {pod}: two 1g slices, one GPU)")
-        _say(_indent(kubectl("describe", "resourceclaim", claim, "-n", EXAMPLES_NAMESPACE).stdout))
+        try:
+            described = kubectl("describe", "resourceclaim", claim, "-n", EXAMPLES_NAMESPACE)
+            _say(_indent(described.stdout))
+        except subprocess.CalledProcessError as exc:
+            _say(_indent(f"kubectl describe failed: {exc.stderr.strip() or exc}"))
 
     _step("What the container runtime gets for that pod (CDI edits the node agent recorded)")
     for node_dir in host.get("nodes", {}).values():
