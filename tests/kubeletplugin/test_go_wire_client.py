@@ -32,7 +32,7 @@ SOURCE = REPO / "hack" / "kubeletclient"
 GO = shutil.which("go")
 
 pytestmark = pytest.mark.skipif(
-    GO is None,
+    GO is None and not os.environ.get("CARVE_REQUIRE_CLUSTER"),
     reason="Go toolchain not on PATH: the upstream-built kubelet client cannot be built "
     "(CI has Go and runs this test)",
 )
