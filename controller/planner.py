@@ -24,7 +24,7 @@ from controller.claims import (
     parse_claim_spec,
     parse_device_class,
 )
-from controller.model import WHOLE_GPU, ClusterModel, GpuInventory, PublishedDevice, device_facts
+from controller.model import ClusterModel, inventories_from_slices
 from controller.nodefit import PodNeeds, PodSpecError, parse_node, parse_pod_needs, pod_requests
 from controller.placement import (
     ClaimToPlace,
@@ -36,7 +36,6 @@ from controller.placement import (
 )
 from controller.reconciler import Kind, Plan, Unplaceable, is_terminal, key_of
 from controller.status import ClaimAllocation, DeviceResult
-from driver.resourceslice import parse_resource_slices
 
 Obj = dict[str, Any]
 
@@ -136,34 +135,12 @@ class EnginePlanner:
                 _log.warning("ignoring malformed slices of node %s: %s", node, exc)
 
     def _refresh_node_gpus(self, node: str) -> None:
-        slices = list(self._slices.get(node, {}).values())
         errors: list[str] = []
-        sliced = parse_resource_slices(
-            slices, self.driver, on_error=lambda e: errors.append(str(e))
+        inventories = inventories_from_slices(
+            self._slices.get(node, {}).values(),
+            self.driver,
+            on_error=lambda e: errors.append(str(e)),
         )
-        devices: dict[tuple[str, str], Mapping[str, Any]] = {}
-        for s in slices:
-            spec = s.get("spec") or {}
-            pool = (spec.get("pool") or {}).get("name", "")
-            for d in spec.get("devices") or []:
-                devices[(pool, d.get("name", ""))] = d
-        inventories = []
-        for g in sliced:
-            published = []
-            whole = devices.get((g.pool, g.whole_gpu_device))
-            if whole is not None:
-                published.append(
-                    PublishedDevice(
-                        g.whole_gpu_device, WHOLE_GPU, 0, device_facts(whole, self.driver)
-                    )
-                )
-            for (pid, start), name in sorted(g.devices.items()):
-                dev = devices.get((g.pool, name))
-                if dev is not None:
-                    published.append(
-                        PublishedDevice(name, pid, start, device_facts(dev, self.driver))
-                    )
-            inventories.append(GpuInventory(node, g.pool, g.uuid, g.model, tuple(published)))
         if errors:
             self.problems[f"node {node}"] = "; ".join(errors)
             _log.warning("node %s publishes malformed slices: %s", node, "; ".join(errors))
