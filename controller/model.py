@@ -281,9 +281,6 @@ class ClusterModel:
     def holds(self) -> Iterator[ClaimHold]:
         return iter(self._holds.values())
 
-    def holding(self, claim: ClaimKey) -> ClaimHold | None:
-        return self._holds.get(claim)
-
     def _attach(self, hold: ClaimHold) -> None:
         missing = []
         touched = set()
