@@ -57,9 +57,6 @@ class ProfileIndex(IntEnum):
     SLICE_3_GFX = 0x11
 
 
-PROFILE_INDEX_COUNT = 0x12
-"""NVML_GPU_INSTANCE_PROFILE_COUNT: indices at or above it are INVALID_ARGUMENT."""
-
 NO_MEDIA_INDICES = frozenset({ProfileIndex.SLICE_1_NO_ME, ProfileIndex.SLICE_2_NO_ME})
 """Profiles without decoders/encoders/JPEG/OFA: the only ones allowed beside an ALL_ME instance."""
 
