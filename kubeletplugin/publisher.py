@@ -163,12 +163,14 @@ class SlicePublisher:
         """Converge once; True if anything was written."""
         split = self.split_counters()
         current = {s["metadata"]["name"]: s for s in self.existing()}
-        generation = max(
-            (int(s["spec"]["pool"].get("generation", 0)) for s in current.values()), default=0
-        )
-        owner = self._node_owner()
-        wanted = {d["metadata"]["name"]: d for d in self._desired(max(generation, 1), split, owner)}
         pool_generations = {int(s["spec"]["pool"].get("generation", 0)) for s in current.values()}
+        generation = max(pool_generations, default=0)
+        # Built once, already at the next generation: names and content hashes do not depend on
+        # the generation, so the same objects answer "unchanged?" and are what gets written.
+        wanted = {
+            d["metadata"]["name"]: d
+            for d in self._desired(generation + 1, split, self._node_owner())
+        }
         unchanged = (
             set(current) == set(wanted)
             and len(pool_generations) == 1
@@ -180,20 +182,18 @@ class SlicePublisher:
         )
         if unchanged:
             return False
-        desired = self._desired(generation + 1, split, owner)
-        for d in desired:
-            name = d["metadata"]["name"]
+        for name, d in wanted.items():
             if name in current:
                 rv = current[name]["metadata"]["resourceVersion"]
                 body = {**d, "metadata": {**d["metadata"], "resourceVersion": rv}}
                 self._api.request("PUT", f"{SLICES_PATH}/{name}", body=body)
             else:
                 self._api.request("POST", SLICES_PATH, body=d)
-        for name in set(current) - {d["metadata"]["name"] for d in desired}:
+        for name in set(current) - set(wanted):
             self._delete(name)
         log.info(
             "ResourceSlices published",
-            extra={"slices": len(desired), "generation": generation + 1, "split": split},
+            extra={"slices": len(wanted), "generation": generation + 1, "split": split},
         )
         return True
 
