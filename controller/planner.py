@@ -34,7 +34,14 @@ from controller.placement import (
     PlacementRequest,
     Policy,
 )
-from controller.reconciler import Kind, Plan, Unplaceable, is_terminal, key_of
+from controller.reconciler import (
+    Kind,
+    Plan,
+    Unplaceable,
+    claim_class_names,
+    is_terminal,
+    key_of,
+)
 from controller.status import ClaimAllocation, DeviceResult
 
 Obj = dict[str, Any]
@@ -189,7 +196,7 @@ class EnginePlanner:
                 if hold.node:
                     pinned.add(hold.node)
                 continue
-            for name in _class_names(claim):
+            for name in claim_class_names(claim):
                 if name in self._bad_classes:
                     return Unplaceable(
                         "InvalidDeviceClass",
@@ -240,15 +247,3 @@ class EnginePlanner:
         self._pinned[key] = plan.node
         with contextlib.suppress(PodSpecError):
             self.model.set_pod(key, plan.node, pod_requests(pod.get("spec") or {}))
-
-
-def _class_names(claim: Obj) -> list[str]:
-    names = []
-    for req in (claim.get("spec") or {}).get("devices", {}).get("requests") or []:
-        exact = req.get("exactly")
-        if isinstance(exact, Mapping) and exact.get("deviceClassName"):
-            names.append(str(exact["deviceClassName"]))
-        for sub in req.get("firstAvailable") or []:
-            if isinstance(sub, Mapping) and sub.get("deviceClassName"):
-                names.append(str(sub["deviceClassName"]))
-    return names

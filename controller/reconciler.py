@@ -156,13 +156,15 @@ def key_of(obj: Obj) -> str:
 
 
 def claim_class_names(claim: Obj) -> list[str]:
+    """DeviceClass names a claim's requests and subrequests name, read from the raw object
+    before the spec is validated (so a malformed claim is still recognised as carve's)."""
     names: list[str] = []
-    for req in claim.get("spec", {}).get("devices", {}).get("requests", []) or []:
+    for req in (claim.get("spec") or {}).get("devices", {}).get("requests") or []:
         exact = req.get("exactly")
-        if isinstance(exact, dict) and exact.get("deviceClassName"):
+        if isinstance(exact, Mapping) and exact.get("deviceClassName"):
             names.append(str(exact["deviceClassName"]))
-        for sub in req.get("firstAvailable", []) or []:
-            if sub.get("deviceClassName"):
+        for sub in req.get("firstAvailable") or []:
+            if isinstance(sub, Mapping) and sub.get("deviceClassName"):
                 names.append(str(sub["deviceClassName"]))
     return names
 
