@@ -659,18 +659,19 @@ def _parse_gpu(
         if start + size > memory_units:
             raise ValueError(f"device {dev['name']!r} lies beyond {memory_units} memory units")
         name = _attr(dev, "profile", "string")
+        amounts = _capacities(dev)
         row = rows.setdefault(
             pid,
             {
                 "name": name,
                 "index": _attr(dev, "profileIndex", "int"),
                 "max": _attr(dev, "maxInstances", "int"),
-                "amounts": _capacities(dev),
+                "amounts": amounts,
                 "size": size,
                 "starts": [],
             },
         )
-        if (row["name"], row["size"], row["amounts"]) != (name, size, _capacities(dev)):
+        if (row["name"], row["size"], row["amounts"]) != (name, size, amounts):
             raise ValueError(f"devices of profile id {pid} disagree on name, size or capacity")
         row["starts"].append(start)
         names[(pid, start)] = dev["name"]
