@@ -724,18 +724,13 @@ def _parse_gpu(
         devices=MappingProxyType(names),
         whole_gpu_device=gpu_dev["name"],
         counter_set=counter_set,
-        pci_bus_id=_optional_string(gpu_dev, PCI_BUS_ID_ATTRIBUTE),
-        driver_version=_optional_version(gpu_dev, "driverVersion"),
+        pci_bus_id=_optional_text(gpu_dev, PCI_BUS_ID_ATTRIBUTE, "string"),
+        driver_version=_optional_text(gpu_dev, "driverVersion", "version"),
     )
 
 
-def _optional_string(dev: Mapping[str, Any], name: str) -> str | None:
+def _optional_text(dev: Mapping[str, Any], name: str, kind: str) -> str | None:
+    """A string or version attribute that older publishers may have left out."""
     entry = (dev.get("attributes") or {}).get(name)
-    value = entry.get("string") if isinstance(entry, Mapping) else None
-    return value if isinstance(value, str) else None
-
-
-def _optional_version(dev: Mapping[str, Any], name: str) -> str | None:
-    entry = (dev.get("attributes") or {}).get(name)
-    value = entry.get("version") if isinstance(entry, Mapping) else None
+    value = entry.get(kind) if isinstance(entry, Mapping) else None
     return value if isinstance(value, str) else None
