@@ -308,11 +308,10 @@ class PlacementEngine:
     def _check_request(self, request: PlacementRequest) -> NoPlacement | None:
         missing = sorted(
             {
-                a.spec.device_class
+                name
                 for c in request.claims
-                for r in c.spec.requests
-                for a in r.alternatives
-                if a.spec.device_class not in self.classes
+                for name in c.spec.device_classes()
+                if name not in self.classes
             }
         )
         if missing:
