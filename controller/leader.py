@@ -82,7 +82,6 @@ class LeaderElector:
         self._observed_at = 0.0
         self._last_renew: float | None = None
         self._stop = threading.Event()
-        self.transitions_seen = 0
 
     # -- fence -----------------------------------------------------------------------------------
 
