@@ -335,9 +335,6 @@ class NvmlBackend:
             profiles=info.profiles,
         )
 
-    def possible_placements(self, gpu_uuid: str, profile_id: int) -> tuple[Placement, ...]:
-        return self._placements(gpu_uuid, self._handle(gpu_uuid), profile_id)
-
     def remaining_capacity(self, gpu_uuid: str, profile_id: int) -> int:
         """How many more instances of the profile NVML would create now (MIG must be on)."""
         handle = self._handle(gpu_uuid)
