@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from driver.catalog import GpuModel, ProfileSpec
-from driver.geometry import EMPTY_STATE, GpuState, PlacementError, geometry_for
+from driver.catalog import ProfileSpec
+from driver.geometry import EMPTY_STATE, Geometry, GpuState, PlacementError, geometry_for
 from driver.nvml.backend import NvmlBackend
 from driver.nvml.errors import NvmlError, NvmlUnavailable
 from driver.nvml.types import GpuInfo, GpuInstance, MigMode
@@ -104,16 +104,16 @@ def _by_start(instances: Sequence[GpuInstance]) -> list[GpuInstance]:
 
 
 def _rows(
-    model: GpuModel | None, gpu: GpuInfo, state: GpuState | None, remaining: dict[int, int]
+    geometry: Geometry, gpu: GpuInfo, state: GpuState | None, remaining: dict[int, int]
 ) -> tuple[ProfileRow, ...]:
-    geometry = geometry_for(model) if model is not None else None
-    rows = []
-    for p in gpu.profiles:
-        free = None
-        if geometry is not None and state is not None:
-            free = geometry.feasible_starts(state, p.id)
-        rows.append(ProfileRow(p, free, remaining.get(p.id)))
-    return tuple(rows)
+    return tuple(
+        ProfileRow(
+            p,
+            None if state is None else geometry.feasible_starts(state, p.id),
+            remaining.get(p.id),
+        )
+        for p in gpu.profiles
+    )
 
 
 def picture_of(backend: NvmlBackend, gpu: GpuInfo) -> GpuPicture:
@@ -122,20 +122,21 @@ def picture_of(backend: NvmlBackend, gpu: GpuInfo) -> GpuPicture:
         return GpuPicture(gpu, None, 0, (), ())
     mode = backend.mig_mode(gpu.uuid)
     model = backend.gpu_model(gpu.uuid)
+    geometry = geometry_for(model)
     instances = backend.instances(gpu.uuid)
     remaining: dict[int, int] = {}
     state: GpuState | None = None
     if mode.current:
         remaining = {p.id: backend.remaining_capacity(gpu.uuid, p.id) for p in gpu.profiles}
         try:
-            state = geometry_for(model).state_of(
-                (i.profile_id, i.placement.start) for i in instances
-            )
+            state = geometry.state_of((i.profile_id, i.placement.start) for i in instances)
         except PlacementError:
             state = None  # instances NVML accepted but geometry cannot express: show NVML only
     else:
         state = EMPTY_STATE if not instances else None
-    return GpuPicture(gpu, mode, model.memory_units, instances, _rows(model, gpu, state, remaining))
+    return GpuPicture(
+        gpu, mode, model.memory_units, instances, _rows(geometry, gpu, state, remaining)
+    )
 
 
 # --- binding selection ----------------------------------------------------------------------------
