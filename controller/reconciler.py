@@ -614,7 +614,7 @@ class Reconciler:
                 return
             try:
                 if w.kind is WorkKind.UNGATE:
-                    self._ungate(pod, state, w.claims)
+                    self._ungate(pod, w.claims)
                 elif not has_gate(pod, self._cfg.gate):
                     self._replan(pod, state, w.claims, now)
                 else:
@@ -676,7 +676,7 @@ class Reconciler:
         self._metrics.count_outcome("native-fallback")
         self._recorder.event(pod, Kind.POD, "Warning", reason, message)
 
-    def _ungate(self, pod: Obj, state: _PodState, claims: Sequence[Obj]) -> None:
+    def _ungate(self, pod: Obj, claims: Sequence[Obj]) -> None:
         key = key_of(pod)
         if has_gate(pod, self._cfg.gate):
             fresh = self._writer.remove_gate(pod)
