@@ -19,9 +19,6 @@ from kubeletplugin._generated import pluginregistration_v1_pb2, pluginregistrati
 
 _log = logging.getLogger(__name__)
 
-DEFAULT_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
-DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
-
 PLUGIN_TYPE = "DRAPlugin"
 
 # The kubelet walks this list in order and uses the first DRAPlugin version it supports, so v1

@@ -81,11 +81,6 @@ class PluginServer:
     def wait_registered(self, timeout: float | None = None) -> bool:
         return self._registration.wait_registered(timeout)
 
-    @property
-    def health(self) -> HealthBroadcaster:
-        """Call `health.refresh()` after a known change to push it to the kubelet at once."""
-        return self._health
-
     def _new_server(self, path: Path, name: str) -> grpc.Server:
         path.parent.mkdir(parents=True, exist_ok=True)
         _remove_stale_socket(path)
