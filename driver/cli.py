@@ -19,6 +19,7 @@ from typing import Any, TextIO
 
 from driver.catalog import ProfileSpec
 from driver.geometry import EMPTY_STATE, Geometry, GpuState, PlacementError, geometry_for
+from driver.naming import DEFAULT_DRIVER_NAME
 from driver.nvml.backend import NvmlBackend
 from driver.nvml.errors import NvmlError, NvmlUnavailable
 from driver.nvml.types import GpuInfo, GpuInstance, MigMode
@@ -351,7 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument(
         "--kubeconfig", default=os.environ.get("KUBECONFIG"), help="default: $KUBECONFIG"
     )
-    status.add_argument("--driver-name", default="mig.carve.dev", help="DRA driver name")
+    status.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME, help="DRA driver name")
     status.set_defaults(run=cmd_status)
     return parser
 
