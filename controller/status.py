@@ -411,11 +411,9 @@ class KubeClaimWriter:
         )
 
 
-def pod_condition(
-    status: bool, reason: str, message: str, now: dt.datetime, type_: str = PLACED_CONDITION
-) -> Obj:
+def pod_condition(status: bool, reason: str, message: str, now: dt.datetime) -> Obj:
     return {
-        "type": type_,
+        "type": PLACED_CONDITION,
         "status": "True" if status else "False",
         "reason": reason,
         "message": message[:32768],
