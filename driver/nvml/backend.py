@@ -663,9 +663,9 @@ class NvmlBackend:
     def instances(self, gpu_uuid: str) -> tuple[GpuInstance, ...]:
         """Every GPU instance on the GPU (carve's or not), ordered by GI id. Empty when MIG
         mode is off, since no instance can exist then."""
-        info = self.gpu(gpu_uuid)
-        if not info.mig_capable or not self.mig_mode(gpu_uuid).current:
+        if not self.mig_enabled(gpu_uuid):
             return ()
+        info = self.gpu(gpu_uuid)
         nv = self._nvml
         handle = self._handle(gpu_uuid)
         found: list[tuple[int, int, Placement, Any]] = []
