@@ -290,7 +290,8 @@ def _fn_sub(a: object, b: object) -> dict[str, str]:
 
 
 def _fn_is_integer(q: object) -> bool:
-    return _as_quantity(q, "isInteger") == _as_quantity(q, "isInteger").to_integral_value()
+    d = _as_quantity(q, "isInteger")
+    return d == d.to_integral_value()
 
 
 def _fn_as_integer(q: object) -> int:
