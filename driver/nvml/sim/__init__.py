@@ -495,9 +495,7 @@ def nvmlDeviceGetMemoryInfo(handle: Any, version: int | None = None) -> Any:
 
 def nvmlDeviceGetArchitecture(handle: Any) -> int:
     cfg = _require_init()
-    kind, index, *_ = _decode(handle)
-    if kind not in (_KIND_DEVICE, _KIND_MIG) or index >= len(cfg.gpus):
-        _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    index = _gpu_index_of(cfg, handle, (_KIND_DEVICE, _KIND_MIG))
     return int(_ARCH_CODE[cfg.gpus[index].model.architecture])
 
 
