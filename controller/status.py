@@ -17,7 +17,7 @@ import copy
 import datetime as dt
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -429,9 +429,3 @@ def _allocation_matches(existing: Obj, wanted: ClaimAllocation) -> bool:
     )
     want = sorted((r.request, r.driver, r.pool, r.device) for r in wanted.results)
     return have == want and existing.get("nodeSelector") == node_selector_for(wanted.node)
-
-
-def allocated_devices(claim: Obj, driver: str) -> Sequence[Obj]:
-    """This driver's results in a claim's allocation (empty when unallocated)."""
-    results = (claim.get("status", {}).get("allocation") or {}).get("devices", {}).get("results")
-    return [r for r in results or [] if r.get("driver") == driver]
