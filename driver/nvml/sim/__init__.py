@@ -135,9 +135,14 @@ def configure(
         cfg = parse_config(source, Path(base_dir) if base_dir else Path.cwd())
     else:
         cfg = load_config_file(source)
+    _rt.explicit = _validated(cfg)
+    return cfg
+
+
+def _validated(cfg: SimConfig) -> SimConfig:
+    """``cfg`` once every GPU model in it is one the simulator can represent."""
     for gpu in cfg.gpus:
         validate_model(gpu.model)
-    _rt.explicit = cfg
     return cfg
 
 
@@ -149,10 +154,7 @@ def _config_or_none() -> SimConfig | None:
         return None
     mtime = Path(path).stat().st_mtime if Path(path).exists() else -1.0
     if _rt.env_cache is None or _rt.env_cache[:2] != (path, mtime):
-        cfg = load_config_file(path)
-        for gpu in cfg.gpus:
-            validate_model(gpu.model)
-        _rt.env_cache = (path, mtime, cfg)
+        _rt.env_cache = (path, mtime, _validated(load_config_file(path)))
     return _rt.env_cache[2]
 
 
