@@ -147,8 +147,6 @@ class ClusterModel:
         self._units_used: dict[str, int] = {}
         self._unresolved: dict[ClaimKey, tuple[str, ...]] = {}
         self._kinds: dict[tuple[object, ...], int] = {}
-        self.kind_examples: dict[int, str] = {}
-        """kind -> uuid of one GPU of that kind, for evaluating selectors per kind."""
         self.buckets: dict[BucketKey, list[tuple[str, str]]] = {}
         """(kind, occupancy, node busy) -> sorted [(node, uuid)] of the GPUs in that state."""
         self._bucket_of: dict[str, BucketKey] = {}
@@ -208,7 +206,6 @@ class ClusterModel:
             del self._node_gpus[node]
         for position, inv in enumerate(ordered):
             kind = self._kinds.setdefault(_kind_signature(inv), len(self._kinds))
-            self.kind_examples.setdefault(kind, inv.uuid)
             record = GpuRecord(
                 inventory=inv,
                 geometry=geometry_for(inv.model),

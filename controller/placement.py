@@ -378,10 +378,9 @@ class PlacementEngine:
             hit = self._kind_eligible.get(key)
             if hit is not None:
                 return hit
-            example = self.model.gpus.get(self.model.kind_examples.get(gpu.kind, ""))
-            if example is None or example.kind != gpu.kind:
-                example = gpu  # the example was removed or republished as another kind
-            result = self._eligible_on(spec, example)
+            # Selectors that read no identity attribute see the same facts on every GPU of
+            # the kind, so this GPU's answer is the kind's.
+            result = self._eligible_on(spec, gpu)
             if not isinstance(result, CelError):
                 if len(self._kind_eligible) >= _CACHE_LIMIT:
                     self._kind_eligible.clear()
