@@ -18,7 +18,6 @@ from devcluster.cluster import (
     ClusterStartError,
     LocalCluster,
     read_state,
-    start_cluster,
     stop_cluster_at,
 )
 from devcluster.components import CONTROLLERS, FEATURE_GATES
@@ -42,6 +41,5 @@ __all__ = [
     "ensure_binaries",
     "kubectl_path",
     "read_state",
-    "start_cluster",
     "stop_cluster_at",
 ]

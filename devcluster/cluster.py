@@ -281,9 +281,6 @@ class LocalCluster:
         self.layout.state_file.write_text(self._info.to_json())
         return proc.record
 
-    def component_logs(self) -> dict[str, Path]:
-        return {p.name: p.log_path for p in self._processes}
-
     # -- internals -------------------------------------------------------------------------
 
     def _spawn(self, name: str, argv: list[str]) -> ManagedProcess:
@@ -308,18 +305,6 @@ class LocalCluster:
                     f"{proc.name} not ready in time; log {proc.log_path}:\n{proc.log_tail()}"
                 )
             time.sleep(0.2)
-
-
-def start_cluster(
-    root: Path | None = None,
-    *,
-    detached: bool = False,
-    timeout: float = 120.0,
-    progress: Callable[[str], None] | None = None,
-) -> LocalCluster:
-    cluster = LocalCluster(root, detached=detached, progress=progress)
-    cluster.start(timeout=timeout)
-    return cluster
 
 
 def read_state(root: Path) -> ClusterInfo | None:

@@ -190,7 +190,6 @@ class NodeHeartbeater:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.beats = 0
 
     def add(self, node: FakeNode) -> str:
         """Create ``node`` and keep it alive; returns its UID."""
@@ -206,10 +205,6 @@ class NodeHeartbeater:
     def forget(self, name: str) -> None:
         with self._lock:
             self._nodes.pop(name, None)
-
-    def names(self) -> list[str]:
-        with self._lock:
-            return sorted(self._nodes)
 
     def start(self) -> NodeHeartbeater:
         if self._thread is None:
@@ -246,7 +241,6 @@ class NodeHeartbeater:
                     self.forget(name)
                     continue
                 raise
-        self.beats += 1
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):

@@ -178,15 +178,6 @@ class NodeAgent:
             if w.thread is not None:
                 w.thread.join(timeout=5)
 
-    @property
-    def synced(self) -> bool:
-        return self._informer.has_synced
-
-    def prepared_claims(self) -> dict[str, set[str]]:
-        """Claim uid -> uids of the pods on this node it is prepared for."""
-        with self._lock:
-            return {c: set(p) for c, p in self._claim_users.items()}
-
     def record_of(self, namespace: str, name: str) -> PodRecord | None:
         with self._lock:
             for rec in self.records.values():

@@ -186,13 +186,6 @@ class SimNode:
             tie_to_parent=not self._detached,
         )
 
-    @property
-    def plugin_pid(self) -> int | None:
-        return None if self._plugin is None else self._plugin.pid
-
-    def plugin_running(self) -> bool:
-        return self._plugin is not None and self._plugin.exit_code() is None
-
     def kill_plugin(self, sig: int = signal.SIGKILL) -> None:
         """Kill the plugin process (SIGKILL by default: a crash, nothing cleaned up)."""
         if self._plugin is None:

@@ -54,7 +54,6 @@ class CarveStack:
         self.heartbeater = NodeHeartbeater(self.api).start()
         self.nodes: dict[str, SimNode] = {}
         self._controller: ManagedProcess | None = None
-        self.controller_starts = 0
         root.mkdir(parents=True, exist_ok=True)
         # Unix socket paths are limited to 107 bytes; node directories hold the plugin's sockets.
         self.nodes_dir = root / "nodes"
@@ -188,14 +187,9 @@ class CarveStack:
         self._controller = ManagedProcess(
             "carve-controller", argv, self.controller_log, tie_to_parent=not self.detached
         )
-        self.controller_starts += 1
 
     def controller_running(self) -> bool:
         return self._controller is not None and self._controller.exit_code() is None
-
-    @property
-    def controller_pid(self) -> int | None:
-        return None if self._controller is None else self._controller.pid
 
     def kill_controller(self, sig: int = signal.SIGKILL) -> None:
         if self._controller is None:
