@@ -199,6 +199,9 @@ class Checkpoint:
                     return rec
         return None
 
+    def foreign_at(self, gpu_uuid: str, gi_id: int) -> ForeignInstance | None:
+        return next((f for f in self.foreign if f.gpu_uuid == gpu_uuid and f.gi_id == gi_id), None)
+
     def payload(self) -> dict[str, Any]:
         return {
             "claims": {uid: r.to_json() for uid, r in sorted(self.claims.items())},

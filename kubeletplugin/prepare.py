@@ -178,10 +178,6 @@ class Preparer:
 
     # -- public surface ---------------------------------------------------------------------
 
-    @property
-    def finalizer(self) -> str:
-        return self._finalizer
-
     def checkpoint(self) -> Checkpoint:
         with self._cp_lock:
             return self._cp
@@ -436,7 +432,7 @@ class Preparer:
                     f"{p.result.device}: placement {_span(p.placement)} on {_label(gpu)} is "
                     f"already taken by claim {owner.namespace}/{owner.name}",
                 )
-            foreign = self._foreign(gpu.uuid, inst.gi_id)
+            foreign = self.checkpoint().foreign_at(gpu.uuid, inst.gi_id)
             if exact and foreign is not None and self._s.foreign_policy is ForeignPolicy.ADOPT:
                 c = self._backend.ensure_compute_instance(gpu.uuid, inst.gi_id)
                 log.info(
@@ -475,12 +471,6 @@ class Preparer:
             raise ClaimError(
                 "mig-enable-failed", f"MIG mode on {_label(gpu)} is still disabled after enabling"
             )
-
-    def _foreign(self, gpu_uuid: str, gi_id: int) -> ForeignInstance | None:
-        return next(
-            (f for f in self.checkpoint().foreign if f.gpu_uuid == gpu_uuid and f.gi_id == gi_id),
-            None,
-        )
 
     def _cdi_devices(
         self, plan: Sequence[_Planned], records: Sequence[DeviceRecord]
@@ -735,11 +725,11 @@ def _find_own_instance(
             if inst.gi_id == d.gi_id:
                 return inst
             continue
-        if cp.owner_of(d.gpu_uuid, inst.gi_id) is not None:
-            continue
-        if any(f.gpu_uuid == d.gpu_uuid and f.gi_id == inst.gi_id for f in cp.foreign):
-            continue
-        return inst
+        if (
+            cp.owner_of(d.gpu_uuid, inst.gi_id) is None
+            and cp.foreign_at(d.gpu_uuid, inst.gi_id) is None
+        ):
+            return inst
     return None
 
 
