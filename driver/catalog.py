@@ -109,6 +109,11 @@ class Engines:
             self.ofa - other.ofa,
         )
 
+    def counts(self) -> tuple[int, int, int, int, int]:
+        """The pools in field order (copy, decoders, encoders, JPEG, OFA), for code that
+        handles every pool alike."""
+        return (self.copy, self.decoders, self.encoders, self.jpeg, self.ofa)
+
     def fits_within(self, limit: Engines) -> bool:
         return (
             self.copy <= limit.copy

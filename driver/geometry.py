@@ -371,15 +371,13 @@ class Geometry:
             f"{need} of {name} with {total - used} of {total} free"
             for name, need, used, total in zip(
                 _ENGINE_NAMES,
-                (p.spec.engines.copy, p.spec.engines.decoders, p.spec.engines.encoders,
-                 p.spec.engines.jpeg, p.spec.engines.ofa),
-                (state.engines.copy, state.engines.decoders, state.engines.encoders,
-                 state.engines.jpeg, state.engines.ofa),
-                (totals.copy, totals.decoders, totals.encoders, totals.jpeg, totals.ofa),
+                p.spec.engines.counts(),
+                state.engines.counts(),
+                totals.counts(),
                 strict=True,
             )
             if used + need > total
-        ]  # fmt: skip
+        ]
         return PlacementError(
             PlacementFailure.ENGINES,
             f"{what} needs {', '.join(short) or 'engines that are in use'}",

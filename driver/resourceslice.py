@@ -199,15 +199,11 @@ def _counter_set(gpu: PublishedGpu) -> dict[str, Any]:
 
 
 def _whole_gpu_amounts(model: GpuModel) -> tuple[int, ...]:
-    return (model.memory_mib * _MIB, model.multiprocessors, *_engine_tuple(model.engine_totals))
+    return (model.memory_mib * _MIB, model.multiprocessors, *model.engine_totals.counts())
 
 
 def _profile_amounts(spec: ProfileSpec) -> tuple[int, ...]:
-    return (spec.memory_mib * _MIB, spec.multiprocessors, *_engine_tuple(spec.engines))
-
-
-def _engine_tuple(e: Engines) -> tuple[int, int, int, int, int]:
-    return (e.copy, e.decoders, e.encoders, e.jpeg, e.ofa)
+    return (spec.memory_mib * _MIB, spec.multiprocessors, *spec.engines.counts())
 
 
 def _devices(gpu: PublishedGpu) -> list[dict[str, Any]]:
