@@ -61,7 +61,6 @@ class EnginePlanner:
         self._slices: dict[str, dict[str, Obj]] = {}  # node -> slice name -> slice
         self._claim_keys: dict[str, ClaimKey] = {}
         self._pinned: dict[str, str] = {}  # pod key -> node chosen by us, until bound
-        self.problems: dict[str, str] = {}
         # Nodes whose slices changed since the last decision. A node publishes several slices
         # at once (counters, devices per GPU); re-reading its pool once per decision instead of
         # once per slice event keeps start-up linear in the number of slices.
@@ -73,7 +72,6 @@ class EnginePlanner:
         try:
             self._observe(kind, obj)
         except (ValueError, KeyError, TypeError) as exc:
-            self.problems[f"{kind} {key_of(obj)}"] = str(exc)
             _log.warning("ignoring malformed %s %s: %s", kind, key_of(obj), exc)
 
     def _observe(self, kind: Kind, obj: Obj) -> None:
@@ -138,7 +136,6 @@ class EnginePlanner:
             try:
                 self._refresh_node_gpus(node)
             except (ValueError, KeyError, TypeError) as exc:
-                self.problems[f"node {node}"] = str(exc)
                 _log.warning("ignoring malformed slices of node %s: %s", node, exc)
 
     def _refresh_node_gpus(self, node: str) -> None:
@@ -149,10 +146,7 @@ class EnginePlanner:
             on_error=lambda e: errors.append(str(e)),
         )
         if errors:
-            self.problems[f"node {node}"] = "; ".join(errors)
             _log.warning("node %s publishes malformed slices: %s", node, "; ".join(errors))
-        else:
-            self.problems.pop(f"node {node}", None)
         self.model.set_node_gpus(node, inventories)
 
     def forget(self, kind: Kind, obj: Obj) -> None:
