@@ -547,12 +547,7 @@ def _counter_set_values(cs: object, label: str) -> tuple[str, dict[str, int]]:
     counters = cs.get("counters")
     if not isinstance(counters, Mapping):
         raise ValueError(f"ResourceSlice {label}: counter set {cs['name']!r} has no counters")
-    values: dict[str, int] = {}
-    for key, counter in counters.items():
-        if not isinstance(counter, Mapping) or "value" not in counter:
-            raise ValueError(f"ResourceSlice {label}: counter {key!r} has no value")
-        values[str(key)] = parse_quantity(counter["value"])
-    return cs["name"], values
+    return cs["name"], _counter_values(counters, f"ResourceSlice {label}: counter")
 
 
 def _attr(dev: Mapping[str, Any], name: str, kind: str) -> Any:
@@ -588,12 +583,19 @@ def _consumed(dev: Mapping[str, Any]) -> tuple[str, dict[str, int]]:
     counters = entry.get("counters")
     if not isinstance(entry.get("counterSet"), str) or not isinstance(counters, Mapping):
         raise ValueError(f"device {dev['name']!r} has a malformed consumesCounters entry")
-    values = {}
+    return entry["counterSet"], _counter_values(
+        counters, f"device {dev['name']!r}: consumed counter"
+    )
+
+
+def _counter_values(counters: Mapping[str, Any], what: str) -> dict[str, int]:
+    """Counter name -> amount; `what` starts the error for a counter without a value."""
+    values: dict[str, int] = {}
     for key, counter in counters.items():
         if not isinstance(counter, Mapping) or "value" not in counter:
-            raise ValueError(f"device {dev['name']!r}: consumed counter {key!r} has no value")
+            raise ValueError(f"{what} {key!r} has no value")
         values[str(key)] = parse_quantity(counter["value"])
-    return entry["counterSet"], values
+    return values
 
 
 def _parse_gpu(
