@@ -232,7 +232,7 @@ def _api_client(opts: Options) -> Any:
 
 def run(opts: Options, stop: threading.Event) -> int:
     from driver.cdi import CdiWriter
-    from kubeletplugin.checkpoint import CheckpointStore
+    from kubeletplugin.checkpoint import CheckpointStore, ClaimState
     from kubeletplugin.claims import KubeJson, KubernetesClaimClient
     from kubeletplugin.httpserver import OpsServer
     from kubeletplugin.metrics import PluginMetrics
@@ -312,7 +312,9 @@ def run(opts: Options, stop: threading.Event) -> int:
 
     def pending_check() -> str:
         n = sum(
-            1 for r in preparer.checkpoint().claims.values() if r.state.value != "PrepareCompleted"
+            1
+            for r in preparer.checkpoint().claims.values()
+            if r.state is not ClaimState.PREPARE_COMPLETED
         )
         return f"{n} interrupted claim operation(s) pending" if n else ""
 
