@@ -151,10 +151,8 @@ class NvmlBackend:
     # --- error translation ------------------------------------------------------------------
 
     def _call(self, what: str, gpu: str | None, fn: Callable[..., _T], *args: Any) -> _T:
-        try:
+        with self._translating(what, gpu):
             return fn(*args)
-        except self._nvml.NVMLError as exc:
-            raise errors.from_code(int(exc.value), what, gpu=gpu) from exc
 
     @contextlib.contextmanager
     def _translating(self, what: str, gpu: str | None) -> Iterator[None]:
@@ -541,12 +539,13 @@ class NvmlBackend:
             ci_id = existing[0][0]
         else:
             ci_profile = self._full_ci_profile(uuid, gi, profile)
-            try:
-                ci = nv.nvmlGpuInstanceCreateComputeInstance(gi, ci_profile.id)
-            except nv.NVMLError as exc:
-                raise errors.from_code(
-                    int(exc.value), f"create the compute instance in GPU instance {gi_id}", gpu=uuid
-                ) from exc
+            ci = self._call(
+                f"create the compute instance in GPU instance {gi_id}",
+                uuid,
+                nv.nvmlGpuInstanceCreateComputeInstance,
+                gi,
+                ci_profile.id,
+            )
             ci_info = self._call(
                 "read the new compute instance", uuid, nv.nvmlComputeInstanceGetInfo, ci
             )
