@@ -259,7 +259,7 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
     _fsync_dir(path.parent)
 
 
-# --- loading and validation (used by tests and by the e2e node agent) -------------------------
+# --- validation (build_spec checks every spec it writes); loading and resolving, for tests -----
 
 _TOP_FIELDS = {"cdiVersion", "kind", "annotations", "devices", "containerEdits"}
 _DEVICE_FIELDS = {"name", "annotations", "containerEdits"}
