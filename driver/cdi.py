@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from driver.naming import DEFAULT_DRIVER_NAME
+
 DEFAULT_CDI_ROOT = Path("/var/run/cdi")
 DEFAULT_CLASS = "claim"
 
@@ -165,7 +167,7 @@ class CdiWriter:
     """Writes and removes the per-claim specs of one driver under one CDI root."""
 
     root: Path = DEFAULT_CDI_ROOT
-    vendor: str = "mig.carve.dev"
+    vendor: str = DEFAULT_DRIVER_NAME
     cls: str = DEFAULT_CLASS
 
     def __post_init__(self) -> None:
