@@ -117,8 +117,9 @@ def _enum(where: str, value: Any, enum: type[StrEnum]) -> Any:
     return enum(value)
 
 
-def parse_quantity(where: str, value: Any) -> int:
-    """A Kubernetes-style byte quantity such as `10Gi` or `512M`."""
+def _byte_quantity(where: str, value: Any) -> int:
+    """A byte count a user wrote, such as `10Gi` or `512M`: whole numbers with a byte suffix
+    only, unlike the API quantities `resourceslice.parse_quantity` reads back."""
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
     m = _QUANTITY_RE.match(value) if isinstance(value, str) else None
@@ -142,7 +143,7 @@ def _parse_mps(where: str, obj: Any) -> MpsConfig:
         default_pinned_device_memory_limit_bytes=(
             None
             if limit is None
-            else parse_quantity(f"{where}.defaultPinnedDeviceMemoryLimit", limit)
+            else _byte_quantity(f"{where}.defaultPinnedDeviceMemoryLimit", limit)
         ),
     )
 
