@@ -38,7 +38,8 @@ SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
 SPLIT_COUNTERS_SINCE = (1, 35)
 
 SliceBuilder = Callable[[int, bool], list[dict[str, Any]]]
-"""(pool generation, split counters) -> desired ResourceSlice objects."""
+"""(pool generation, split counters) -> desired ResourceSlice manifests, each already named
+(`driver.resourceslice.build_resource_slices` names them deterministically)."""
 
 
 def parse_server_version(version: Mapping[str, Any]) -> tuple[int, int]:
@@ -56,10 +57,6 @@ def parse_server_version(version: Mapping[str, Any]) -> tuple[int, int]:
 def uses_split_counters(version: tuple[int, int]) -> bool:
     """From 1.35 counter sets must live in their own slice of the pool."""
     return version >= SPLIT_COUNTERS_SINCE
-
-
-def _sanitize(text: str) -> str:
-    return re.sub(r"[^a-z0-9.-]+", "-", text.lower()).strip("-.")
 
 
 @dataclass(frozen=True)
@@ -134,13 +131,9 @@ class SlicePublisher:
     def _desired(
         self, generation: int, split: bool, owner: list[dict[str, Any]]
     ) -> list[dict[str, Any]]:
-        slices = self._build(generation, split)
-        base = _sanitize(f"{self._s.node_name}-{self._s.driver_name}")
         out: list[dict[str, Any]] = []
-        for i, obj in enumerate(slices):
-            meta = dict(obj.get("metadata") or {})
-            meta.pop("generateName", None)
-            meta.setdefault("name", f"{base}-{i}")
+        for obj in self._build(generation, split):
+            meta = dict(obj["metadata"])
             if owner:
                 meta.setdefault("ownerReferences", owner)
             # The apiserver defaults fields, so the stored spec never compares equal to ours;
@@ -149,14 +142,7 @@ class SlicePublisher:
                 **(meta.get("annotations") or {}),
                 self._hash_key(): _content_hash(obj.get("spec") or {}),
             }
-            out.append(
-                {
-                    "apiVersion": "resource.k8s.io/v1",
-                    "kind": "ResourceSlice",
-                    **obj,
-                    "metadata": meta,
-                }
-            )
+            out.append({**obj, "metadata": meta})
         return out
 
     def sync(self) -> bool:
