@@ -574,7 +574,7 @@ def nvmlDeviceGetGpuInstanceProfileInfo(device: Any, profile: int, version: int 
         if not 0 <= profile < pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT:
             _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         _require_mig_capable(r)
-        prof = next((p for p in r.model.profiles if p.index == profile), None)
+        prof = r.model.profile_by_index(profile)
         if prof is None:
             _raise(pynvml.NVML_ERROR_NOT_SUPPORTED)
         assert prof is not None
