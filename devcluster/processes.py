@@ -81,6 +81,14 @@ class ManagedProcess:
     def log_tail(self, lines: int = 30) -> str:
         return tail_of(self.log_path, lines)
 
+    def kill(self, sig: int = signal.SIGKILL, wait_seconds: float = 10.0) -> None:
+        """Signal the process itself (SIGKILL by default: a crash, nothing cleaned up) and
+        wait until it has exited."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self._popen.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._popen.wait(timeout=wait_seconds)
+
     def stop(self, grace_seconds: float = 5.0) -> None:
         if self._popen.poll() is None:
             terminate_group(self._popen.pid, grace_seconds, lambda: self._popen.poll() is None)
@@ -112,6 +120,14 @@ def stop_recorded(record: ProcessRecord, grace_seconds: float = 5.0) -> bool:
 
 def is_running(record: ProcessRecord) -> bool:
     return _runs(record)
+
+
+def console_script(name: str, module: str) -> list[str]:
+    """The command of an installed console script next to this interpreter, else ``-m``."""
+    script = Path(sys.executable).with_name(name)
+    if script.exists():
+        return [sys.executable, str(script)]
+    return [sys.executable, "-m", module]
 
 
 def tail_of(path: Path, lines: int) -> str:

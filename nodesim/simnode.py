@@ -14,11 +14,8 @@ Everything a node owns lives under one directory (test tooling; nothing here shi
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import signal
-import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -28,7 +25,7 @@ from typing import Any
 import yaml
 
 from devcluster.nodes import FakeNode, NodeHeartbeater, delete_node
-from devcluster.processes import ManagedProcess, tail_of
+from devcluster.processes import ManagedProcess, console_script, tail_of
 from driver import catalog
 from nodesim.invariants import NodeHardware, node_hardware
 from nodesim.kubelet import KubeletSim, socket_identity
@@ -61,14 +58,6 @@ class SimNodeSpec:
             )
         if self.latency not in ("zero", "realistic"):
             raise ValueError(f"node {self.name}: latency must be 'zero' or 'realistic'")
-
-
-def plugin_command() -> list[str]:
-    """The installed `carve-kubelet-plugin` script next to this interpreter, else `-m`."""
-    script = Path(sys.executable).with_name("carve-kubelet-plugin")
-    if script.exists():
-        return [sys.executable, str(script)]
-    return [sys.executable, "-m", "kubeletplugin.main"]
 
 
 class SimNode:
@@ -167,7 +156,7 @@ class SimNode:
         if self._plugin is not None and self._plugin.exit_code() is None:
             raise RuntimeError(f"node {self.name}: the plugin is already running")
         argv = [
-            *plugin_command(),
+            *console_script("carve-kubelet-plugin", "kubeletplugin.main"),
             f"--node-name={self.name}",
             f"--driver-name={DRIVER}",
             f"--kubeconfig={self.kubeconfig}",
@@ -188,13 +177,8 @@ class SimNode:
 
     def kill_plugin(self, sig: int = signal.SIGKILL) -> None:
         """Kill the plugin process (SIGKILL by default: a crash, nothing cleaned up)."""
-        if self._plugin is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self._plugin.pid, sig)
-        deadline = time.monotonic() + 10
-        while self._plugin.exit_code() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
+        if self._plugin is not None:
+            self._plugin.kill(sig)
 
     def wait_plugin_ready(self, timeout: float = 60.0) -> None:
         """Until the kubelet side has registered the current plugin process."""

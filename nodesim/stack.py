@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterable, Mapping
@@ -23,7 +21,7 @@ import yaml
 from devcluster.binaries import kubectl_path
 from devcluster.cluster import api_client_for
 from devcluster.nodes import NodeHeartbeater
-from devcluster.processes import ManagedProcess, tail_of
+from devcluster.processes import ManagedProcess, console_script, tail_of
 from nodesim.simnode import SimNode, SimNodeSpec
 
 _log = logging.getLogger(__name__)
@@ -34,13 +32,6 @@ EXAMPLES = REPO / "deploy" / "examples"
 # What a cluster needs from deploy/manifests when carve runs outside it (no Deployment,
 # DaemonSet or RBAC: the processes run here with the admin kubeconfig).
 INSTALL_MANIFESTS = ("00-namespace.yaml", "10-deviceclasses.yaml", "30-admission-gate.yaml")
-
-
-def _script(name: str, module: str) -> list[str]:
-    script = Path(sys.executable).with_name(name)
-    if script.exists():
-        return [sys.executable, str(script)]
-    return [sys.executable, "-m", module]
 
 
 class CarveStack:
@@ -176,7 +167,7 @@ class CarveStack:
         if self.controller_running():
             raise RuntimeError("carve-controller is already running")
         argv = [
-            *_script("carve-controller", "controller.main"),
+            *console_script("carve-controller", "controller.main"),
             f"--kubeconfig={self.kubeconfig}",
             "--leader-elect=false",
             "--http-address=127.0.0.1:0",
@@ -192,13 +183,8 @@ class CarveStack:
         return self._controller is not None and self._controller.exit_code() is None
 
     def kill_controller(self, sig: int = signal.SIGKILL) -> None:
-        if self._controller is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self._controller.pid, sig)
-        deadline = time.monotonic() + 10
-        while self._controller.exit_code() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
+        if self._controller is not None:
+            self._controller.kill(sig)
 
     def controller_log_tail(self, lines: int = 40) -> str:
         return tail_of(self.controller_log, lines)
