@@ -34,7 +34,6 @@ class OpsServer:
         handler = self._handler()
         self._httpd = ThreadingHTTPServer((host or "0.0.0.0", int(port)), handler)
         self._httpd.daemon_threads = True
-        self._thread: threading.Thread | None = None
 
     @property
     def port(self) -> int:
@@ -83,10 +82,7 @@ class OpsServer:
         return Handler
 
     def start(self) -> None:
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, name="ops-http", daemon=True
-        )
-        self._thread.start()
+        threading.Thread(target=self._httpd.serve_forever, name="ops-http", daemon=True).start()
         log.info("serving /healthz, /readyz, /metrics", extra={"port": self.port})
 
     def stop(self) -> None:
