@@ -93,8 +93,10 @@ def run(pods: int, rate: float, latency: str, nodes: int, run_seconds: float) ->
     from controller.reconciler import Kind
     from devcluster.binaries import BinariesUnavailableError
     from devcluster.cluster import LocalCluster
+    from devcluster.waiting import wait_for
+    from kubeletplugin.claims import KubeJson
     from nodesim.simnode import SimNodeSpec
-    from nodesim.stack import CarveStack
+    from nodesim.stack import CarveStack, gates_pod
 
     root = Path(tempfile.mkdtemp(prefix="carve-e2e-bench-"))
     cluster = LocalCluster(root / "cluster")
@@ -144,7 +146,11 @@ def run(pods: int, rate: float, latency: str, nodes: int, run_seconds: float) ->
             },
         }
         resource.create_namespaced_resource_claim_template(ns, template)
-        time.sleep(2.0)  # let the admission policy's cache see the template
+        json_api = KubeJson(stack.api)
+        wait_for(
+            "the admission policy to see the template",
+            lambda: gates_pod(json_api, ns, {"resourceClaimTemplateName": "one-1g"}),
+        )
         stamps = _Stamps()
         config = InformerConfig(watch_timeout_s=120, resync_period_s=3600.0)
         informers = [

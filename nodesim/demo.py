@@ -314,6 +314,7 @@ def _wait_gate(api: Any, setup: Sequence[dict[str, Any]], timeout: float = 30.0)
     """The admission policy reads templates and claims from the apiserver's cache: wait until
     a dry-run pod naming each one gets carve's scheduling gate, so no example pod slips by."""
     from kubeletplugin.claims import KubeJson
+    from nodesim.stack import gates_pod
 
     json_api = KubeJson(api)
     refs = []
@@ -324,26 +325,7 @@ def _wait_gate(api: Any, setup: Sequence[dict[str, Any]], timeout: float = 30.0)
             refs.append({"resourceClaimName": doc["metadata"]["name"]})
     deadline = time.monotonic() + timeout
     for ref in refs:
-        probe = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": "carve-demo-probe"},
-            "spec": {
-                "resourceClaims": [{"name": "c", **ref}],
-                "containers": [
-                    {"name": "c", "image": "x", "resources": {"claims": [{"name": "c"}]}}
-                ],
-            },
-        }
-        while time.monotonic() < deadline:
-            pod = json_api.request(
-                "POST",
-                f"/api/v1/namespaces/{EXAMPLES_NAMESPACE}/pods",
-                body=probe,
-                query=[("dryRun", "All")],
-            )
-            if pod.get("spec", {}).get("schedulingGates"):
-                break
+        while time.monotonic() < deadline and not gates_pod(json_api, EXAMPLES_NAMESPACE, ref):
             time.sleep(0.2)
 
 

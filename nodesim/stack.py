@@ -22,6 +22,7 @@ from devcluster.binaries import kubectl_path
 from devcluster.cluster import api_client_for
 from devcluster.nodes import NodeHeartbeater
 from devcluster.processes import ManagedProcess, console_script, tail_of
+from kubeletplugin.claims import KubeJson
 from nodesim.simnode import SimNode, SimNodeSpec
 
 _log = logging.getLogger(__name__)
@@ -32,6 +33,30 @@ EXAMPLES = REPO / "deploy" / "examples"
 # What a cluster needs from deploy/manifests when carve runs outside it (no Deployment,
 # DaemonSet or RBAC: the processes run here with the admin kubeconfig).
 INSTALL_MANIFESTS = ("00-namespace.yaml", "10-deviceclasses.yaml", "30-admission-gate.yaml")
+# The scheduling gate carve's admission policy puts on pods with carve claims.
+PLACEMENT_GATE = "mig.carve.dev/placement"
+
+
+def gates_pod(api: KubeJson, namespace: str, claim_ref: Mapping[str, str]) -> bool:
+    """Whether carve's admission gate would gate a pod in `namespace` naming `claim_ref`
+    (``resourceClaimName`` or ``resourceClaimTemplateName``) right now.
+
+    The admission policy takes effect, and sees new claims and templates, only once the
+    apiserver's informers have them; a dry-run create asks without leaving a pod behind."""
+    probe = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "carve-gate-probe"},
+        "spec": {
+            "resourceClaims": [{"name": "c", **claim_ref}],
+            "containers": [{"name": "c", "image": "x", "resources": {"claims": [{"name": "c"}]}}],
+        },
+    }
+    pod = api.request(
+        "POST", f"/api/v1/namespaces/{namespace}/pods", body=probe, query=[("dryRun", "All")]
+    )
+    gates = (pod.get("spec") or {}).get("schedulingGates") or []
+    return any(g.get("name") == PLACEMENT_GATE for g in gates)
 
 
 class CarveStack:
@@ -103,17 +128,6 @@ class CarveStack:
     def _wait_for_admission_policy(self, labels: Mapping[str, str], timeout: float = 30.0) -> None:
         """The apiserver applies a new MutatingAdmissionPolicy only after its informers see it
         (about a second). Probe with a dry-run pod until the gate is added."""
-        probe = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": "carve-gate-probe"},
-            "spec": {
-                "resourceClaims": [{"name": "g", "resourceClaimName": "carve-gate-probe"}],
-                "containers": [
-                    {"name": "c", "image": "x", "resources": {"claims": [{"name": "g"}]}}
-                ],
-            },
-        }
         claim = {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaim",
@@ -124,8 +138,6 @@ class CarveStack:
                 }
             },
         }
-        from kubeletplugin.claims import KubeJson
-
         api = KubeJson(self.api)
         ns = "carve-system"
         if labels:
@@ -144,11 +156,7 @@ class CarveStack:
         deadline = time.monotonic() + timeout
         try:
             while True:
-                pod = api.request(
-                    "POST", f"/api/v1/namespaces/{ns}/pods", body=probe, query=[("dryRun", "All")]
-                )
-                gates = [g.get("name") for g in pod.get("spec", {}).get("schedulingGates") or []]
-                if "mig.carve.dev/placement" in gates:
+                if gates_pod(api, ns, {"resourceClaimName": "carve-gate-probe"}):
                     return
                 if time.monotonic() > deadline:
                     raise TimeoutError("the carve admission gate did not take effect in time")

@@ -14,9 +14,10 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from devcluster.waiting import wait_for
+from kubeletplugin.claims import KubeJson
 from nodesim.invariants import allocated_devices, at_rest, leaks, overlaps
 from nodesim.simnode import DRIVER, SimNode, SimNodeSpec
-from nodesim.stack import CarveStack
+from nodesim.stack import CarveStack, gates_pod
 
 Obj = dict[str, Any]
 GROUP_LABEL = "e2e.carve.dev/group"
@@ -139,13 +140,12 @@ class E2E:
     def _wait_gate_sees(self, ref: Obj) -> None:
         """The admission policy reads claims and templates from the apiserver's cache; a pod
         created before the cache has the object would not be gated. Dry-run until it is."""
-        probe = self.pod_manifest("gate-probe", {"probe": ref})
-
-        def gated() -> bool:
-            pod = self.core.create_namespaced_pod(self.namespace, probe, dry_run="All")
-            return any(g.name == "mig.carve.dev/placement" for g in pod.spec.scheduling_gates or [])
-
-        wait_for(f"the admission gate to see {ref}", gated, timeout=20)
+        api = KubeJson(self.stack.api)
+        wait_for(
+            f"the admission gate to see {ref}",
+            lambda: gates_pod(api, self.namespace, ref),
+            timeout=20,
+        )
 
     def pod_manifest(
         self,
