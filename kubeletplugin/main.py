@@ -27,9 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from driver.naming import DEFAULT_DRIVER_NAME
+
 log = logging.getLogger("carve.kubeletplugin")
 
-DEFAULT_DRIVER = "mig.carve.dev"
 _RETRY_PENDING_SECONDS = 30.0
 
 
@@ -43,7 +44,7 @@ class _Flag:
 
 _FLAGS = (
     _Flag("node-name", "NODE_NAME", None, "name of this node (required)"),
-    _Flag("driver-name", "CARVE_DRIVER_NAME", DEFAULT_DRIVER, "DRA driver name"),
+    _Flag("driver-name", "CARVE_DRIVER_NAME", DEFAULT_DRIVER_NAME, "DRA driver name"),
     _Flag("kubeconfig", "KUBECONFIG", None, "kubeconfig file; in-cluster config when unset"),
     _Flag(
         "registry-dir",
