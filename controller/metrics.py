@@ -44,7 +44,7 @@ class SliceUsage:
         return 1.0 - self.free_largest_runs / free if free else 0.0
 
 
-def _largest_run(free: Sequence[int]) -> int:
+def _largest_run(free: Iterable[int]) -> int:
     best = run = 0
     prev: int | None = None
     for i in sorted(free):
@@ -52,6 +52,11 @@ def _largest_run(free: Sequence[int]) -> int:
         best = max(best, run)
         prev = i
     return best
+
+
+def _memory_slices(counters: Iterable[str] | None) -> set[int]:
+    """Indices of the `memory-slice-<i>` names among a counter set's (or a device's) counters."""
+    return {int(m.group(1)) for c in counters or () if (m := _SLICE_COUNTER.match(c)) is not None}
 
 
 def slice_usage(slices: Iterable[Obj], claims: Iterable[Obj], driver: str) -> SliceUsage:
@@ -75,22 +80,12 @@ def slice_usage(slices: Iterable[Obj], claims: Iterable[Obj], driver: str) -> Sl
         if int(pool.get("generation") or 0) != generation[name]:
             continue
         for cs in spec.get("sharedCounters") or []:
-            idx = {
-                int(m.group(1))
-                for c in (cs.get("counters") or {})
-                if (m := _SLICE_COUNTER.match(c)) is not None
-            }
-            sets[(name, cs.get("name", ""))] = idx
+            sets[(name, cs.get("name", ""))] = _memory_slices(cs.get("counters"))
         for dev in spec.get("devices") or []:
-            uses = []
-            for cc in dev.get("consumesCounters") or []:
-                idx = {
-                    int(m.group(1))
-                    for c in (cc.get("counters") or {})
-                    if (m := _SLICE_COUNTER.match(c)) is not None
-                }
-                uses.append((str(cc.get("counterSet", "")), idx))
-            consumes[(name, dev.get("name", ""))] = uses
+            consumes[(name, dev.get("name", ""))] = [
+                (str(cc.get("counterSet", "")), _memory_slices(cc.get("counters")))
+                for cc in dev.get("consumesCounters") or []
+            ]
     used: dict[tuple[str, str], set[int]] = {k: set() for k in sets}
     for claim in claims:
         alloc = claim.get("status", {}).get("allocation") or {}
@@ -103,7 +98,7 @@ def slice_usage(slices: Iterable[Obj], claims: Iterable[Obj], driver: str) -> Sl
                     used[key] |= idx & sets[key]
     total = sum(len(v) for v in sets.values())
     n_used = sum(len(v) for v in used.values())
-    runs = sum(_largest_run(sorted(sets[k] - used[k])) for k in sets)
+    runs = sum(_largest_run(sets[k] - used[k]) for k in sets)
     return SliceUsage(gpus=len(sets), total=total, used=n_used, free_largest_runs=runs)
 
 
