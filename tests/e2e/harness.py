@@ -16,6 +16,7 @@ from kubernetes.client.exceptions import ApiException
 from devcluster.waiting import wait_for
 from kubeletplugin.claims import KubeJson
 from nodesim.invariants import allocated_devices, at_rest, leaks, overlaps
+from nodesim.lifecycle import claim_names
 from nodesim.simnode import DRIVER, SimNode, SimNodeSpec
 from nodesim.stack import CarveStack, gates_pod
 
@@ -225,13 +226,8 @@ class E2E:
     def claim_of(self, pod_name: str, entry: str) -> Obj:
         pod = self.raw_pod(pod_name)
         assert pod is not None, f"pod {pod_name} is gone"
-        for spec_entry in pod["spec"].get("resourceClaims", []):
-            if spec_entry["name"] == entry and spec_entry.get("resourceClaimName"):
-                name = spec_entry["resourceClaimName"]
-                break
-        else:
-            statuses = pod.get("status", {}).get("resourceClaimStatuses", [])
-            name = next(s["resourceClaimName"] for s in statuses if s["name"] == entry)
+        name = dict(claim_names(pod)).get(entry)
+        assert name, f"pod {pod_name} has no ResourceClaim for entry {entry!r} yet"
         resp = self.resource.read_namespaced_resource_claim(
             name, self.namespace, _preload_content=False
         )
