@@ -216,8 +216,19 @@ def _conditions(at: str, *, ready: bool, reason: str = "") -> list[Obj]:
     ]
 
 
-def _containers(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    return list((pod.get("spec") or {}).get("containers") or [])
+def _container_statuses(
+    pod: Mapping[str, Any], state: Obj, *, running: bool, created: bool = True
+) -> list[Obj]:
+    """One status per container, all in `state`; a container never created has no ID."""
+    uid = pod_uid(pod)
+    statuses: list[Obj] = []
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        status: Obj = {"name": c.get("name"), "image": c.get("image", ""), "imageID": ""}
+        if created:
+            status["containerID"] = f"nodesim://{uid}-{c.get('name')}"
+        status.update(ready=running, started=running, restartCount=0, state=state)
+        statuses.append(status)
+    return statuses
 
 
 def running_status(pod: Mapping[str, Any], started: dt.datetime) -> Obj:
@@ -234,19 +245,9 @@ def running_status(pod: Mapping[str, Any], started: dt.datetime) -> Obj:
             "podIP": ip,
             "podIPs": [{"ip": ip}],
             "startTime": at,
-            "containerStatuses": [
-                {
-                    "name": c.get("name"),
-                    "image": c.get("image", ""),
-                    "imageID": "",
-                    "containerID": f"nodesim://{uid}-{c.get('name')}",
-                    "ready": True,
-                    "started": True,
-                    "restartCount": 0,
-                    "state": {"running": {"startedAt": at}},
-                }
-                for c in _containers(pod)
-            ],
+            "containerStatuses": _container_statuses(
+                pod, {"running": {"startedAt": at}}, running=True
+            ),
         }
     }
 
@@ -255,33 +256,24 @@ def finished_status(
     pod: Mapping[str, Any], started: dt.datetime, finished: dt.datetime, code: int
 ) -> Obj:
     """Every container exited with `code`; restartPolicy is not modelled (pods end)."""
-    uid = pod_uid(pod)
     phase = "Succeeded" if code == 0 else "Failed"
     reason = "Completed" if code == 0 else "Error"
     return {
         "status": {
             "phase": phase,
             "conditions": _conditions(_stamp(finished), ready=False, reason="PodCompleted"),
-            "containerStatuses": [
+            "containerStatuses": _container_statuses(
+                pod,
                 {
-                    "name": c.get("name"),
-                    "image": c.get("image", ""),
-                    "imageID": "",
-                    "containerID": f"nodesim://{uid}-{c.get('name')}",
-                    "ready": False,
-                    "started": False,
-                    "restartCount": 0,
-                    "state": {
-                        "terminated": {
-                            "exitCode": code,
-                            "reason": reason,
-                            "startedAt": _stamp(started),
-                            "finishedAt": _stamp(finished),
-                        }
-                    },
-                }
-                for c in _containers(pod)
-            ],
+                    "terminated": {
+                        "exitCode": code,
+                        "reason": reason,
+                        "startedAt": _stamp(started),
+                        "finishedAt": _stamp(finished),
+                    }
+                },
+                running=False,
+            ),
         }
     }
 
@@ -295,20 +287,12 @@ def failed_to_start_status(pod: Mapping[str, Any], at: dt.datetime, message: str
             "reason": "FailedPrepareDynamicResources",
             "message": message,
             "conditions": _conditions(stamp, ready=False, reason="FailedPrepareDynamicResources"),
-            "containerStatuses": [
-                {
-                    "name": c.get("name"),
-                    "image": c.get("image", ""),
-                    "imageID": "",
-                    "ready": False,
-                    "started": False,
-                    "restartCount": 0,
-                    "state": {
-                        "waiting": {"reason": "FailedPrepareDynamicResources", "message": message}
-                    },
-                }
-                for c in _containers(pod)
-            ],
+            "containerStatuses": _container_statuses(
+                pod,
+                {"waiting": {"reason": "FailedPrepareDynamicResources", "message": message}},
+                running=False,
+                created=False,
+            ),
         }
     }
 
