@@ -117,7 +117,14 @@ def run(pods: int, rate: float, latency: str, nodes: int, run_seconds: float) ->
         resource: Any = client.ResourceV1Api(stack.api)
         ns = "bench"
         core.create_namespace({"metadata": {"name": ns}})
-        time.sleep(1.0)  # the default ServiceAccount
+        wait_for(
+            "the namespace's default ServiceAccount",
+            lambda: (
+                core.list_namespaced_service_account(
+                    ns, field_selector="metadata.name=default"
+                ).items
+            ),
+        )
         template = {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaimTemplate",
