@@ -112,14 +112,10 @@ def stop_recorded(record: ProcessRecord, grace_seconds: float = 5.0) -> bool:
 
     The pid is only signalled if it still runs the recorded binary, so a recycled pid of an
     unrelated process is never touched."""
-    if not _runs(record):
+    if not is_running(record):
         return False
-    terminate_group(record.pid, grace_seconds, lambda: _runs(record))
+    terminate_group(record.pid, grace_seconds, lambda: is_running(record))
     return True
-
-
-def is_running(record: ProcessRecord) -> bool:
-    return _runs(record)
 
 
 def console_script(name: str, module: str) -> list[str]:
@@ -138,7 +134,8 @@ def tail_of(path: Path, lines: int) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def _runs(record: ProcessRecord) -> bool:
+def is_running(record: ProcessRecord) -> bool:
+    """Whether the recorded pid is alive and still runs the recorded binary."""
     try:
         cmdline = Path(f"/proc/{record.pid}/cmdline").read_bytes().split(b"\0")
         stat = Path(f"/proc/{record.pid}/stat").read_text()
