@@ -25,7 +25,7 @@ Obj = Mapping[str, Any]
 
 @dataclass(frozen=True, order=True)
 class Slot:
-    """One MIG placement on one GPU of one node (a whole GPU has profile_id None)."""
+    """One MIG placement on one GPU of one node (whole-GPU allocations have no slot)."""
 
     node: str
     minor: int
