@@ -72,7 +72,6 @@ class SimNode:
         heartbeater: NodeHeartbeater,
         *,
         detached: bool = False,
-        prepare_attempts: int = 6,
     ) -> None:
         self.spec = spec
         self.dir = directory  # short: unix socket paths below it must stay under 108 bytes
@@ -89,7 +88,6 @@ class SimNode:
                 node_name=spec.name,
                 cdi_roots=(self.cdi_dir,),
                 containers_dir=self.containers_dir,
-                prepare_attempts=prepare_attempts,
             ),
         )
 

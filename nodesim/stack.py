@@ -14,7 +14,6 @@ import tempfile
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -188,7 +187,7 @@ class CarveStack:
 
     # -- nodes ---------------------------------------------------------------------------------
 
-    def add_node(self, spec: SimNodeSpec, **kwargs: Any) -> SimNode:
+    def add_node(self, spec: SimNodeSpec) -> SimNode:
         self._node_serial += 1
         node = SimNode(
             spec,
@@ -197,7 +196,6 @@ class CarveStack:
             self.api,
             self.heartbeater,
             detached=self.detached,
-            **kwargs,
         )
         try:
             node.start()
