@@ -424,7 +424,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         geometry_for(m)
 
     def units(nodes: int) -> int:
-        return sum(models[i % len(models)].memory_units for i in range(nodes)) * args.gpus_per_node
+        return sum(models[i % len(models)].memory_units for i in range(nodes)) * int(
+            args.gpus_per_node
+        )
 
     for load in (float(x) for x in args.loads.split(",")):
         print(
