@@ -24,10 +24,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-
-from prometheus_client import generate_latest
 
 from controller.events import KubeRecorder
 from controller.informers import Informer, InformerConfig, standard_informers, start_informers
@@ -35,6 +32,7 @@ from controller.leader import LeaderElector, LeaseConfig
 from controller.metrics import ControllerMetrics
 from controller.reconciler import CarveClasses, Planner, Reconciler, ReconcilerConfig
 from controller.status import ALLOCATION_FINALIZER, SCHEDULING_GATE, KubeClaimWriter
+from driver.opshttp import OpsServer
 
 _log = logging.getLogger("carve.controller")
 
@@ -138,35 +136,14 @@ def setup_logging(fmt: str, level: str) -> None:
 # -- HTTP --------------------------------------------------------------------------------------
 
 
-def serve_http(
-    address: str, metrics: ControllerMetrics, ready: Callable[[], bool]
-) -> ThreadingHTTPServer:
-    host, _, port = address.rpartition(":")
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            if self.path == "/metrics":
-                self._send(200, generate_latest(metrics.registry), "text/plain; version=0.0.4")
-            elif self.path == "/healthz":
-                self._send(200, b"ok\n")
-            elif self.path == "/readyz":
-                ok = ready()
-                self._send(200 if ok else 503, b"ok\n" if ok else b"informers not synced\n")
-            else:
-                self._send(404, b"not found\n")
-
-        def _send(self, code: int, body: bytes, ctype: str = "text/plain") -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            return None
-
-    server = ThreadingHTTPServer((host or "0.0.0.0", int(port)), Handler)
-    threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
+def serve_http(address: str, metrics: ControllerMetrics, ready: Callable[[], bool]) -> OpsServer:
+    """Start the ops endpoints; /readyz names the one thing that gates the controller."""
+    server = OpsServer(
+        address,
+        metrics.registry,
+        {"informers": lambda: "" if ready() else "informers not synced"},
+    )
+    server.start()
     return server
 
 
@@ -240,7 +217,7 @@ class Controller:
             self.reconciler.mark_synced,
             InformerConfig(resync_period_s=self.resync_s),
         )
-        self._http: ThreadingHTTPServer | None = None
+        self._http: OpsServer | None = None
 
     def ready(self) -> bool:
         return all(i.has_synced for i in self.informers)
@@ -288,7 +265,7 @@ class Controller:
         if self.elector is not None:
             self.elector.stop(release=self.exit_code != EXIT_LOST_LEASE)
         if self._http is not None:
-            self._http.shutdown()
+            self._http.stop()
 
     def stop(self) -> None:
         self.stop_event.set()

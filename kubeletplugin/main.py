@@ -233,9 +233,9 @@ def _api_client(opts: Options) -> Any:
 
 def run(opts: Options, stop: threading.Event) -> int:
     from driver.cdi import CdiWriter
+    from driver.opshttp import OpsServer
     from kubeletplugin.checkpoint import CheckpointStore, ClaimState
     from kubeletplugin.claims import KubeJson, KubernetesClaimClient
-    from kubeletplugin.httpserver import OpsServer
     from kubeletplugin.metrics import PluginMetrics
     from kubeletplugin.migbackend import open_backend
     from kubeletplugin.prepare import ForeignPolicy, Preparer, PreparerSettings

@@ -134,7 +134,7 @@ def test_http_endpoints() -> None:
     m.set_queue_depth(2)
     server = serve_http("127.0.0.1:0", m, lambda: ready[0])
     try:
-        base = f"http://127.0.0.1:{server.server_address[1]}"
+        base = f"http://127.0.0.1:{server.port}"
         with urllib.request.urlopen(f"{base}/healthz") as r:
             assert r.status == 200
         with pytest.raises(urllib.error.HTTPError) as err:
@@ -146,4 +146,4 @@ def test_http_endpoints() -> None:
         with urllib.request.urlopen(f"{base}/metrics") as r:
             assert b"carve_pending_pods 2.0" in r.read()
     finally:
-        server.shutdown()
+        server.stop()

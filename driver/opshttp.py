@@ -1,9 +1,11 @@
-"""/healthz, /readyz and /metrics for the node agent.
+"""/healthz, /readyz and /metrics, served the same way by every carve process.
 
-Liveness (/healthz) says only that the process can answer: restarting a plugin because the
+Liveness (/healthz) says only that the process can answer: restarting a component because the
 apiserver is down would not help. Readiness (/readyz) reports each check by name, so
-`curl /readyz` tells an operator what is wrong: kubelet registration, apiserver reachability,
-start-up reconcile, ResourceSlice publication.
+`curl /readyz` tells an operator what is wrong (for the node agent: kubelet registration,
+apiserver reachability, start-up reconcile, ResourceSlice publication; for the controller:
+informer sync). One implementation keeps probes, scrape content type and query-string handling
+identical across components.
 """
 
 from __future__ import annotations

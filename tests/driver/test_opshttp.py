@@ -1,0 +1,67 @@
+"""The shared ops endpoints, over a real socket on 127.0.0.1."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge
+
+from driver.opshttp import OpsServer
+
+
+def _broken() -> str:
+    raise RuntimeError("boom")
+
+
+@pytest.fixture
+def state() -> dict[str, str]:
+    return {"sync": "not synced yet"}
+
+
+@pytest.fixture
+def base(state: dict[str, str]) -> Iterator[str]:
+    registry = CollectorRegistry()
+    Gauge("carve_test_value", "a value", registry=registry).set(7)
+    server = OpsServer("127.0.0.1:0", registry, {"sync": lambda: state["sync"]})
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{server.port}"
+    finally:
+        server.stop()
+
+
+def _get(url: str) -> tuple[int, str, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, r.headers["Content-Type"], r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers["Content-Type"], e.read().decode()
+
+
+def test_metrics_ignore_query_string_and_use_the_exposition_content_type(base: str) -> None:
+    code, ctype, body = _get(f"{base}/metrics?name[]=carve_test_value")
+    assert code == 200 and ctype == CONTENT_TYPE_LATEST
+    assert "carve_test_value 7.0" in body
+    assert _get(f"{base}/nope")[0] == 404
+
+
+def test_readyz_names_each_failing_check(base: str, state: dict[str, str]) -> None:
+    code, _, body = _get(f"{base}/readyz")
+    assert code == 503 and "[-]sync not synced yet" in body
+    state["sync"] = ""
+    code, _, body = _get(f"{base}/readyz?verbose")
+    assert code == 200 and body.endswith("readyz check passed\n")
+    code, _, body = _get(f"{base}/healthz")
+    assert (code, body) == (200, "ok\n")
+
+
+def test_a_raising_check_reads_as_not_ready() -> None:
+    server = OpsServer("127.0.0.1:0", CollectorRegistry(), {"api": _broken})
+    server.start()
+    try:
+        assert server.readiness() == {"api": "check failed: boom"}
+    finally:
+        server.stop()
