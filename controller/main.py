@@ -13,8 +13,6 @@ that no decision of the old term survives into the next.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import logging
 import os
 import re
@@ -32,6 +30,7 @@ from controller.leader import LeaderElector, LeaseConfig
 from controller.metrics import ControllerMetrics
 from controller.reconciler import CarveClasses, Planner, Reconciler, ReconcilerConfig
 from controller.status import ALLOCATION_FINALIZER, SCHEDULING_GATE, KubeClaimWriter
+from driver.logformat import configure_logging
 from driver.opshttp import OpsServer
 
 _log = logging.getLogger("carve.controller")
@@ -97,40 +96,6 @@ def build_parser() -> argparse.ArgumentParser:
     opt("log-format", "json or text", "json")
     opt("log-level", "DEBUG, INFO, WARNING, ERROR", "INFO")
     return p
-
-
-# -- logging -----------------------------------------------------------------------------------
-
-
-class _JsonFormatter(logging.Formatter):
-    """One JSON object per line with the pod/claim/node identity a record carries."""
-
-    _FIELDS = ("pod", "claim", "node")
-
-    def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {
-            "ts": dt.datetime.fromtimestamp(record.created, dt.UTC).isoformat(),
-            "level": record.levelname,
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        for f in self._FIELDS:
-            if hasattr(record, f):
-                out[f] = getattr(record, f)
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out)
-
-
-def setup_logging(fmt: str, level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    if fmt == "json":
-        handler.setFormatter(_JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
 
 
 # -- HTTP --------------------------------------------------------------------------------------
@@ -282,7 +247,7 @@ def load_api_client(kubeconfig: str | None) -> Any:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    setup_logging(args.log_format, args.log_level)
+    configure_logging(args.log_format, args.log_level)
     try:
         for flag in ("lease_duration", "renew_deadline", "retry_period", "resync_period"):
             parse_duration(getattr(args, flag))

@@ -15,7 +15,6 @@ SIGTERM/SIGINT stop intake first (sockets), then the publisher (deleting the sli
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
@@ -27,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from driver.logformat import configure_logging
 from driver.naming import DEFAULT_DRIVER_NAME
 
 log = logging.getLogger("carve.kubeletplugin")
@@ -187,38 +187,6 @@ def parse_options(argv: Sequence[str], env: dict[str, str] | None = None) -> Opt
     )
 
 
-_STD_ATTRS = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line, with the `extra` fields (claim, pod, GPU) as top-level keys."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {
-            "ts": round(record.created, 3),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        for k, v in vars(record).items():
-            if k not in _STD_ATTRS and not k.startswith("_"):
-                out[k] = v
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out, default=str)
-
-
-def _setup_logging(opts: Options) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    if opts.log_format == "json":
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(opts.log_level.upper())
-
-
 def _api_client(opts: Options) -> Any:
     from kubernetes import client, config
 
@@ -376,7 +344,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         print(f"carve-kubelet-plugin: {e}", file=sys.stderr)
         return 2
-    _setup_logging(opts)
+    configure_logging(opts.log_format, opts.log_level)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
