@@ -36,6 +36,7 @@ class OpsServer:
         handler = self._handler()
         self._httpd = ThreadingHTTPServer((host or "0.0.0.0", int(port)), handler)
         self._httpd.daemon_threads = True
+        self._serving = False
 
     @property
     def port(self) -> int:
@@ -84,9 +85,14 @@ class OpsServer:
         return Handler
 
     def start(self) -> None:
+        self._serving = True
         threading.Thread(target=self._httpd.serve_forever, name="ops-http", daemon=True).start()
         log.info("serving /healthz, /readyz, /metrics", extra={"port": self.port})
 
     def stop(self) -> None:
-        self._httpd.shutdown()
+        # shutdown() waits for serve_forever() to acknowledge: it would block forever on a
+        # server that was never started (e.g. a start-up that failed after binding the port).
+        if self._serving:
+            self._httpd.shutdown()
+            self._serving = False
         self._httpd.server_close()

@@ -65,3 +65,18 @@ def test_a_raising_check_reads_as_not_ready() -> None:
         assert server.readiness() == {"api": "check failed: boom"}
     finally:
         server.stop()
+
+
+def test_stop_without_start_returns() -> None:
+    """A component whose start-up fails after binding the ops port must still shut down."""
+    import threading
+
+    from prometheus_client import CollectorRegistry
+
+    from driver.opshttp import OpsServer
+
+    server = OpsServer("127.0.0.1:0", CollectorRegistry(), {})
+    stopper = threading.Thread(target=server.stop, daemon=True)
+    stopper.start()
+    stopper.join(timeout=5)
+    assert not stopper.is_alive()
