@@ -247,7 +247,8 @@ def _lookup_model(key: str, custom: Mapping[str, GpuModel]) -> GpuModel:
 # --- parsing ---------------------------------------------------------------------------------
 
 
-def _parse_fault(raw: object) -> Fault:
+def parse_fault(raw: object) -> Fault:
+    """A fault from its config-file form (a kill point string or a mapping), validated."""
     import pynvml
 
     if isinstance(raw, str):
@@ -286,7 +287,7 @@ def _parse_fault(raw: object) -> Fault:
     return fault
 
 
-KNOWN_OPS: tuple[str, ...] = ()  # filled by the API module with every simulated function name
+KNOWN_OPS: tuple[str, ...] = ()  # filled by the package with every simulated function name
 
 
 def validate_fault(fault: Fault) -> None:
@@ -407,7 +408,7 @@ def parse_config(data: Mapping[str, Any], base_dir: Path) -> SimConfig:
         root=bool(options.get("root", True)),
         mig_uuid_stable=bool(options.get("mig_uuid_stable", False)),
         ampere_reset=ampere_reset,
-        faults=tuple(_parse_fault(f) for f in data.get("faults") or ()),
+        faults=tuple(parse_fault(f) for f in data.get("faults") or ()),
         proc_root=proc_path,
     )
 

@@ -1,0 +1,90 @@
+"""Simulator administration (sim-only): what an operator or the hardware does to a node.
+
+NVML has nothing like these and the product never calls them: a GPU reset, a node reboot, a
+process keeping a compute instance busy, and ways for tests and tools to see and write the
+simulated node. Faults are injected through ``faults``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pynvml
+import yaml
+
+from driver.catalog import GpuModel
+from driver.nvml.sim.config import SimConfig, SimConfigError, parse_config
+from driver.nvml.sim.hardware import GpuRec, HwState
+from driver.nvml.sim.runtime import admin, raise_nvml, sim_config
+
+
+def sim_reset_gpu(index: int) -> None:
+    """A GPU reset (``nvidia-smi --gpu-reset``): applies a pending MIG mode on Ampere; Hopper
+    and later lose MIG mode. Refused with IN_USE while GPU instances exist, as the driver
+    refuses to reset a busy GPU."""
+
+    def body(cfg: SimConfig, state: HwState) -> None:
+        gpu = state.gpus[index]
+        if gpu.gis:
+            raise_nvml(pynvml.NVML_ERROR_IN_USE)
+        _apply_reset(cfg.gpus[index].model, gpu)
+
+    admin(body)
+
+
+def _apply_reset(model: GpuModel, gpu: GpuRec) -> None:
+    gpu.gis = []
+    if model.architecture.mig_toggle_needs_reset:
+        gpu.mig_current = gpu.mig_pending  # persisted in the InfoROM
+    else:
+        gpu.mig_current = gpu.mig_pending = pynvml.NVML_DEVICE_MIG_DISABLE
+
+
+def sim_reboot() -> None:
+    """A node reboot: every GPU and compute instance is gone; Ampere applies its pending MIG
+    mode (it persists), Hopper and later come back with MIG disabled."""
+
+    def body(cfg: SimConfig, state: HwState) -> None:
+        for sim_gpu, gpu in zip(cfg.gpus, state.gpus, strict=True):
+            _apply_reset(sim_gpu.model, gpu)
+        state.boots += 1
+
+    admin(body)
+
+
+def sim_set_busy(gpu: int, gi_id: int, ci_id: int, busy: bool = True) -> None:
+    """Pretend a process runs on a compute instance, so destroying it gives IN_USE."""
+
+    def body(cfg: SimConfig, state: HwState) -> None:
+        gi = state.gpus[gpu].gi(gi_id)
+        ci = None if gi is None else next((c for c in gi.cis if c.id == ci_id), None)
+        if ci is None:
+            raise SimConfigError(f"no compute instance {gpu}/{gi_id}/{ci_id}")
+        ci.busy = busy
+
+    admin(body)
+
+
+def sim_snapshot() -> dict[str, Any]:
+    """The simulated hardware as plain data (GPUs with their GIs and CIs, pending faults)."""
+    return admin(lambda cfg, state: state.to_json())
+
+
+def sim_proc_root() -> Path:
+    """Root of the fake /proc tree (``devices``, ``driver/nvidia-caps/mig-minors``,
+    ``driver/nvidia/capabilities/...``). Created on first use of the state."""
+    cfg = sim_config()
+    admin(lambda c, s: None)
+    return cfg.effective_proc_root
+
+
+def sim_write_config(path: str | os.PathLike[str], data: Mapping[str, Any]) -> Path:
+    """Write a config file (YAML) after validating it; returns the path."""
+    p = Path(path)
+    parse_config(data, p.resolve().parent)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(yaml.safe_dump(dict(data), sort_keys=False))
+    return p
