@@ -22,13 +22,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from driver.devnodes import (
+    NVIDIA_MAJOR,
+    NVIDIA_UVM_PATH,
+    NVIDIA_UVM_TOOLS_PATH,
+    NVIDIACTL_MINOR,
+    NVIDIACTL_PATH,
+    cap_device_path,
+    gpu_device_path,
+)
 from driver.naming import DEFAULT_DRIVER_NAME
 
 DEFAULT_CDI_ROOT = Path("/var/run/cdi")
 DEFAULT_CLASS = "claim"
 
-NVIDIA_MAJOR = 195
-NVIDIACTL_MINOR = 255
 # Modes the nvidia driver gives its nodes: the GPU and control nodes are world read-write, the
 # per-instance capability nodes read-only (DeviceFileMode 0444 in the proc access files).
 GPU_NODE_MODE = 0o666
@@ -91,29 +98,25 @@ def mig_device_nodes(
     over these two cap nodes (plus the parent GPU and the control node) is what isolates the slice.
     """
     return (
-        DeviceNode(f"/dev/nvidia{gpu_minor}", NVIDIA_MAJOR, gpu_minor, GPU_NODE_MODE),
-        DeviceNode(
-            f"/dev/nvidia-caps/nvidia-cap{gi_cap_minor}", caps_major, gi_cap_minor, CAP_NODE_MODE
-        ),
-        DeviceNode(
-            f"/dev/nvidia-caps/nvidia-cap{ci_cap_minor}", caps_major, ci_cap_minor, CAP_NODE_MODE
-        ),
-        DeviceNode("/dev/nvidiactl", NVIDIA_MAJOR, NVIDIACTL_MINOR, GPU_NODE_MODE),
+        DeviceNode(gpu_device_path(gpu_minor), NVIDIA_MAJOR, gpu_minor, GPU_NODE_MODE),
+        DeviceNode(cap_device_path(gi_cap_minor), caps_major, gi_cap_minor, CAP_NODE_MODE),
+        DeviceNode(cap_device_path(ci_cap_minor), caps_major, ci_cap_minor, CAP_NODE_MODE),
+        DeviceNode(NVIDIACTL_PATH, NVIDIA_MAJOR, NVIDIACTL_MINOR, GPU_NODE_MODE),
     )
 
 
 def uvm_device_nodes(*, uvm_major: int) -> tuple[DeviceNode, ...]:
     """The unified-memory nodes CUDA opens in every process (dynamic major, minors 0 and 1)."""
     return (
-        DeviceNode("/dev/nvidia-uvm", uvm_major, 0, GPU_NODE_MODE),
-        DeviceNode("/dev/nvidia-uvm-tools", uvm_major, 1, GPU_NODE_MODE),
+        DeviceNode(NVIDIA_UVM_PATH, uvm_major, 0, GPU_NODE_MODE),
+        DeviceNode(NVIDIA_UVM_TOOLS_PATH, uvm_major, 1, GPU_NODE_MODE),
     )
 
 
 def whole_gpu_device_nodes(*, gpu_minor: int) -> tuple[DeviceNode, ...]:
     return (
-        DeviceNode(f"/dev/nvidia{gpu_minor}", NVIDIA_MAJOR, gpu_minor, GPU_NODE_MODE),
-        DeviceNode("/dev/nvidiactl", NVIDIA_MAJOR, NVIDIACTL_MINOR, GPU_NODE_MODE),
+        DeviceNode(gpu_device_path(gpu_minor), NVIDIA_MAJOR, gpu_minor, GPU_NODE_MODE),
+        DeviceNode(NVIDIACTL_PATH, NVIDIA_MAJOR, NVIDIACTL_MINOR, GPU_NODE_MODE),
     )
 
 

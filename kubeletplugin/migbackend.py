@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from driver.cdi import DeviceNode, uvm_device_nodes
+from driver.devnodes import parse_char_major
 from driver.naming import parse_device_name
-from driver.nvml.backend import NvmlBackend, parse_char_major
+from driver.nvml.backend import NvmlBackend
 from driver.resourceslice import PublishedGpu, build_resource_slices
 
 

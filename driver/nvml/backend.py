@@ -10,7 +10,8 @@ What the backend does for carve (reference: mig-and-nvml.md §9-§15):
 - creates a GPU instance at an explicit placement plus its full-size compute instance and
   resolves the MIG device UUID by walking MIG handles (the CI info's device is the parent);
 - lists and destroys instances (compute first, then GPU instance), idempotently;
-- computes nvidia-caps device numbers for the container's CDI spec.
+- names the nvidia-caps device nodes of a MIG device for the container's CDI spec, through
+  ``driver.devnodes`` with this node's proc root.
 
 GPU-instance ids are whatever NVML returns; nothing here derives them from placements.
 """
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from driver import devnodes
 from driver.catalog import Architecture, Engines, Evidence, GpuModel, Placement, ProfileSpec
 from driver.nvml import errors
 from driver.nvml.errors import (
@@ -63,32 +65,6 @@ _MIG_ENABLE = 1
 _SUCCESS = 0
 
 _ARCHITECTURES = {7: Architecture.AMPERE, 9: Architecture.HOPPER, 10: Architecture.BLACKWELL}
-
-NVIDIA_CAPS_DEVICE_DIR = "/dev/nvidia-caps"
-
-
-def gi_cap_minor(gpu_minor: int, gi_id: int) -> int:
-    """nvidia-caps minor of ``gpu<gpu_minor>/gi<gi_id>/access`` (RM nv-caps.c table order)."""
-    return 3 + 135 * gpu_minor + 9 * gi_id
-
-
-def ci_cap_minor(gpu_minor: int, gi_id: int, ci_id: int) -> int:
-    """nvidia-caps minor of ``gpu<gpu_minor>/gi<gi_id>/ci<ci_id>/access``."""
-    return 4 + 135 * gpu_minor + 9 * gi_id + ci_id
-
-
-def parse_char_major(proc_devices: str, name: str) -> int | None:
-    """The major number ``name`` has in the "Character devices" part of /proc/devices."""
-    in_char = False
-    for line in proc_devices.splitlines():
-        stripped = line.strip()
-        if stripped.endswith(":"):
-            in_char = stripped == "Character devices:"
-            continue
-        parts = stripped.split()
-        if in_char and len(parts) == 2 and parts[1] == name and parts[0].isdigit():
-            return int(parts[0])
-    return None
 
 
 @dataclass(frozen=True)
@@ -786,34 +762,15 @@ class NvmlBackend:
                 int(exc.value), f"destroy GPU instance {gi_id}", gpu=gpu_uuid
             ) from exc
 
-    # --- device nodes -----------------------------------------------------------------------
+    # --- device nodes: driver.devnodes, with the proc root this backend was given -----------------
 
     def caps_major(self) -> int:
         """The dynamic major of the nvidia-caps character devices, from <proc>/devices."""
-        path = self._proc_root / "devices"
-        try:
-            text = path.read_text()
-        except OSError as exc:
-            raise NvmlFailure(
-                f"cannot read {path} to find the nvidia-caps major ({exc.strerror}); mount the "
-                "host's /proc or set the proc root"
-            ) from exc
-        major = parse_char_major(text, "nvidia-caps")
-        if major is None:
-            raise NvmlFailure(
-                f"{path} lists no nvidia-caps device; is the NVIDIA driver (with MIG support) "
-                "loaded?"
-            )
-        return major
+        return devnodes.caps_major(self._proc_root)
 
     def cap_minors(self, gpu_minor: int, gi_id: int, ci_id: int) -> tuple[int, int]:
         """(GI access minor, CI access minor) under /dev/nvidia-caps."""
-        return gi_cap_minor(gpu_minor, gi_id), ci_cap_minor(gpu_minor, gi_id, ci_id)
+        return devnodes.cap_minors(gpu_minor, gi_id, ci_id)
 
     def cap_devices(self, gpu_minor: int, gi_id: int, ci_id: int) -> tuple[CapDevice, CapDevice]:
-        major = self.caps_major()
-        gi_minor, ci_minor = self.cap_minors(gpu_minor, gi_id, ci_id)
-        return (
-            CapDevice(f"{NVIDIA_CAPS_DEVICE_DIR}/nvidia-cap{gi_minor}", major, gi_minor),
-            CapDevice(f"{NVIDIA_CAPS_DEVICE_DIR}/nvidia-cap{ci_minor}", major, ci_minor),
-        )
+        return devnodes.cap_devices(self._proc_root, gpu_minor, gi_id, ci_id)
