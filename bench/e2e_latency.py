@@ -32,6 +32,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from driver.contract import DEFAULT_CONTRACT
+
+_ATTRS = f'device.attributes["{DEFAULT_CONTRACT.driver}"]'
+
 STAGES = ("admission", "claim", "controller", "ungate", "scheduler", "node", "prepare", "total")
 GPUS_PER_NODE = ("A100-SXM4-80GB", "H100-SXM5-80GB")
 
@@ -136,12 +140,11 @@ def run(pods: int, rate: float, latency: str, nodes: int, run_seconds: float) ->
                             {
                                 "name": "mig",
                                 "exactly": {
-                                    "deviceClassName": "mig.carve.dev",
+                                    "deviceClassName": DEFAULT_CONTRACT.mig_class,
                                     "selectors": [
                                         {
                                             "cel": {
-                                                "expression": 'device.attributes["mig.carve.dev"]'
-                                                '.profile.startsWith("1g.")'
+                                                "expression": _ATTRS + '.profile.startsWith("1g.")'
                                             }
                                         }
                                     ],
@@ -206,7 +209,7 @@ def run(pods: int, rate: float, latency: str, nodes: int, run_seconds: float) ->
             pod = core.create_namespaced_pod(ns, manifest)
             t1 = time.time()
             gates = [g.name for g in (pod.spec.scheduling_gates if pod.spec else None) or []]
-            if "mig.carve.dev/placement" not in gates:
+            if DEFAULT_CONTRACT.scheduling_gate not in gates:
                 print(f"warning: {name} was not gated by carve's admission policy")
             created[name] = (t0, t1)
         deadline = time.monotonic() + 180

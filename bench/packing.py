@@ -55,12 +55,14 @@ from controller.placement import (
 )
 from driver.catalog import GpuModel, gpu_model
 from driver.cel import CelDevice, Semver
+from driver.contract import DEFAULT_CONTRACT
 from driver.geometry import geometry_for
 from driver.naming import gpu_device_name, mig_device_name
 
-DRIVER = "mig.carve.dev"
-MIG_CLASS = DeviceClass("mig.carve.dev", ('device.attributes["mig.carve.dev"].type == "mig"',))
-GPU_CLASS = DeviceClass("gpu.carve.dev", ('device.attributes["mig.carve.dev"].type == "gpu"',))
+DRIVER = DEFAULT_CONTRACT.driver
+_ATTRS = f'device.attributes["{DRIVER}"]'
+MIG_CLASS = DeviceClass(DEFAULT_CONTRACT.mig_class, (f'{_ATTRS}.type == "mig"',))
+GPU_CLASS = DeviceClass(DEFAULT_CONTRACT.gpu_class, (f'{_ATTRS}.type == "gpu"',))
 CLASSES = {c.name: c for c in (MIG_CLASS, GPU_CLASS)}
 MIB = 2**20
 
@@ -186,12 +188,16 @@ def build_cluster(
 
 
 def profile_claim(name: str, profile: str, count: int = 1) -> ClaimToPlace:
-    selector = f'device.attributes["mig.carve.dev"].profile == "{profile}"'
+    selector = f'{_ATTRS}.profile == "{profile}"'
     spec = ClaimSpec(
         (
             DeviceRequest(
                 "gpu",
-                (Alternative("gpu", ExactRequest("mig.carve.dev", (selector,), count=count)),),
+                (
+                    Alternative(
+                        "gpu", ExactRequest(DEFAULT_CONTRACT.mig_class, (selector,), count=count)
+                    ),
+                ),
             ),
         )
     )
@@ -471,7 +477,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _multi_device_ms(model: ClusterModel, policy: Policy, tries: int = 15) -> float:
     engine = PlacementEngine(model, CLASSES, DRIVER, policy=policy)
-    selector = 'device.attributes["mig.carve.dev"].profile == "1g.10gb"'
+    selector = f'{_ATTRS}.profile == "1g.10gb"'
     same = DeviceConstraint((), ConstraintKind.MATCH, f"{DRIVER}/parentUUID")
     spec = ClaimSpec(
         (

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from driver.cdi import CdiWriter
-from driver.naming import mig_device_name
+from driver.naming import DEFAULT_DRIVER_NAME, mig_device_name
 from driver.nvml import sim
 from driver.nvml.backend import NvmlBackend
 from kubeletplugin.checkpoint import CheckpointStore
@@ -32,7 +32,7 @@ from kubeletplugin.claims import ClaimView, parse_claim
 from kubeletplugin.draservice import ClaimRef
 from kubeletplugin.prepare import Preparer, PreparerSettings
 
-DRIVER = "mig.carve.dev"
+DRIVER = DEFAULT_DRIVER_NAME
 NODE = "bench-node"
 
 

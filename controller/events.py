@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from controller.reconciler import Kind
+from driver.contract import DEFAULT_CONTRACT
 
 Obj = dict[str, Any]
 
@@ -79,7 +80,7 @@ class KubeRecorder:
         self,
         events_api: Any,
         *,
-        controller: str = "mig.carve.dev/controller",
+        controller: str = DEFAULT_CONTRACT.event_source,
         instance: str = "carve-controller",
         clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
     ) -> None:

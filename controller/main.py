@@ -29,8 +29,10 @@ from controller.informers import Informer, InformerConfig, standard_informers, s
 from controller.leader import LeaderElector, LeaseConfig
 from controller.metrics import ControllerMetrics
 from controller.reconciler import CarveClasses, Planner, Reconciler, ReconcilerConfig
-from controller.status import ALLOCATION_FINALIZER, SCHEDULING_GATE, KubeClaimWriter
+from controller.status import KubeClaimWriter
+from driver.contract import Contract
 from driver.logformat import configure_logging
+from driver.naming import DEFAULT_DRIVER_NAME
 from driver.opshttp import OpsServer
 
 _log = logging.getLogger("carve.controller")
@@ -64,7 +66,7 @@ def _bool(text: str) -> bool:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="carve-controller",
-        description="Central MIG allocator for carve (DRA driver mig.carve.dev).",
+        description="Central MIG allocator for carve (a DRA driver for NVIDIA MIG).",
     )
 
     def opt(flag: str, help_: str, default: str | None, **kw: Any) -> None:
@@ -72,11 +74,16 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(f"--{flag}", default=_env(flag, default), help=f"{help_} [env {env}]", **kw)
 
     opt("kubeconfig", "kubeconfig file; in-cluster config when unset", os.environ.get("KUBECONFIG"))
-    opt("driver-name", "DRA driver name", "mig.carve.dev")
+    opt(
+        "driver-name",
+        "DRA driver name; every finalizer, gate and class derives from it",
+        DEFAULT_DRIVER_NAME,
+    )
     opt(
         "device-classes",
-        "comma-separated DeviceClass names that are carve's (plus '*.<first name>' classes)",
-        "mig.carve.dev,gpu.carve.dev",
+        "comma-separated DeviceClass names that are carve's, besides every '*.<driver>' class "
+        "(default: <driver> and its whole-GPU class, e.g. mig.carve.dev,gpu.carve.dev)",
+        None,
     )
     opt(
         "native-fallback-after",
@@ -139,12 +146,15 @@ class Controller:
         self.metrics = ControllerMetrics()
         self.stop_event = threading.Event()
         self.exit_code = 0
-        names = frozenset(n.strip() for n in args.device_classes.split(",") if n.strip())
+        contract = Contract(args.driver_name)
+        names = (
+            frozenset(n.strip() for n in args.device_classes.split(",") if n.strip())
+            if args.device_classes
+            else None
+        )
         self.config = ReconcilerConfig(
-            driver=args.driver_name,
-            gate=SCHEDULING_GATE,
-            finalizer=ALLOCATION_FINALIZER,
-            classes=CarveClasses(names=names, suffix="." + args.driver_name),
+            contract=contract,
+            classes=CarveClasses.of(contract, names),
             native_fallback_after=(
                 parse_duration(args.native_fallback_after) if args.native_fallback_after else None
             ),
@@ -164,8 +174,12 @@ class Controller:
                 ),
             )
         fence = self.elector.is_leader if self.elector else (lambda: True)
-        self.writer = KubeClaimWriter(resource, core, fence=fence)
-        self.recorder = KubeRecorder(client.EventsV1Api(api_client), instance=args.identity)
+        self.writer = KubeClaimWriter(resource, core, contract=contract, fence=fence)
+        self.recorder = KubeRecorder(
+            client.EventsV1Api(api_client),
+            controller=contract.event_source,
+            instance=args.identity,
+        )
         self.reconciler = Reconciler(
             planner or default_planner(args.driver_name),
             self.writer,

@@ -27,18 +27,11 @@ from controller.claims import ClaimHold, ClaimKey
 from controller.nodefit import NO_RESOURCES, NodeInfo, Resources
 from driver.catalog import GpuModel
 from driver.cel import AttributeValue, CelDevice, Semver, parse_kubernetes_quantity
+from driver.contract import IDENTITY_ATTRIBUTES
 from driver.geometry import EMPTY_STATE, Geometry, GpuState, PlacementError, geometry_for
 
 WHOLE_GPU = -1
 """Profile id the model uses for a whole-GPU device (it blocks every MIG placement)."""
-
-IDENTITY_ATTRIBUTES = frozenset(
-    {"uuid", "parentUUID", "pciBusID", "pcieRoot", "numaNode", "placementStart"}
-)
-"""Attribute names that differ between GPUs of one kind (or between placements of one profile).
-
-GPUs whose devices agree on everything else share one kind; a selector that reads one of
-these names is evaluated per GPU instead of per kind."""
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,6 @@ from controller.claims import (
     ExactRequest,
 )
 from controller.model import (
-    IDENTITY_ATTRIBUTES,
     WHOLE_GPU,
     ClusterModel,
     GpuInventory,
@@ -51,7 +50,9 @@ from controller.model import (
 )
 from controller.nodefit import MisfitReason, NodeMisfit, PodNeeds, check_node
 from driver.cel import AttributeValue, CelError, SelectorEvaluator
+from driver.contract import IDENTITY_ATTRIBUTES
 from driver.geometry import EMPTY_STATE, Geometry, GpuState
+from driver.naming import DEFAULT_DRIVER_NAME
 
 # ---------------------------------------------------------------------------------------------
 # Public values
@@ -211,7 +212,7 @@ class PlacementEngine:
         self,
         model: ClusterModel,
         classes: Mapping[str, DeviceClass],
-        driver: str = "mig.carve.dev",
+        driver: str = DEFAULT_DRIVER_NAME,
         *,
         policy: Policy = Policy.BEST_FIT,
         evaluator: SelectorEvaluator | None = None,

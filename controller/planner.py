@@ -43,6 +43,7 @@ from controller.reconciler import (
     key_of,
 )
 from controller.status import ClaimAllocation, DeviceResult
+from driver.naming import DEFAULT_DRIVER_NAME
 
 Obj = dict[str, Any]
 
@@ -52,7 +53,7 @@ _log = logging.getLogger(__name__)
 class EnginePlanner:
     """`Planner` backed by `PlacementEngine` (best fit by default)."""
 
-    def __init__(self, driver: str = "mig.carve.dev", policy: Policy = Policy.BEST_FIT) -> None:
+    def __init__(self, driver: str = DEFAULT_DRIVER_NAME, policy: Policy = Policy.BEST_FIT) -> None:
         self.driver = driver
         self.model = ClusterModel()
         self._classes: dict[str, DeviceClass] = {}
@@ -90,7 +91,7 @@ class EnginePlanner:
         elif kind is Kind.CLASS:
             name = str(obj.get("metadata", {}).get("name"))
             try:
-                self._classes[name] = parse_device_class(obj)
+                self._classes[name] = parse_device_class(obj, self.driver)
                 self._bad_classes.pop(name, None)
             except ClaimSpecError as exc:
                 self._classes.pop(name, None)

@@ -11,8 +11,8 @@ nothing about MIG geometry: it asks "where does this pod's set of claims go?" an
 `Plan` (one `ClaimAllocation` per claim) or an `Unplaceable` explanation to show to the user.
 
 Release follows invariant 4: an allocation is cleared only when the claim is reserved for nobody,
-no live pod uses it, and no node finalizer (the kubelet plugin's, same domain as ours) remains,
-which means the node has destroyed the MIG instance.
+no live pod uses it, and no node finalizer (`Contract.node_finalizer`, the kubelet plugin's)
+remains, which means the node has destroyed the MIG instance.
 """
 
 from __future__ import annotations
@@ -27,8 +27,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from controller.status import (
-    ALLOCATION_FINALIZER,
-    SCHEDULING_GATE,
     ClaimAllocation,
     ClaimWriter,
     ObjectGoneError,
@@ -36,6 +34,7 @@ from controller.status import (
     has_finalizer,
     has_gate,
 )
+from driver.contract import DEFAULT_CONTRACT, Contract
 
 Obj = dict[str, Any]
 
@@ -142,8 +141,17 @@ class CarveClasses:
     agree on which pods are carve's.
     """
 
-    names: frozenset[str] = frozenset({"mig.carve.dev", "gpu.carve.dev"})
-    suffix: str = ".mig.carve.dev"
+    names: frozenset[str] = DEFAULT_CONTRACT.default_classes
+    suffix: str = DEFAULT_CONTRACT.profile_class_suffix
+
+    @classmethod
+    def of(cls, contract: Contract, names: frozenset[str] | None = None) -> CarveClasses:
+        """The classes of one installation: `names` (the contract's defaults when None) plus
+        every `<x>.<driver>` class."""
+        return cls(
+            names=contract.default_classes if names is None else names,
+            suffix=contract.profile_class_suffix,
+        )
 
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and (name in self.names or name.endswith(self.suffix))
@@ -239,8 +247,7 @@ def pod_work(
     pod: Obj,
     claims: Mapping[str, Obj],
     classes: CarveClasses,
-    gate: str = SCHEDULING_GATE,
-    finalizer: str = ALLOCATION_FINALIZER,
+    contract: Contract = DEFAULT_CONTRACT,
 ) -> PodWork:
     """Classify one pod. Pure, so the queue logic is tested without threads or an apiserver.
 
@@ -249,7 +256,7 @@ def pod_work(
     added back the controller must allocate again before the scheduler's own allocator does.
     """
     meta = pod.get("metadata", {})
-    gated = has_gate(pod, gate)
+    gated = has_gate(pod, contract.scheduling_gate)
     if is_terminal(pod) or pod.get("spec", {}).get("nodeName") or meta.get("deletionTimestamp"):
         return PodWork(WorkKind.NONE)
     names, missing = pod_claim_names(pod)
@@ -277,7 +284,9 @@ def pod_work(
         if deleting:
             return PodWork(WorkKind.WAIT, message=f"ResourceClaim {deleting[0]} is being deleted")
         return PodWork(WorkKind.PLACE, tuple(carve))
-    lost = [c for c in carve if has_finalizer(c, finalizer) and not is_allocated(c)]
+    lost = [
+        c for c in carve if has_finalizer(c, contract.allocation_finalizer) and not is_allocated(c)
+    ]
     if lost and not any(c.get("metadata", {}).get("deletionTimestamp") for c in carve):
         return PodWork(WorkKind.PLACE, tuple(carve))
     return PodWork(WorkKind.NONE)
@@ -290,27 +299,26 @@ class ReleaseKind(enum.Enum):
     DROP_FINALIZER = "drop-finalizer"
 
 
-def node_finalizers(claim: Obj, domain: str, own: str = ALLOCATION_FINALIZER) -> list[str]:
-    """Finalizers that kubelet plugins put on a claim: our domain, but not the controller's own."""
+def node_finalizers(claim: Obj, contract: Contract = DEFAULT_CONTRACT) -> list[str]:
+    """Finalizers that this installation's kubelet plugins put on a claim."""
     return [
         f
         for f in claim.get("metadata", {}).get("finalizers") or []
-        if f.startswith(domain + "/") and f != own
+        if contract.is_node_finalizer(f)
     ]
 
 
 def release_action(
     claim: Obj,
     live_consumers: int,
-    domain: str,
-    finalizer: str = ALLOCATION_FINALIZER,
+    contract: Contract = DEFAULT_CONTRACT,
 ) -> ReleaseKind:
     """Invariant 4 as a pure decision over one claim.
 
     `live_consumers` counts pods in the claim's namespace that use it and have not terminated:
     a claim allocated for a still-gated pod has an empty `reservedFor` too, and must stay.
     """
-    if not has_finalizer(claim, finalizer):
+    if not has_finalizer(claim, contract.allocation_finalizer):
         return ReleaseKind.KEEP
     status = claim.get("status", {})
     deleting = bool(claim.get("metadata", {}).get("deletionTimestamp"))
@@ -318,7 +326,7 @@ def release_action(
         return ReleaseKind.KEEP
     if not deleting and live_consumers > 0:
         return ReleaseKind.KEEP
-    if node_finalizers(claim, domain, finalizer):
+    if node_finalizers(claim, contract):
         return ReleaseKind.WAIT_NODE
     if is_allocated(claim) and not deleting:
         return ReleaseKind.CLEAR
@@ -341,19 +349,29 @@ class _PodState:
 
 @dataclass(frozen=True)
 class ReconcilerConfig:
-    driver: str = "mig.carve.dev"
-    gate: str = SCHEDULING_GATE
-    finalizer: str = ALLOCATION_FINALIZER
-    classes: CarveClasses = field(default_factory=CarveClasses)
+    contract: Contract = DEFAULT_CONTRACT
+    classes: CarveClasses = field(default=None)  # type: ignore[assignment]  # from contract
     native_fallback_after: float | None = None
     retry_interval: float = 30.0
     max_replans: int = 3
     claims_grace: float = 30.0
     event_interval: float = 300.0
 
+    def __post_init__(self) -> None:
+        if self.classes is None:
+            object.__setattr__(self, "classes", CarveClasses.of(self.contract))
+
     @property
-    def domain(self) -> str:
-        return self.finalizer.split("/", 1)[0]
+    def driver(self) -> str:
+        return self.contract.driver
+
+    @property
+    def gate(self) -> str:
+        return self.contract.scheduling_gate
+
+    @property
+    def finalizer(self) -> str:
+        return self.contract.allocation_finalizer
 
 
 class Reconciler:
@@ -533,9 +551,7 @@ class Reconciler:
             claim = self.stores[Kind.CLAIM].get(key)
             if claim is None:
                 continue
-            action = release_action(
-                claim, self._live_consumers(claim), self._cfg.domain, self._cfg.finalizer
-            )
+            action = release_action(claim, self._live_consumers(claim), self._cfg.contract)
             try:
                 self._release(claim, action)
             except (WriteSkippedError, ObjectGoneError) as exc:
@@ -582,7 +598,7 @@ class Reconciler:
         now = self._clock()
         claims = self.stores[Kind.CLAIM]
         for key, pod in self.stores[Kind.POD].items():
-            w = pod_work(pod, claims, self._cfg.classes, self._cfg.gate, self._cfg.finalizer)
+            w = pod_work(pod, claims, self._cfg.classes, self._cfg.contract)
             if w.kind is WorkKind.NONE:
                 self._forget_pod(key)
                 continue

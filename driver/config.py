@@ -1,10 +1,10 @@
 """Opaque device configuration carried in claims and DeviceClasses.
 
-Users put `config[].opaque.parameters` on a ResourceClaim or a DeviceClass with
-`driver: mig.carve.dev`. The apiserver stores the parameters without looking at them, so this
-module is the only validator: unknown fields and bad values are errors that name the field and
-say what is allowed, because a silently ignored typo would give the pod a different device
-setup than the user asked for.
+Users put `config[].opaque.parameters` on a ResourceClaim or a DeviceClass with `driver:` set to
+carve's driver name (`mig.carve.dev` by default). The apiserver stores the parameters without
+looking at them, so this module is the only validator: unknown fields and bad values are errors
+that name the field and say what is allowed, because a silently ignored typo would give the pod a
+different device setup than the user asked for.
 
 Precedence: configs from the class apply first, then configs from the claim, each in list order;
 the last matching entry wins. A claim can therefore override its class.
@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-API_GROUP = "mig.carve.dev"
-API_VERSION = f"{API_GROUP}/v1alpha1"
+from driver.contract import CONFIG_API_GROUP
+
+API_VERSION = f"{CONFIG_API_GROUP}/v1alpha1"
 KIND_MIG_DEVICE_CONFIG = "MigDeviceConfig"
 
 _QUANTITY_RE = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti|K|M|G|T)?$")

@@ -33,6 +33,7 @@ from driver.catalog import (
     Placement,
     ProfileSpec,
 )
+from driver.contract import PCI_BUS_ID_ATTRIBUTE, Attr
 from driver.geometry import EMPTY_STATE, Geometry, geometry_for
 from driver.naming import (
     counter_set_name,
@@ -45,7 +46,6 @@ from driver.naming import (
 __all__ = [
     "API_VERSION",
     "MAX_DEVICES_PER_SLICE",
-    "PCI_BUS_ID_ATTRIBUTE",
     "PublishedGpu",
     "SlicedGpu",
     "build_resource_slices",
@@ -54,7 +54,6 @@ __all__ = [
 ]
 
 API_VERSION = "resource.k8s.io/v1"
-PCI_BUS_ID_ATTRIBUTE = "resource.kubernetes.io/pciBusID"
 
 # API limits (resource/v1 types.go, 1.34-1.37); checked here so a bad inventory fails on the
 # node with a specific message instead of as an apiserver rejection.
@@ -266,10 +265,10 @@ def _common_attributes(gpu: PublishedGpu) -> dict[str, dict[str, Any]]:
     model = gpu.model
     major, minor = model.cuda_compute_capability
     return {
-        "productName": _string(model.product_name),
-        "architecture": _string(str(model.architecture)),
-        "cudaComputeCapability": {"version": f"{major}.{minor}.0"},
-        "driverVersion": {"version": _semver(gpu.driver_version)},
+        Attr.PRODUCT_NAME: _string(model.product_name),
+        Attr.ARCHITECTURE: _string(str(model.architecture)),
+        Attr.CUDA_COMPUTE_CAPABILITY: {"version": f"{major}.{minor}.0"},
+        Attr.DRIVER_VERSION: {"version": _semver(gpu.driver_version)},
         PCI_BUS_ID_ATTRIBUTE: _string(gpu.pci_bus_id),
     }
 
@@ -291,15 +290,15 @@ def _consumption(counter_set: str, amounts: tuple[int, ...], units: range) -> li
 def _mig_device(gpu: PublishedGpu, spec: ProfileSpec, start: int) -> dict[str, Any]:
     amounts = _profile_amounts(spec)
     attributes: dict[str, dict[str, Any]] = {
-        "type": _string("mig"),
-        "profile": _string(spec.name),
-        "profileId": {"int": spec.id},
+        Attr.TYPE: _string("mig"),
+        Attr.PROFILE: _string(spec.name),
+        Attr.PROFILE_ID: {"int": spec.id},
         # carve extras beyond the NVIDIA set, so the controller can rebuild the exact geometry
-        "profileIndex": {"int": spec.index},
-        "maxInstances": {"int": spec.max_instances},
-        "placementStart": {"int": start},
-        "placementSize": {"int": spec.size},
-        "parentUUID": _string(gpu.uuid),
+        Attr.PROFILE_INDEX: {"int": spec.index},
+        Attr.MAX_INSTANCES: {"int": spec.max_instances},
+        Attr.PLACEMENT_START: {"int": start},
+        Attr.PLACEMENT_SIZE: {"int": spec.size},
+        Attr.PARENT_UUID: _string(gpu.uuid),
         **_common_attributes(gpu),
     }
     return _device(
@@ -313,8 +312,8 @@ def _mig_device(gpu: PublishedGpu, spec: ProfileSpec, start: int) -> dict[str, A
 def _whole_gpu_device(gpu: PublishedGpu) -> dict[str, Any]:
     amounts = _whole_gpu_amounts(gpu.model)
     attributes = {
-        "type": _string("gpu"),
-        "uuid": _string(gpu.uuid),
+        Attr.TYPE: _string("gpu"),
+        Attr.UUID: _string(gpu.uuid),
         **_common_attributes(gpu),
     }
     return _device(
@@ -611,7 +610,7 @@ def _parse_gpu(
     if len(whole) != 1:
         raise ValueError(f"expected one whole-GPU device {gpu_device_name(minor)!r}")
     gpu_dev = whole[0]
-    if _attr(gpu_dev, "type", "string") != "gpu":
+    if _attr(gpu_dev, Attr.TYPE, "string") != "gpu":
         raise ValueError(f"device {gpu_dev['name']!r} must have type 'gpu'")
     counter_set, _ = _consumed(gpu_dev)
     counters = counter_sets.get(counter_set)
@@ -621,15 +620,15 @@ def _parse_gpu(
     if not units or units != list(range(len(units))):
         raise ValueError(f"counter set {counter_set!r} must have memory-slice-0..N-1 counters")
     memory_units = len(units)
-    uuid = _attr(gpu_dev, "uuid", "string")
-    product = _attr(gpu_dev, "productName", "string")
-    arch_name = _attr(gpu_dev, "architecture", "string")
+    uuid = _attr(gpu_dev, Attr.UUID, "string")
+    product = _attr(gpu_dev, Attr.PRODUCT_NAME, "string")
+    arch_name = _attr(gpu_dev, Attr.ARCHITECTURE, "string")
     try:
         architecture = Architecture(arch_name)
     except ValueError:
         known = ", ".join(a.value for a in Architecture)
         raise ValueError(f"unknown architecture {arch_name!r} (known: {known})") from None
-    cc = _attr(gpu_dev, "cudaComputeCapability", "version").split(".")
+    cc = _attr(gpu_dev, Attr.CUDA_COMPUTE_CAPABILITY, "version").split(".")
     if len(cc) < 2 or not (cc[0].isdigit() and cc[1].isdigit()):
         raise ValueError(f"cudaComputeCapability {'.'.join(cc)!r} is not a version")
     whole_amounts = _capacities(gpu_dev)
@@ -640,12 +639,12 @@ def _parse_gpu(
         if dev is gpu_dev:
             continue
         parsed = parse_device_name(dev["name"])
-        pid = _attr(dev, "profileId", "int")
-        start = _attr(dev, "placementStart", "int")
-        size = _attr(dev, "placementSize", "int")
+        pid = _attr(dev, Attr.PROFILE_ID, "int")
+        start = _attr(dev, Attr.PLACEMENT_START, "int")
+        size = _attr(dev, Attr.PLACEMENT_SIZE, "int")
         if (pid, start) != (parsed.profile_id, parsed.placement_start):
             raise ValueError(f"device {dev['name']!r}: name and attributes disagree")
-        if _attr(dev, "parentUUID", "string") != uuid:
+        if _attr(dev, Attr.PARENT_UUID, "string") != uuid:
             raise ValueError(f"device {dev['name']!r}: parentUUID is not {uuid!r}")
         used_set, used = _consumed(dev)
         slices_used = sorted(int(m[1]) for k in used if (m := _MEMORY_SLICE.fullmatch(k)))
@@ -656,14 +655,14 @@ def _parse_gpu(
             )
         if start + size > memory_units:
             raise ValueError(f"device {dev['name']!r} lies beyond {memory_units} memory units")
-        name = _attr(dev, "profile", "string")
+        name = _attr(dev, Attr.PROFILE, "string")
         amounts = _capacities(dev)
         row = rows.setdefault(
             pid,
             {
                 "name": name,
-                "index": _attr(dev, "profileIndex", "int"),
-                "max": _attr(dev, "maxInstances", "int"),
+                "index": _attr(dev, Attr.PROFILE_INDEX, "int"),
+                "max": _attr(dev, Attr.MAX_INSTANCES, "int"),
                 "amounts": amounts,
                 "size": size,
                 "starts": [],

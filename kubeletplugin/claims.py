@@ -5,32 +5,18 @@ itself. Parsing is pure (`parse_claim` takes the JSON the apiserver returns) and
 frozen view with exactly what preparation needs; the I/O lives in `KubernetesClaimClient`.
 
 Node finalizer (DESIGN invariant 4): while a MIG instance exists for a claim on a node, the claim
-carries the finalizer `<driver>/node-<node name>` (shortened with a hash when it would exceed the
-63-character limit of a finalizer's name part). The controller frees a placement only once
-`reservedFor` is empty and no finalizer with the prefix `<driver>/node-` remains.
+carries `Contract.node_finalizer(node)` (`<driver>/node-<node name>`). The controller frees a
+placement only once `reservedFor` is empty and no such finalizer remains.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from driver.config import OpaqueConfigEntry
-
-NODE_FINALIZER_PREFIX = "node-"
-_FINALIZER_NAME_MAX = 63
-
-
-def node_finalizer(driver_name: str, node_name: str) -> str:
-    """The finalizer this node's agent puts on claims whose instance it has carved."""
-    name = f"{NODE_FINALIZER_PREFIX}{node_name}"
-    if len(name) > _FINALIZER_NAME_MAX:
-        digest = hashlib.sha256(node_name.encode()).hexdigest()[:10]
-        name = f"{name[: _FINALIZER_NAME_MAX - 11].rstrip('.-')}-{digest}"
-    return f"{driver_name}/{name}"
 
 
 class ClaimFormatError(ValueError):

@@ -41,6 +41,7 @@ from driver.cdi import (
     whole_gpu_device_nodes,
 )
 from driver.config import ConfigError, resolve_config
+from driver.contract import Contract
 from driver.naming import parse_device_name
 from driver.nvml.errors import InstanceMismatch, PlacementTaken
 from driver.nvml.types import CarvedInstance, GpuInfo, GpuInstance
@@ -58,7 +59,6 @@ from kubeletplugin.claims import (
     ClaimGoneError,
     ClaimView,
     describe_results,
-    node_finalizer,
 )
 from kubeletplugin.draservice import ClaimRef, PreparedDevice, PrepareResult
 from kubeletplugin.metrics import PluginMetrics
@@ -164,7 +164,7 @@ class Preparer:
         self._cdi = cdi
         self.metrics = metrics or PluginMetrics()
         self._clock = clock
-        self._finalizer = node_finalizer(settings.driver_name, settings.node_name)
+        self._finalizer = Contract(settings.driver_name).node_finalizer(settings.node_name)
         self._gpus: dict[int, GpuInfo] = {g.minor: g for g in backend.gpus()}
         self._cp = store.load()
         self._cp_lock = threading.Lock()

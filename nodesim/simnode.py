@@ -27,13 +27,14 @@ import yaml
 from devcluster.nodes import FakeNode, NodeHeartbeater, delete_node
 from devcluster.processes import ManagedProcess, console_script, tail_of
 from driver import catalog
+from driver.naming import DEFAULT_DRIVER_NAME
 from nodesim.invariants import NodeHardware, node_hardware
 from nodesim.kubelet import KubeletSim, socket_identity
 from nodesim.node_agent import AgentSettings, NodeAgent
 
 _log = logging.getLogger(__name__)
 
-DRIVER = "mig.carve.dev"
+DRIVER = DEFAULT_DRIVER_NAME
 GPU_COUNT_LABEL = "nodesim.carve.dev/gpus"
 
 
@@ -72,8 +73,10 @@ class SimNode:
         heartbeater: NodeHeartbeater,
         *,
         detached: bool = False,
+        driver: str = DRIVER,
     ) -> None:
         self.spec = spec
+        self.driver = driver
         self.dir = directory  # short: unix socket paths below it must stay under 108 bytes
         self.kubeconfig = kubeconfig
         self._api_client = api_client
@@ -156,7 +159,7 @@ class SimNode:
         argv = [
             *console_script("carve-kubelet-plugin", "kubeletplugin.main"),
             f"--node-name={self.name}",
-            f"--driver-name={DRIVER}",
+            f"--driver-name={self.driver}",
             f"--kubeconfig={self.kubeconfig}",
             f"--registry-dir={self.registry_dir}",
             f"--plugins-dir={self.plugins_dir}",
@@ -181,14 +184,14 @@ class SimNode:
     def wait_plugin_ready(self, timeout: float = 60.0) -> None:
         """Until the kubelet side has registered the current plugin process."""
         deadline = time.monotonic() + timeout
-        sock = self.registry_dir / f"{DRIVER}-reg.sock"
+        sock = self.registry_dir / f"{self.driver}-reg.sock"
         while True:
             if self._plugin is not None and self._plugin.exit_code() is not None:
                 raise RuntimeError(
                     f"node {self.name}: carve-kubelet-plugin exited with "
                     f"{self._plugin.exit_code()}:\n{tail_of(self.plugin_log, 30)}"
                 )
-            plugin = self.kubelet.plugins.get(DRIVER)
+            plugin = self.kubelet.plugins.get(self.driver)
             identity = socket_identity(sock)
             if plugin is not None and identity is not None and plugin.socket_identity == identity:
                 return

@@ -20,6 +20,7 @@ import yaml
 from devcluster.cluster import api_client_for, run_kubectl
 from devcluster.nodes import NodeHeartbeater
 from devcluster.processes import ManagedProcess, console_script, tail_of
+from driver.contract import DEFAULT_CONTRACT, Contract
 from kubeletplugin.claims import KubeJson
 from nodesim.simnode import SimNode, SimNodeSpec
 
@@ -32,10 +33,33 @@ EXAMPLES = REPO / "deploy" / "examples"
 # DaemonSet or RBAC: the processes run here with the admin kubeconfig).
 INSTALL_MANIFESTS = ("00-namespace.yaml", "10-deviceclasses.yaml", "30-admission-gate.yaml")
 # The scheduling gate carve's admission policy puts on pods with carve claims.
-PLACEMENT_GATE = "mig.carve.dev/placement"
+PLACEMENT_GATE = DEFAULT_CONTRACT.scheduling_gate
+_GATE_POLICY_PREFIX = "carve-placement-gate"
 
 
-def gates_pod(api: KubeJson, namespace: str, claim_ref: Mapping[str, str]) -> bool:
+def render_manifest(text: str, contract: Contract) -> str:
+    """deploy/manifests/ as a cluster running carve under `contract.driver` needs them.
+
+    The shipped files spell the default names; a renamed install gets every class, attribute
+    domain and gate renamed, and its admission policies a name of their own, so that it can
+    share a cluster with a default install. This is what the Helm chart's driver-name value
+    does; until the chart exists the test tooling renders the same way."""
+    if contract == DEFAULT_CONTRACT:
+        return text
+    slug = contract.driver.replace(".", "-")
+    return (
+        text.replace(DEFAULT_CONTRACT.gpu_class, contract.gpu_class)
+        .replace(DEFAULT_CONTRACT.driver, contract.driver)
+        .replace(_GATE_POLICY_PREFIX, f"{_GATE_POLICY_PREFIX}-{slug}")
+    )
+
+
+def gates_pod(
+    api: KubeJson,
+    namespace: str,
+    claim_ref: Mapping[str, str],
+    gate: str = PLACEMENT_GATE,
+) -> bool:
     """Whether carve's admission gate would gate a pod in `namespace` naming `claim_ref`
     (``resourceClaimName`` or ``resourceClaimTemplateName``) right now.
 
@@ -54,13 +78,21 @@ def gates_pod(api: KubeJson, namespace: str, claim_ref: Mapping[str, str]) -> bo
         "POST", f"/api/v1/namespaces/{namespace}/pods", body=probe, query=[("dryRun", "All")]
     )
     gates = (pod.get("spec") or {}).get("schedulingGates") or []
-    return any(g.get("name") == PLACEMENT_GATE for g in gates)
+    return any(g.get("name") == gate for g in gates)
 
 
 class CarveStack:
     """One carve installation. `detached` processes outlive this Python process (the demo)."""
 
-    def __init__(self, kubeconfig: Path, root: Path, *, detached: bool = False) -> None:
+    def __init__(
+        self,
+        kubeconfig: Path,
+        root: Path,
+        *,
+        detached: bool = False,
+        contract: Contract = DEFAULT_CONTRACT,
+    ) -> None:
+        self.contract = contract
         self.kubeconfig = kubeconfig
         self.root = root
         self.detached = detached
@@ -96,7 +128,8 @@ class CarveStack:
         bindings only match namespaces carrying those labels, so a test suite sharing the
         control plane with others gates only its own pods."""
         for name in manifests:
-            docs = [d for d in yaml.safe_load_all((MANIFESTS / name).read_text()) if d]
+            text = render_manifest((MANIFESTS / name).read_text(), self.contract)
+            docs = [d for d in yaml.safe_load_all(text) if d]
             if gate_namespaces is not None:
                 for doc in docs:
                     if doc.get("kind") == "MutatingAdmissionPolicyBinding":
@@ -122,7 +155,9 @@ class CarveStack:
             "metadata": {"name": "carve-gate-probe"},
             "spec": {
                 "devices": {
-                    "requests": [{"name": "r", "exactly": {"deviceClassName": "mig.carve.dev"}}]
+                    "requests": [
+                        {"name": "r", "exactly": {"deviceClassName": self.contract.mig_class}}
+                    ]
                 }
             },
         }
@@ -144,7 +179,8 @@ class CarveStack:
         deadline = time.monotonic() + timeout
         try:
             while True:
-                if gates_pod(api, ns, {"resourceClaimName": "carve-gate-probe"}):
+                ref = {"resourceClaimName": "carve-gate-probe"}
+                if gates_pod(api, ns, ref, self.contract.scheduling_gate):
                     return
                 if time.monotonic() > deadline:
                     raise TimeoutError("the carve admission gate did not take effect in time")
@@ -169,6 +205,7 @@ class CarveStack:
             "--http-address=127.0.0.1:0",
             "--retry-interval=3s",
             "--log-format=text",
+            f"--driver-name={self.contract.driver}",
             *extra,
         ]
         self._controller = ManagedProcess(
@@ -196,6 +233,7 @@ class CarveStack:
             self.api,
             self.heartbeater,
             detached=self.detached,
+            driver=self.contract.driver,
         )
         try:
             node.start()

@@ -14,7 +14,9 @@ import pytest
 import yaml
 
 from controller.reconciler import CarveClasses
-from controller.status import SCHEDULING_GATE
+from driver.contract import DEFAULT_CONTRACT
+
+SCHEDULING_GATE = DEFAULT_CONTRACT.scheduling_gate
 
 POLICY = Path(__file__).resolve().parents[2] / "deploy" / "manifests" / "30-admission-gate.yaml"
 

@@ -33,8 +33,6 @@ from controller.reconciler import (
     release_action,
 )
 from controller.status import (
-    ALLOCATION_FINALIZER,
-    SCHEDULING_GATE,
     ClaimAllocation,
     DeviceResult,
     WriteSkippedError,
@@ -42,6 +40,10 @@ from controller.status import (
     has_finalizer,
     has_gate,
 )
+from driver.contract import DEFAULT_CONTRACT, Contract
+
+ALLOCATION_FINALIZER = DEFAULT_CONTRACT.allocation_finalizer
+SCHEDULING_GATE = DEFAULT_CONTRACT.scheduling_gate
 
 Obj = dict[str, Any]
 NODE_FINALIZER = "mig.carve.dev/node-a"
@@ -545,7 +547,7 @@ def test_release_action(
     expected: ReleaseKind,
 ) -> None:
     c = _allocated_claim(*finalizers, reserved=reserved, deleting=deleting)
-    assert release_action(c, consumers, "mig.carve.dev") is expected
+    assert release_action(c, consumers) is expected
 
 
 def test_release_waits_for_node_finalizer_then_clears_then_drops() -> None:
@@ -694,15 +696,20 @@ def test_no_device_is_ever_double_booked(arrivals: list[tuple[int, bool]], capac
         assert len(devices) <= 2 * capacity
 
 
-def test_kubelet_plugin_node_finalizer_holds_the_release() -> None:
-    """Contract with kubeletplugin.claims: its node finalizer is what the controller waits for."""
-    from kubeletplugin.claims import node_finalizer
+def test_the_node_finalizer_of_the_contract_holds_the_release() -> None:
+    """The controller waits for exactly the finalizer the plugin writes, for any driver name."""
+    c = _allocated_claim(ALLOCATION_FINALIZER, DEFAULT_CONTRACT.node_finalizer("gpu-node-1"))
+    assert release_action(c, 0) is ReleaseKind.WAIT_NODE
+    c = _allocated_claim(ALLOCATION_FINALIZER, DEFAULT_CONTRACT.node_finalizer("n" * 200))
+    assert release_action(c, 0) is ReleaseKind.WAIT_NODE
 
-    c = _allocated_claim(ALLOCATION_FINALIZER, node_finalizer("mig.carve.dev", "gpu-node-1"))
-    assert release_action(c, 0, "mig.carve.dev") is ReleaseKind.WAIT_NODE
-    long_name = node_finalizer("mig.carve.dev", "n" * 200)
-    c = _allocated_claim(ALLOCATION_FINALIZER, long_name)
-    assert release_action(c, 0, "mig.carve.dev") is ReleaseKind.WAIT_NODE
+    renamed = Contract("mig.example.com")
+    c = _allocated_claim(renamed.allocation_finalizer, renamed.node_finalizer("gpu-node-1"))
+    assert release_action(c, 0, renamed) is ReleaseKind.WAIT_NODE
+    # The default contract's controller neither owns this claim nor mistakes its finalizers.
+    assert release_action(c, 0) is ReleaseKind.KEEP
+    c = _allocated_claim(renamed.allocation_finalizer)
+    assert release_action(c, 0, renamed) is ReleaseKind.CLEAR
 
 
 def test_repeated_postfilter_deallocation_backs_off_then_leaves_pod_to_scheduler() -> None:

@@ -18,10 +18,13 @@ from hypothesis import strategies as st
 
 from controller.planner import EnginePlanner
 from controller.reconciler import EventType, Kind, Reconciler
-from controller.status import SCHEDULING_GATE, has_gate
+from controller.status import has_gate
 from driver.catalog import gpu_model
+from driver.contract import DEFAULT_CONTRACT
 from driver.resourceslice import PublishedGpu, build_resource_slices
 from tests.controller.test_reconciler import ListRecorder, MemoryWriter, claim, pod
+
+SCHEDULING_GATE = DEFAULT_CONTRACT.scheduling_gate
 
 Obj = dict[str, Any]
 DRIVER = "mig.carve.dev"

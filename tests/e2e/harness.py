@@ -56,7 +56,12 @@ def first_available(name: str, options: Sequence[tuple[str, Sequence[Obj]]]) -> 
 
 
 class E2E:
-    def __init__(self, stack: CarveStack, test_name: str) -> None:
+    def __init__(
+        self,
+        stack: CarveStack,
+        test_name: str,
+        namespace_labels: Mapping[str, str] = GATED_NAMESPACES,
+    ) -> None:
         slug = re.sub(r"[^a-z0-9-]+", "-", test_name.lower()).strip("-")[:28].strip("-")
         self.stack = stack
         self.group = f"{slug}-{uuid.uuid4().hex[:5]}"
@@ -66,7 +71,7 @@ class E2E:
         self.apps = client.AppsV1Api(stack.api)
         self.nodes: dict[str, SimNode] = {}
         self.core.create_namespace(
-            {"metadata": {"name": self.namespace, "labels": dict(GATED_NAMESPACES)}}
+            {"metadata": {"name": self.namespace, "labels": dict(namespace_labels)}}
         )
         wait_for(
             "the namespace's default ServiceAccount",
@@ -144,7 +149,7 @@ class E2E:
         api = KubeJson(self.stack.api)
         wait_for(
             f"the admission gate to see {ref}",
-            lambda: gates_pod(api, self.namespace, ref),
+            lambda: gates_pod(api, self.namespace, ref, self.stack.contract.scheduling_gate),
             timeout=20,
         )
 
@@ -296,13 +301,15 @@ class E2E:
 
     def check_invariants(self) -> list[str]:
         """No overlap and no leaked instance, from the hardware and every claim."""
-        before = allocated_devices(self.all_claims(), DRIVER)
+        before = allocated_devices(self.all_claims(), self.stack.contract.driver)
         hardware = self.hardware()
-        after = allocated_devices(self.all_claims(), DRIVER)
+        after = allocated_devices(self.all_claims(), self.stack.contract.driver)
         return overlaps(after, hardware) + leaks(hardware, before, after)
 
     def check_at_rest(self) -> list[str]:
-        return at_rest(self.hardware(), allocated_devices(self.all_claims(), DRIVER))
+        return at_rest(
+            self.hardware(), allocated_devices(self.all_claims(), self.stack.contract.driver)
+        )
 
     def instance_count(self) -> int:
         return sum(len(hw.instances) for hw in self.hardware().values())

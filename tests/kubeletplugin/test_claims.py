@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from kubeletplugin.claims import ClaimFormatError, node_finalizer, parse_claim
+from kubeletplugin.claims import ClaimFormatError, parse_claim
 
 
 def _claim(**status: Any) -> dict[str, Any]:
@@ -62,13 +62,3 @@ def test_malformed_result_is_a_format_error() -> None:
     obj = _claim(allocation={"devices": {"results": [{"request": "gpu", "driver": 3}]}})
     with pytest.raises(ClaimFormatError, match=r"results\[0\]\.driver"):
         parse_claim(obj)
-
-
-def test_node_finalizer_fits_name_limit() -> None:
-    assert node_finalizer("mig.carve.dev", "node-a") == "mig.carve.dev/node-node-a"
-    long_a = node_finalizer("mig.carve.dev", "n" * 200 + "a")
-    long_b = node_finalizer("mig.carve.dev", "n" * 200 + "b")
-    assert long_a != long_b
-    for f in (long_a, long_b):
-        prefix, name = f.split("/")
-        assert prefix == "mig.carve.dev" and name.startswith("node-") and len(name) <= 63

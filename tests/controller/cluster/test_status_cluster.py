@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -16,12 +18,13 @@ from kubernetes.client import ApiClient
 
 from controller.leader import LeaderElector, LeaseConfig
 from controller.status import (
-    ALLOCATION_FINALIZER,
     ClaimAllocation,
     DeviceResult,
     KubeClaimWriter,
 )
+from devcluster.cluster import LocalCluster, run_kubectl
 from devcluster.waiting import wait_for
+from driver.contract import DEFAULT_CONTRACT
 from tests.controller.cluster.objects import (
     DRIVER,
     delete_node_slices,
@@ -33,6 +36,8 @@ from tests.controller.cluster.objects import (
     publish_node_gpus,
     raw,
 )
+
+ALLOCATION_FINALIZER = DEFAULT_CONTRACT.allocation_finalizer
 
 pytestmark = pytest.mark.cluster
 
@@ -156,3 +161,76 @@ def test_repeated_events_fold_into_one_series(k8s_api: ApiClient, namespace: str
     assert by_reason["NoCapacity"]["series"]["count"] == 3
     assert by_reason["NoCapacity"]["regarding"]["uid"] == p["metadata"]["uid"]
     assert by_reason["NoCapacity"]["reportingController"] == "mig.carve.dev/controller"
+
+
+# A claim as users write it: opaque config for carve and for another driver, with parameters of
+# any shape. kubectl sends compact JSON; the apiserver keeps opaque parameters as the raw bytes
+# it received and compares those bytes when it checks that the spec did not change.
+_CLAIM_WITH_CONFIG = """
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata:
+  name: with-config
+spec:
+  devices:
+    requests:
+    - name: m
+      exactly:
+        deviceClassName: mig.carve.dev
+    config:
+    - requests: ["m"]
+      opaque:
+        driver: mig.carve.dev
+        parameters:
+          apiVersion: mig.carve.dev/v1alpha1
+          kind: MigDeviceConfig
+          sharing: {strategy: TimeSlicing, timeSlicing: {interval: Long}}
+    - opaque:
+        driver: other.example.com
+        parameters: {list: [1, 2.5, "three", null, {deep: [true]}], "ünïcode": "✓", n: 1e3}
+"""
+
+
+def test_writes_never_alter_the_spec_of_a_claim_with_opaque_config(
+    k8s_cluster: LocalCluster, k8s_api: ApiClient, namespace: str
+) -> None:
+    """Regression: every write used to PUT the whole claim back; Python re-serialises the
+    opaque parameters with other bytes, and the apiserver refused it as a spec change
+    (`spec: Invalid value: null: field is immutable`), so such claims were never placed."""
+    run_kubectl(
+        Path(k8s_cluster.info.kubeconfig),
+        "apply",
+        "-n",
+        namespace,
+        "-f",
+        "-",
+        input=_CLAIM_WITH_CONFIG,
+    )
+    res = client.ResourceV1Api(k8s_api)
+
+    def read() -> dict[str, Any]:
+        return raw(
+            res.read_namespaced_resource_claim("with-config", namespace, _preload_content=False)
+        )
+
+    before = read()
+    w = _writer(k8s_api)
+    alloc = ClaimAllocation(
+        namespace,
+        "with-config",
+        before["metadata"]["uid"],
+        "node-x",
+        (DeviceResult("m", DRIVER, "node-x", "gpu-0-mig-1g5gb-19-3", "1g.5gb"),),
+    )
+    claim = w.add_finalizer(before)
+    claim = w.write_allocation(claim, alloc, {})
+    assert (
+        claim["status"]["allocation"]["devices"]["config"][0]["opaque"]["parameters"]
+        == (before["spec"]["devices"]["config"][0]["opaque"]["parameters"])
+    )
+    claim = w.clear_allocation(claim)
+    claim = w.remove_finalizer(claim)
+    after = read()
+    assert after["spec"] == before["spec"]
+    assert not after["metadata"].get("finalizers")
+    assert not (after.get("status") or {}).get("allocation")

@@ -1,0 +1,177 @@
+"""What carve's controller and its kubelet plugins agree on, derived from one driver name.
+
+The controller and the node never talk to each other directly: they meet on API objects. The
+controller puts its finalizer and gate on claims and pods and reads the node's finalizer to know
+that a MIG instance is gone (DESIGN invariant 4); the node publishes attributes that the
+controller reads back to rebuild the GPU's geometry. Every one of those names is built here from
+the driver name, so a cluster that runs carve as `mig.example.com` gets a consistent set on both
+sides. A name that is built anywhere else is a bug waiting for the first renamed install.
+
+Device, counter-set and counter names live in `driver.naming` (they encode placements, not API
+agreements); everything else is in this module.
+
+Deriving the whole-GPU class: the MIG class is the driver name itself; the whole-GPU class
+replaces a leading `mig.` label with `gpu.` (`mig.carve.dev` -> `gpu.carve.dev`) and otherwise
+prefixes `gpu.` (`carve.example.com` -> `gpu.carve.example.com`). Per-profile classes end in
+`.<driver>` (`mig-1g-10gb.mig.carve.dev`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Final
+
+from driver.naming import DEFAULT_DRIVER_NAME
+
+__all__ = [
+    "ATTRIBUTES",
+    "CONFIG_API_GROUP",
+    "DEFAULT_CONTRACT",
+    "IDENTITY_ATTRIBUTES",
+    "PCI_BUS_ID_ATTRIBUTE",
+    "Attr",
+    "Contract",
+]
+
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_MAX_DRIVER_NAME = 63  # resource/v1: a driver name is a DNS subdomain of at most 63 characters
+_FINALIZER_NAME_MAX = 63  # the part after '/' of a finalizer is a qualified name's name part
+_NODE_FINALIZER_PREFIX = "node-"
+
+
+class Attr:
+    """Device attributes carve publishes under its driver domain (the NVIDIA DRA driver's names
+    where one exists, so selectors port by changing only the domain). Plain strings, not an
+    enum, because they are dictionary keys of API objects that JSON and YAML dump as they are."""
+
+    TYPE: Final = "type"
+    PROFILE: Final = "profile"
+    PROFILE_ID: Final = "profileId"
+    PROFILE_INDEX: Final = "profileIndex"
+    MAX_INSTANCES: Final = "maxInstances"
+    PLACEMENT_START: Final = "placementStart"
+    PLACEMENT_SIZE: Final = "placementSize"
+    PARENT_UUID: Final = "parentUUID"
+    UUID: Final = "uuid"
+    PRODUCT_NAME: Final = "productName"
+    ARCHITECTURE: Final = "architecture"
+    CUDA_COMPUTE_CAPABILITY: Final = "cudaComputeCapability"
+    DRIVER_VERSION: Final = "driverVersion"
+
+
+ATTRIBUTES: tuple[str, ...] = tuple(
+    v for k, v in vars(Attr).items() if k.isupper() and isinstance(v, str)
+)
+"""Every attribute name above, in declaration order."""
+
+CONFIG_API_GROUP = "mig.carve.dev"
+"""The API group of carve's opaque config types (`mig.carve.dev/v1alpha1`, `MigDeviceConfig`).
+
+A schema name, like a CRD's group: it stays the same whatever the driver name, so a config
+written for one install works in another. Only `config[].opaque.driver` follows the driver."""
+
+PCI_BUS_ID_ATTRIBUTE = "resource.kubernetes.io/pciBusID"
+"""The standard (Kubernetes-domain) attribute for a device's PCI address."""
+
+IDENTITY_ATTRIBUTES = frozenset(
+    {
+        Attr.UUID,
+        Attr.PARENT_UUID,
+        Attr.PLACEMENT_START,
+        "pciBusID",
+        "pcieRoot",
+        "numaNode",
+    }
+)
+"""Attribute names (without domain) that differ between GPUs of one kind, or between placements
+of one profile. The controller groups GPUs whose devices agree on everything else; a selector
+that reads one of these is evaluated per GPU. `pcieRoot` and `numaNode` are not published by
+carve but are by other drivers' conventions, so a selector may still name them."""
+
+
+@dataclass(frozen=True)
+class Contract:
+    """Every API-level name of one carve installation. Build it once per process from the
+    `--driver-name` flag and hand it to whatever writes or reads these names."""
+
+    driver: str = DEFAULT_DRIVER_NAME
+
+    def __post_init__(self) -> None:
+        if len(self.driver) > _MAX_DRIVER_NAME or not _DNS_SUBDOMAIN.fullmatch(self.driver):
+            raise ValueError(
+                f"driver name {self.driver!r} is not a DNS subdomain of at most "
+                f"{_MAX_DRIVER_NAME} characters (lower-case labels separated by dots, e.g. "
+                f"{DEFAULT_DRIVER_NAME})"
+            )
+
+    # -- controller-owned names ----------------------------------------------------------------
+
+    @property
+    def allocation_finalizer(self) -> str:
+        """On every claim the controller allocated, until the allocation is cleared."""
+        return f"{self.driver}/allocation"
+
+    @property
+    def scheduling_gate(self) -> str:
+        """Added at admission to pods using carve classes; removed once their claims are placed."""
+        return f"{self.driver}/placement"
+
+    @property
+    def placed_condition(self) -> str:
+        """Pod condition: True once carve allocated the pod's claims, False with why it waits."""
+        return f"{self.driver}/Placed"
+
+    @property
+    def event_source(self) -> str:
+        """`reportingController` of the controller's events."""
+        return f"{self.driver}/controller"
+
+    # -- node-owned names ----------------------------------------------------------------------
+
+    def node_finalizer(self, node: str) -> str:
+        """The finalizer a node's plugin keeps on a claim while its MIG instance exists there.
+
+        A long node name is shortened with a hash of the full name so the name part stays
+        within the 63-character limit and two long names still differ."""
+        name = f"{_NODE_FINALIZER_PREFIX}{node}"
+        if len(name) > _FINALIZER_NAME_MAX:
+            digest = hashlib.sha256(node.encode()).hexdigest()[:10]
+            name = f"{name[: _FINALIZER_NAME_MAX - 11].rstrip('.-')}-{digest}"
+        return f"{self.driver}/{name}"
+
+    def is_node_finalizer(self, finalizer: str) -> bool:
+        """Whether `finalizer` is some node's (the controller waits for all of them to go)."""
+        return finalizer.startswith(f"{self.driver}/{_NODE_FINALIZER_PREFIX}")
+
+    # -- classes and attributes ----------------------------------------------------------------
+
+    @property
+    def mig_class(self) -> str:
+        return self.driver
+
+    @property
+    def gpu_class(self) -> str:
+        head, _, rest = self.driver.partition(".")
+        return f"gpu.{rest}" if head == "mig" and rest else f"gpu.{self.driver}"
+
+    @property
+    def default_classes(self) -> frozenset[str]:
+        return frozenset({self.mig_class, self.gpu_class})
+
+    @property
+    def profile_class_suffix(self) -> str:
+        """Any class named `<x>.<driver>` is carve's too (per-profile classes)."""
+        return f".{self.driver}"
+
+    def attribute(self, name: str) -> str:
+        """The fully qualified attribute name, as `matchAttribute` spells it."""
+        if name not in ATTRIBUTES:
+            raise ValueError(
+                f"{name!r} is not an attribute carve publishes ({', '.join(ATTRIBUTES)})"
+            )
+        return f"{self.driver}/{name}"
+
+
+DEFAULT_CONTRACT = Contract()
