@@ -20,6 +20,8 @@ from enum import StrEnum
 from typing import Any
 
 from driver.cel import parse_kubernetes_quantity, qualify
+from driver.config import ConfigError, parse_parameters
+from driver.naming import DEFAULT_DRIVER_NAME
 
 MAX_REQUESTS = 32
 MAX_SUBREQUESTS = 8
@@ -28,6 +30,19 @@ MAX_CONSTRAINTS = 32
 MAX_CONFIGS = 32
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+# The resource.k8s.io/v1 fields carve reads, per object. A field outside these is refused by name
+# rather than ignored: an allocation that ignored it would not be what the user asked for.
+_EXACT_FIELDS = frozenset(
+    {"deviceClassName", "selectors", "allocationMode", "count", "adminAccess", "tolerations"}
+    | {"capacity"}
+)
+_SUBREQUEST_FIELDS = (_EXACT_FIELDS - {"adminAccess"}) | {"name"}
+_REQUEST_FIELDS = frozenset({"name", "exactly", "firstAvailable"})
+_DEVICES_FIELDS = frozenset({"requests", "constraints", "config"})
+_CONSTRAINT_FIELDS = frozenset({"requests", "matchAttribute", "distinctAttribute"})
+_CONFIG_FIELDS = frozenset({"requests", "opaque"})
+_OPAQUE_FIELDS = frozenset({"driver", "parameters"})
+_CLASS_FIELDS = frozenset({"selectors", "config", "extendedResourceName"})
 _QUALIFIED = re.compile(r"^(?:[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?/)?[A-Za-z_][A-Za-z0-9_]{0,31}$")
 
 
@@ -146,49 +161,72 @@ def _mapping(value: object, where: str) -> Mapping[str, Any]:
     return value
 
 
+def _only(entry: Mapping[str, Any], where: str, known: frozenset[str]) -> None:
+    unknown = sorted(k for k, v in entry.items() if k not in known and v is not None)
+    if unknown:
+        prefix = f"{where}." if where else ""
+        raise ClaimSpecError(
+            f"{prefix}{unknown[0]}: carve does not support this field "
+            f"(it reads {', '.join(sorted(known))}); remove it or use another driver"
+        )
+
+
 def _selectors(value: object, where: str) -> tuple[str, ...]:
     out = []
     for i, s in enumerate(_list(value, where, MAX_SELECTORS)):
-        expr = _mapping(_mapping(s, f"{where}[{i}]").get("cel"), f"{where}[{i}].cel").get(
-            "expression"
-        )
+        selector = _mapping(s, f"{where}[{i}]")
+        _only(selector, f"{where}[{i}]", frozenset({"cel"}))
+        expr = _mapping(selector.get("cel"), f"{where}[{i}].cel").get("expression")
         if not isinstance(expr, str) or not expr.strip():
             raise ClaimSpecError(f"{where}[{i}].cel.expression: must be a non-empty string")
         out.append(expr)
     return tuple(out)
 
 
-def _config(value: object, where: str) -> tuple[DeviceConfig, ...]:
+def _config(value: object, where: str, carve_driver: str) -> tuple[DeviceConfig, ...]:
+    """Config entries; carve's own opaque parameters are validated here, before anything is
+    allocated, with the same rules the node applies when it prepares the claim."""
     out = []
     for i, c in enumerate(_list(value, where, MAX_CONFIGS)):
         entry = _mapping(c, f"{where}[{i}]")
+        _only(entry, f"{where}[{i}]", _CONFIG_FIELDS)
         opaque = entry.get("opaque")
         if opaque is None:
             raise ClaimSpecError(f"{where}[{i}].opaque: required (the only config kind)")
         opaque = _mapping(opaque, f"{where}[{i}].opaque")
+        _only(opaque, f"{where}[{i}].opaque", _OPAQUE_FIELDS)
         driver = opaque.get("driver")
         if not isinstance(driver, str) or not driver:
             raise ClaimSpecError(f"{where}[{i}].opaque.driver: required")
+        if driver == carve_driver:
+            try:
+                parse_parameters(opaque.get("parameters"), f"{where}[{i}].opaque.parameters")
+            except ConfigError as exc:
+                raise ClaimSpecError(str(exc)) from exc
         params = json.dumps(opaque.get("parameters"), sort_keys=True, separators=(",", ":"))
         requests = tuple(str(r) for r in _list(entry.get("requests"), f"{where}[{i}].requests", 32))
         out.append(DeviceConfig(requests, OpaqueConfig(driver, params)))
     return tuple(out)
 
 
-def parse_device_class(obj: Mapping[str, Any]) -> DeviceClass:
-    """A DeviceClass object (metadata + spec)."""
+def parse_device_class(obj: Mapping[str, Any], driver: str = DEFAULT_DRIVER_NAME) -> DeviceClass:
+    """A DeviceClass object (metadata + spec); `driver` is carve's, whose config is validated."""
     name = _mapping(obj.get("metadata"), "metadata").get("name")
     if not isinstance(name, str) or not name:
         raise ClaimSpecError("metadata.name: a DeviceClass needs a name")
     spec = _mapping(obj.get("spec"), "spec")
+    _only(spec, "spec", _CLASS_FIELDS)
     return DeviceClass(
         name,
         _selectors(spec.get("selectors"), "spec.selectors"),
-        _config(spec.get("config"), "spec.config"),
+        _config(spec.get("config"), "spec.config", driver),
     )
 
 
-def _exact(entry: Mapping[str, Any], where: str, driver: str) -> ExactRequest:
+def _exact(
+    entry: Mapping[str, Any], where: str, driver: str, known: frozenset[str] = _EXACT_FIELDS
+) -> ExactRequest:
+    _only(entry, where, known)
     cls = entry.get("deviceClassName")
     if not isinstance(cls, str) or not cls:
         raise ClaimSpecError(f"{where}.deviceClassName: required")
@@ -216,7 +254,9 @@ def _exact(entry: Mapping[str, Any], where: str, driver: str) -> ExactRequest:
         if count > MAX_REQUESTS:
             raise ClaimSpecError(f"{where}.count: {count} exceeds the limit of {MAX_REQUESTS}")
     capacity = []
-    requests = _mapping(_mapping(entry.get("capacity"), f"{where}.capacity").get("requests"), "")
+    capacity_entry = _mapping(entry.get("capacity"), f"{where}.capacity")
+    _only(capacity_entry, f"{where}.capacity", frozenset({"requests"}))
+    requests = _mapping(capacity_entry.get("requests"), f"{where}.capacity.requests")
     for name, amount in sorted(requests.items()):
         try:
             capacity.append((qualify(driver, name), parse_kubernetes_quantity(str(amount))))
@@ -232,6 +272,7 @@ def _exact(entry: Mapping[str, Any], where: str, driver: str) -> ExactRequest:
 
 
 def _request(entry: Mapping[str, Any], where: str, driver: str) -> DeviceRequest:
+    _only(entry, where, _REQUEST_FIELDS)
     name = entry.get("name")
     if not isinstance(name, str) or not _DNS_LABEL.match(name):
         raise ClaimSpecError(f"{where}.name: {name!r} is not a DNS label")
@@ -255,13 +296,16 @@ def _request(entry: Mapping[str, Any], where: str, driver: str) -> DeviceRequest
         if sub_name in seen:
             raise ClaimSpecError(f"{sw}.name: duplicate subrequest name {sub_name!r}")
         seen.add(sub_name)
-        alternatives.append(Alternative(f"{name}/{sub_name}", _exact(sub, sw, driver)))
+        alternatives.append(
+            Alternative(f"{name}/{sub_name}", _exact(sub, sw, driver, _SUBREQUEST_FIELDS))
+        )
     return DeviceRequest(name, tuple(alternatives))
 
 
 def parse_claim_spec(spec: Mapping[str, Any], driver: str) -> ClaimSpec:
     """A ResourceClaim's ``spec`` (or a template's ``spec.spec``)."""
     devices = _mapping(_mapping(spec, "spec").get("devices"), "spec.devices")
+    _only(devices, "spec.devices", _DEVICES_FIELDS)
     requests = []
     names: set[str] = set()
     raw = _list(devices.get("requests"), "spec.devices.requests", MAX_REQUESTS)
@@ -278,6 +322,7 @@ def parse_claim_spec(spec: Mapping[str, Any], driver: str) -> ClaimSpec:
     for i, c in enumerate(_list(devices.get("constraints"), "spec.devices.constraints", 32)):
         where = f"spec.devices.constraints[{i}]"
         entry = _mapping(c, where)
+        _only(entry, where, _CONSTRAINT_FIELDS)
         kinds = [k for k in ConstraintKind if entry.get(k.value) is not None]
         if len(kinds) != 1:
             raise ClaimSpecError(
@@ -298,7 +343,7 @@ def parse_claim_spec(spec: Mapping[str, Any], driver: str) -> ClaimSpec:
             if n.split("/", 1)[0] not in names:
                 raise ClaimSpecError(f"{where}.requests: {n!r} is not a request of this claim")
         constraints.append(DeviceConstraint(listed, kinds[0], attribute))
-    config = _config(devices.get("config"), "spec.devices.config")
+    config = _config(devices.get("config"), "spec.devices.config", driver)
     for i, c in enumerate(config):
         for n in c.requests:
             if n.split("/", 1)[0] not in names:

@@ -1,11 +1,18 @@
 """Writes the controller's decisions to the API: claim finalizer, `status.allocation`, gate removal.
 
-Every write is a read-modify-write of the whole object with its `resourceVersion`, so the
-apiserver's optimistic concurrency protects us against every other writer (kube-scheduler's
-PostFilter, kube-controller-manager, a second controller that still believes it leads). On a
-conflict the object is read again and the mutation is re-derived from the fresh copy; when the
-fresh copy shows that the write no longer makes sense (claim already allocated by someone else,
-claim gone, gate already removed) the mutation says so and nothing is written.
+Every write is a JSON merge patch of only the fields carve owns (finalizers, `status.allocation`,
+scheduling gates) that carries the `resourceVersion` it was derived from, so the apiserver's
+optimistic concurrency protects us against every other writer (kube-scheduler's PostFilter,
+kube-controller-manager, a second controller that still believes it leads). On a conflict the
+object is read again and the patch is re-derived from the fresh copy; when the fresh copy shows
+that the write no longer makes sense (claim already allocated by someone else, claim gone, gate
+already removed) the mutation says so and nothing is written.
+
+Never a PUT of the whole object: the apiserver keeps opaque config parameters as the bytes it
+received and compares those bytes when it checks that an immutable spec did not change. A
+claim read and written back re-serialises them (other spacing, other number spelling), and the
+apiserver refuses that as a spec change. A patch leaves every field carve does not own as the
+server has it.
 
 The allocation itself is built by a pure function (`build_allocation_status`) so that its shape
 (results, config, nodeSelector, timestamp) is tested without an apiserver.
@@ -28,12 +35,11 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from driver.contract import DEFAULT_CONTRACT, Contract
+
 Obj = dict[str, Any]
 
-ALLOCATION_FINALIZER = "mig.carve.dev/allocation"
-PLACED_CONDITION = "mig.carve.dev/Placed"
-"""Pod condition: True once carve allocated the pod's claims, False with the reason it waits."""
-SCHEDULING_GATE = "mig.carve.dev/placement"
+_MERGE_PATCH = "application/merge-patch+json"
 
 _log = logging.getLogger(__name__)
 
@@ -219,16 +225,16 @@ class KubeClaimWriter:
         resource_api: Any,
         core_api: Any,
         *,
-        finalizer: str = ALLOCATION_FINALIZER,
-        gate: str = SCHEDULING_GATE,
+        contract: Contract = DEFAULT_CONTRACT,
         fence: Callable[[], bool] = lambda: True,
         clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
         attempts: int = 8,
     ) -> None:
         self._res = resource_api
         self._core = core_api
-        self._finalizer = finalizer
-        self._gate = gate
+        self._contract = contract
+        self._finalizer = contract.allocation_finalizer
+        self._gate = contract.scheduling_gate
         self._fence = fence
         self._clock = clock
         self._attempts = attempts
@@ -243,10 +249,11 @@ class KubeClaimWriter:
         self,
         obj: Obj,
         get: Callable[[str, str], Obj],
-        put: Callable[[str, str, Obj], Obj],
+        patch: Callable[[str, str, Obj], Obj],
         mutate: Callable[[Obj], Obj | None],
     ) -> Obj:
-        """Apply `mutate` to `obj`; on 409 re-read and re-apply. `mutate` returns None for no-op."""
+        """Send the merge patch `mutate` derives from the current object, guarded by that
+        object's resourceVersion; on 409 re-read and derive again. None from `mutate`: no-op."""
         meta = obj["metadata"]
         name, namespace, uid = meta["name"], meta.get("namespace", ""), meta["uid"]
         state = {"current": obj}
@@ -273,18 +280,21 @@ class KubeClaimWriter:
             self._check_fence()
             current = state["current"]
             try:
-                desired = mutate(copy.deepcopy(current))
+                body = mutate(copy.deepcopy(current))
             except WriteSkippedError:
                 # The caller's copy may be a stale cache entry: judge again on a fresh read.
                 if fresh_read["done"]:
                     raise
                 reread()
                 current = state["current"]
-                desired = mutate(copy.deepcopy(current))
-            if desired is None:
+                body = mutate(copy.deepcopy(current))
+            if body is None:
                 return current
+            body.setdefault("metadata", {})["resourceVersion"] = current["metadata"].get(
+                "resourceVersion"
+            )
             try:
-                return put(name, namespace, desired)
+                return patch(name, namespace, body)
             except Exception as exc:
                 if _is_not_found(exc):
                     raise ObjectGoneError(f"{namespace}/{name} was deleted") from exc
@@ -307,17 +317,17 @@ class KubeClaimWriter:
             self._res.read_namespaced_resource_claim(name, namespace, _preload_content=False)
         )
 
-    def _put_claim(self, name: str, namespace: str, body: Obj) -> Obj:
+    def _patch_claim(self, name: str, namespace: str, body: Obj) -> Obj:
         return _loads(
-            self._res.replace_namespaced_resource_claim(
-                name, namespace, body, _preload_content=False
+            self._res.patch_namespaced_resource_claim(
+                name, namespace, body, _content_type=_MERGE_PATCH, _preload_content=False
             )
         )
 
-    def _put_claim_status(self, name: str, namespace: str, body: Obj) -> Obj:
+    def _patch_claim_status(self, name: str, namespace: str, body: Obj) -> Obj:
         return _loads(
-            self._res.replace_namespaced_resource_claim_status(
-                name, namespace, body, _preload_content=False
+            self._res.patch_namespaced_resource_claim_status(
+                name, namespace, body, _content_type=_MERGE_PATCH, _preload_content=False
             )
         )
 
@@ -327,10 +337,10 @@ class KubeClaimWriter:
                 raise WriteSkippedError("claim is being deleted")
             if has_finalizer(cur, self._finalizer):
                 return None
-            cur["metadata"].setdefault("finalizers", []).append(self._finalizer)
-            return cur
+            finalizers = [*(cur["metadata"].get("finalizers") or []), self._finalizer]
+            return {"metadata": {"finalizers": finalizers}}
 
-        return self._rmw(claim, self._get_claim, self._put_claim, mutate)
+        return self._rmw(claim, self._get_claim, self._patch_claim, mutate)
 
     def write_allocation(
         self, claim: Obj, allocation: ClaimAllocation, classes: Mapping[str, Obj]
@@ -345,10 +355,10 @@ class KubeClaimWriter:
                 raise WriteSkippedError("claim is being deleted")
             if not has_finalizer(cur, self._finalizer):
                 raise WriteSkippedError("claim lost the controller finalizer")
-            status["allocation"] = build_allocation_status(cur, allocation, classes, self._clock())
-            return cur
+            built = build_allocation_status(cur, allocation, classes, self._clock())
+            return {"status": {"allocation": built}}
 
-        return self._rmw(claim, self._get_claim, self._put_claim_status, mutate)
+        return self._rmw(claim, self._get_claim, self._patch_claim_status, mutate)
 
     def clear_allocation(self, claim: Obj) -> Obj:
         def mutate(cur: Obj) -> Obj | None:
@@ -357,31 +367,29 @@ class KubeClaimWriter:
                 raise WriteSkippedError("claim is reserved again")
             if not status.get("allocation"):
                 return None
-            status.pop("allocation", None)
-            status.pop("devices", None)
-            return cur
+            return {"status": {"allocation": None, "devices": None}}
 
-        return self._rmw(claim, self._get_claim, self._put_claim_status, mutate)
+        return self._rmw(claim, self._get_claim, self._patch_claim_status, mutate)
 
     def remove_finalizer(self, claim: Obj) -> Obj:
         def mutate(cur: Obj) -> Obj | None:
             if not has_finalizer(cur, self._finalizer):
                 return None
-            cur["metadata"]["finalizers"] = [
-                f for f in cur["metadata"]["finalizers"] if f != self._finalizer
-            ]
-            return cur
+            kept = [f for f in cur["metadata"]["finalizers"] if f != self._finalizer]
+            return {"metadata": {"finalizers": kept}}
 
-        return self._rmw(claim, self._get_claim, self._put_claim, mutate)
+        return self._rmw(claim, self._get_claim, self._patch_claim, mutate)
 
     # -- pods -----------------------------------------------------------------------------------
 
     def _get_pod(self, name: str, namespace: str) -> Obj:
         return _loads(self._core.read_namespaced_pod(name, namespace, _preload_content=False))
 
-    def _put_pod(self, name: str, namespace: str, body: Obj) -> Obj:
+    def _patch_pod(self, name: str, namespace: str, body: Obj) -> Obj:
         return _loads(
-            self._core.replace_namespaced_pod(name, namespace, body, _preload_content=False)
+            self._core.patch_namespaced_pod(
+                name, namespace, body, _content_type=_MERGE_PATCH, _preload_content=False
+            )
         )
 
     def remove_gate(self, pod: Obj) -> Obj:
@@ -389,10 +397,9 @@ class KubeClaimWriter:
             if not has_gate(cur, self._gate):
                 return None
             gates = [g for g in cur["spec"]["schedulingGates"] if g.get("name") != self._gate]
-            cur["spec"]["schedulingGates"] = gates
-            return cur
+            return {"spec": {"schedulingGates": gates}}
 
-        return self._rmw(pod, self._get_pod, self._put_pod, mutate)
+        return self._rmw(pod, self._get_pod, self._patch_pod, mutate)
 
     def set_pod_condition(self, pod: Obj, status: bool, reason: str, message: str) -> None:
         """Record carve's verdict in the pod's conditions (`kubectl describe pod` shows it).
@@ -402,7 +409,7 @@ class KubeClaimWriter:
         """
         self._check_fence()
         meta = pod["metadata"]
-        cond = pod_condition(status, reason, message, self._clock())
+        cond = pod_condition(self._contract, status, reason, message, self._clock())
         self._core.patch_namespaced_pod_status(
             meta["name"],
             meta.get("namespace", ""),
@@ -411,9 +418,11 @@ class KubeClaimWriter:
         )
 
 
-def pod_condition(status: bool, reason: str, message: str, now: dt.datetime) -> Obj:
+def pod_condition(
+    contract: Contract, status: bool, reason: str, message: str, now: dt.datetime
+) -> Obj:
     return {
-        "type": PLACED_CONDITION,
+        "type": contract.placed_condition,
         "status": "True" if status else "False",
         "reason": reason,
         "message": message[:32768],

@@ -18,6 +18,13 @@ from controller.claims import (
 DRIVER = "mig.carve.dev"
 
 
+TIME_SLICING = {
+    "apiVersion": "mig.carve.dev/v1alpha1",
+    "kind": "MigDeviceConfig",
+    "sharing": {"strategy": "TimeSlicing"},
+}
+
+
 def spec(*requests: dict[str, Any], **devices: Any) -> dict[str, Any]:
     return {"devices": {"requests": list(requests), **devices}}
 
@@ -45,7 +52,13 @@ def test_exactly_first_available_constraints_and_config() -> None:
                 {"requests": ["big"], "matchAttribute": "mig.carve.dev/parentUUID"},
                 {"distinctAttribute": "mig.carve.dev/uuid"},
             ],
-            config=[{"requests": ["big"], "opaque": {"driver": DRIVER, "parameters": {"b": 1}}}],
+            config=[
+                {
+                    "requests": ["big"],
+                    "opaque": {"driver": "other.example.com", "parameters": {"b": 1}},
+                },
+                {"opaque": {"driver": DRIVER, "parameters": TIME_SLICING}},
+            ],
         ),
         DRIVER,
     )
@@ -65,6 +78,35 @@ def test_exactly_first_available_constraints_and_config() -> None:
     ("claim", "fragment"),
     [
         (spec(), "requests no devices"),
+        (
+            spec(
+                {"name": "r", "exactly": {"deviceClassName": "x"}},
+                config=[
+                    {
+                        "opaque": {
+                            "driver": DRIVER,
+                            "parameters": {**TIME_SLICING, "sharing": {"strategy": "Bogus"}},
+                        }
+                    }
+                ],
+            ),
+            "spec.devices.config[0].opaque.parameters.sharing.strategy",
+        ),
+        (
+            spec({"name": "r", "exactly": {"deviceClassName": "x", "futureField": True}}),
+            "requests[0].exactly.futureField: carve does not support this field",
+        ),
+        (
+            spec({"name": "r", "exactly": {"deviceClassName": "x"}, "pinned": "x"}),
+            "requests[0].pinned: carve does not support this field",
+        ),
+        (
+            spec(
+                {"name": "r", "exactly": {"deviceClassName": "x"}},
+                constraints=[{"matchAttribute": "a/b", "weird": 1}],
+            ),
+            "constraints[0].weird: carve does not support",
+        ),
         (spec({"name": "Bad_Name", "exactly": {"deviceClassName": "x"}}), "not a DNS label"),
         (spec({"name": "r"}), "exactly one of exactly or firstAvailable"),
         (spec({"name": "r", "exactly": {}}), "requests[0].exactly.deviceClassName: required"),

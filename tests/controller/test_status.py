@@ -17,8 +17,6 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from controller.status import (
-    ALLOCATION_FINALIZER,
-    SCHEDULING_GATE,
     ClaimAllocation,
     DeviceResult,
     KubeClaimWriter,
@@ -27,6 +25,10 @@ from controller.status import (
     build_allocation_status,
     node_selector_for,
 )
+from driver.contract import DEFAULT_CONTRACT
+
+ALLOCATION_FINALIZER = DEFAULT_CONTRACT.allocation_finalizer
+SCHEDULING_GATE = DEFAULT_CONTRACT.scheduling_gate
 
 Obj = dict[str, Any]
 NOW = dt.datetime(2026, 3, 1, 12, 0, 0, tzinfo=dt.UTC)
@@ -37,7 +39,23 @@ class _Resp:
         self.data = json.dumps(obj).encode()
 
 
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch, as the apiserver applies `application/merge-patch+json`."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
 class VersionedStore:
+    """Merge patches guarded by `metadata.resourceVersion` (409 when stale); only the status
+    subresource changes status, and nothing may change a claim's spec."""
+
     def __init__(self) -> None:
         self.objs: dict[tuple[str, str], Obj] = {}
         self.rv = 10
@@ -56,7 +74,8 @@ class VersionedStore:
             raise ApiException(status=404, reason="Not Found")
         return _Resp(self.objs[(ns, name)])
 
-    def _replace(self, name: str, ns: str, body: Obj, status: bool) -> _Resp:
+    def _patch(self, name: str, ns: str, body: Obj, status: bool, content_type: str) -> _Resp:
+        assert content_type == "application/merge-patch+json"
         self.puts += 1
         if self.before_put is not None:
             hook, self.before_put = self.before_put, None
@@ -66,27 +85,31 @@ class VersionedStore:
             raise ApiException(status=404, reason="Not Found")
         if body["metadata"]["resourceVersion"] != cur["metadata"]["resourceVersion"]:
             raise ApiException(status=409, reason="Conflict")
-        new = copy.deepcopy(cur)
+        assert "spec" not in body or "schedulingGates" in body["spec"], "spec patched"
+        new = merge_patch(cur, body)
         if status:
-            new["status"] = copy.deepcopy(body.get("status", {}))
+            new["metadata"] = cur["metadata"]
         else:
-            new["metadata"]["finalizers"] = list(body["metadata"].get("finalizers") or [])
-            new["spec"] = copy.deepcopy(body["spec"])
+            new["status"] = cur.get("status", {})
         return _Resp(self.add(new))
 
     read_namespaced_resource_claim = _read
     read_namespaced_pod = _read
 
-    def replace_namespaced_resource_claim(self, name: str, ns: str, body: Obj, **_: Any) -> _Resp:
-        return self._replace(name, ns, body, status=False)
-
-    def replace_namespaced_resource_claim_status(
-        self, name: str, ns: str, body: Obj, **_: Any
+    def patch_namespaced_resource_claim(
+        self, name: str, ns: str, body: Obj, _content_type: str = "", **_: Any
     ) -> _Resp:
-        return self._replace(name, ns, body, status=True)
+        return self._patch(name, ns, body, False, _content_type)
 
-    def replace_namespaced_pod(self, name: str, ns: str, body: Obj, **_: Any) -> _Resp:
-        return self._replace(name, ns, body, status=False)
+    def patch_namespaced_resource_claim_status(
+        self, name: str, ns: str, body: Obj, _content_type: str = "", **_: Any
+    ) -> _Resp:
+        return self._patch(name, ns, body, True, _content_type)
+
+    def patch_namespaced_pod(
+        self, name: str, ns: str, body: Obj, _content_type: str = "", **_: Any
+    ) -> _Resp:
+        return self._patch(name, ns, body, False, _content_type)
 
 
 def _claim(**extra: Any) -> Obj:
@@ -260,14 +283,14 @@ def test_conflict_storm_gives_up_after_bounded_attempts() -> None:
     c = store.add(_claim())
 
     calls = {"n": 0}
-    original = store.replace_namespaced_resource_claim
+    original = store.patch_namespaced_resource_claim
 
     def always_conflict(name: str, ns: str, body: Obj, **kw: Any) -> _Resp:
         calls["n"] += 1
         store.add(store.objs[(ns, name)])  # bump resourceVersion under the writer's feet
         return original(name, ns, body, **kw)
 
-    store.replace_namespaced_resource_claim = always_conflict  # type: ignore[method-assign]
+    store.patch_namespaced_resource_claim = always_conflict  # type: ignore[method-assign]
     with pytest.raises(ApiException):
         _writer(store, attempts=4).add_finalizer(c)
     assert calls["n"] == 4
