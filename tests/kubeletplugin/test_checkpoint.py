@@ -71,7 +71,8 @@ def test_missing_file_is_empty(tmp_path: Path) -> None:
         lambda raw: raw[: len(raw) // 2],  # torn write
         lambda raw: raw.replace(b"PrepareStarted", b"PrepareCompleted"),  # edited by hand
         lambda raw: b"\x00\xff garbage",
-        lambda raw: raw.replace(b'"version": 1', b'"version": 7'),
+        lambda raw: raw.replace(b'"version": 1', b'"version": "1"'),  # a newer version is
+        # not damage: it is refused, see test_checkpoint_versions.py
     ],
 )
 def test_corrupt_file_is_moved_aside_and_load_starts_empty(tmp_path: Path, damage: object) -> None:

@@ -1,0 +1,100 @@
+"""What the node agent remembers, as the rest of the plugin sees it.
+
+These types know nothing about files. Each on-disk format version has its own codec (`v1`, ...)
+that converts between them and its own JSON shape, so that renaming a field or adding a state
+here is a code change, while changing what lands on disk is a new format version with the
+compatibility rules of `kubeletplugin.checkpoint` (see docs/checkpoint.md).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+
+
+class ClaimState(StrEnum):
+    """Where a claim is in its two-phase life; written before the NVML work it announces."""
+
+    PREPARE_STARTED = "PrepareStarted"
+    PREPARE_COMPLETED = "PrepareCompleted"
+    UNPREPARE_STARTED = "UnprepareStarted"
+
+
+@dataclass(frozen=True)
+class DeviceRecord:
+    """One allocated device of a claim: the intent, and once carved, what NVML returned."""
+
+    device_name: str
+    request_names: tuple[str, ...]
+    pool_name: str
+    gpu_uuid: str
+    gpu_minor: int
+    # None for a whole-GPU device; otherwise the GPU-instance profile id and placement.
+    profile_id: int | None = None
+    placement_start: int | None = None
+    placement_size: int | None = None
+    gi_id: int | None = None
+    ci_id: int | None = None
+    mig_uuid: str | None = None
+    cdi_ids: tuple[str, ...] = ()
+    adopted: bool = False  # the instance existed before carve (foreign policy "adopt")
+
+    @property
+    def is_mig(self) -> bool:
+        return self.profile_id is not None
+
+
+@dataclass(frozen=True)
+class ClaimRecord:
+    """A claim this node has started to prepare and not yet finished unpreparing."""
+
+    uid: str
+    namespace: str
+    name: str
+    state: ClaimState
+    devices: tuple[DeviceRecord, ...]
+    finalizer_added: bool = False
+    updated_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class ForeignInstance:
+    """A MIG instance found on the node that no checkpointed claim owns."""
+
+    gpu_uuid: str
+    gi_id: int
+    profile_id: int
+    placement_start: int
+    placement_size: int
+    ci_ids: tuple[int, ...] = ()
+    first_seen: float = 0.0
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """An immutable snapshot; every change makes a new one that the store then persists."""
+
+    claims: Mapping[str, ClaimRecord] = field(default_factory=dict)
+    foreign: tuple[ForeignInstance, ...] = ()
+
+    def with_claim(self, record: ClaimRecord) -> Checkpoint:
+        stamped = replace(record, updated_at=time.time())
+        return replace(self, claims={**self.claims, record.uid: stamped})
+
+    def without_claim(self, uid: str) -> Checkpoint:
+        return replace(self, claims={k: v for k, v in self.claims.items() if k != uid})
+
+    def with_foreign(self, foreign: tuple[ForeignInstance, ...]) -> Checkpoint:
+        return replace(self, foreign=foreign)
+
+    def owner_of(self, gpu_uuid: str, gi_id: int) -> ClaimRecord | None:
+        for rec in self.claims.values():
+            for d in rec.devices:
+                if d.gpu_uuid == gpu_uuid and d.gi_id == gi_id:
+                    return rec
+        return None
+
+    def foreign_at(self, gpu_uuid: str, gi_id: int) -> ForeignInstance | None:
+        return next((f for f in self.foreign if f.gpu_uuid == gpu_uuid and f.gi_id == gi_id), None)
