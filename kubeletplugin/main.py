@@ -348,8 +348,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    from kubeletplugin.checkpoint import CheckpointVersionError
+
     try:
         return run(opts, stop)
+    except CheckpointVersionError as e:
+        # Not "fatal error" with a traceback: the operator needs the one message that says
+        # which file, which version, and what to do (see kubeletplugin.checkpoint).
+        log.error(str(e), extra={"checkpoint": str(e.path), "versionFound": e.found})
+        return 1
     except Exception:
         log.exception("fatal error")
         return 1
