@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import json
 import logging
 import queue
 import time
@@ -638,10 +639,12 @@ class Reconciler:
             except (WriteSkippedError, ObjectGoneError) as exc:
                 _log.info("pod %s: %s; will look again", key, exc, extra={"pod": key})
                 state.retry_at = now + 1.0
-            except Exception:
+            except Exception as exc:
                 _log.exception("pod %s: placement failed; will retry", key, extra={"pod": key})
                 state.attempts += 1
                 state.retry_at = now + min(30.0, 0.5 * 2**state.attempts)
+                # Not only a log line: the user reads pods and claims, not the controller log.
+                self._tell(pod, state, w.claims, _write_failure(exc))
 
     def _replan(self, pod: Obj, state: _PodState, claims: Sequence[Obj], now: float) -> None:
         """Allocate again after kube-scheduler's PostFilter cleared an allocation of ours.
@@ -724,7 +727,7 @@ class Reconciler:
                 verdict = Unplaceable("PlannerError", f"placement engine error: {exc}", True)
         if isinstance(verdict, Unplaceable):
             self._metrics.count_outcome("unplaceable")
-            self._wait(pod, state, verdict)
+            self._wait(pod, state, verdict, claims)
             return
         self._commit(pod, state, claims, verdict)
 
@@ -784,8 +787,9 @@ class Reconciler:
         )
         self._forget_pod(key)
 
-    def _wait(self, pod: Obj, state: _PodState, why: Unplaceable) -> None:
-        key = key_of(pod)
+    def _wait(
+        self, pod: Obj, state: _PodState, why: Unplaceable, claims: Sequence[Obj] = ()
+    ) -> None:
         now = self._clock()
         state.attempts += 1
         state.permanent = why.permanent
@@ -793,17 +797,29 @@ class Reconciler:
         if self._fallback_due(pod) and why.reason != "ClaimsNotReady":
             self._hand_to_scheduler(pod, why)
             return
+        self._tell(pod, state, claims, why)
+
+    def _tell(self, pod: Obj, state: _PodState, claims: Sequence[Obj], why: Unplaceable) -> None:
+        """Why the pod waits, as an event on the pod and on each of its carve claims and as the
+        pod's condition; repeated only when the message changes or `event_interval` passed."""
+        key = key_of(pod)
+        now = self._clock()
         last = self._event_sent.get(key, {}).get(why.message)
         if (
-            why.message != state.last_message
-            or last is None
-            or now - last > self._cfg.event_interval
+            why.message == state.last_message
+            and last is not None
+            and now - last <= self._cfg.event_interval
         ):
-            state.last_message = why.message
-            self._event_sent.setdefault(key, {})[why.message] = now
-            self._recorder.event(pod, Kind.POD, "Warning", why.reason, why.message)
-            self._condition(pod, False, why.reason, why.message)
-            _log.info("pod %s waits: %s", key, why.message, extra={"pod": key})
+            return
+        state.last_message = why.message
+        self._event_sent.setdefault(key, {})[why.message] = now
+        self._recorder.event(pod, Kind.POD, "Warning", why.reason, why.message)
+        for claim in claims:
+            self._recorder.event(
+                claim, Kind.CLAIM, "Warning", why.reason, f"pod {key}: {why.message}"
+            )
+        self._condition(pod, False, why.reason, why.message)
+        _log.info("pod %s waits: %s", key, why.message, extra={"pod": key})
 
     def _fallback_due(self, pod: Obj) -> bool:
         after = self._cfg.native_fallback_after
@@ -822,6 +838,25 @@ class Reconciler:
             f"({why.message}); gate removed so kube-scheduler can allocate natively",
         )
         self.stores[Kind.POD][key] = self._writer.remove_gate(pod)
+
+
+def _write_failure(exc: BaseException) -> Unplaceable:
+    """An unexpected error while writing a placement, as a user can read it: the apiserver's
+    own status message when there is one (it names the object and the field)."""
+    status = getattr(exc, "status", None)
+    detail = str(exc)
+    body = getattr(exc, "body", None)
+    if body:
+        try:
+            detail = str(json.loads(body).get("message") or body)
+        except (ValueError, AttributeError):
+            detail = str(body)
+    if status:
+        detail = f"the API server answered {status}: {detail}"
+    return Unplaceable(
+        "PlacementWriteFailed",
+        f"carve chose a placement but could not record it ({detail}); retrying with backoff",
+    )
 
 
 def _scheduling_message(pod: Obj) -> str:

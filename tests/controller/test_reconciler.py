@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import itertools
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -115,6 +116,7 @@ class FirstFitPlanner:
         self.claims: dict[str, Obj] = {}
         self.plans = 0
         self.committed_pods: list[str] = []
+        self.verdict: Unplaceable | None = None  # when set, every plan is refused with it
 
     def observe(self, kind: Kind, obj: Obj) -> None:
         key = f"{obj['metadata'].get('namespace')}/{obj['metadata']['name']}"
@@ -142,6 +144,8 @@ class FirstFitPlanner:
         self, pod: Obj, claims: Sequence[Obj], classes: Mapping[str, Obj]
     ) -> Plan | Unplaceable:
         self.plans += 1
+        if self.verdict is not None:
+            return self.verdict
         used = self.used()
         want = {
             c["metadata"]["name"]: c["spec"]["devices"]["requests"][0]["exactly"]["count"]
@@ -390,6 +394,42 @@ def test_unexpected_error_backs_off_and_retries() -> None:
     h.now[0] += 5
     h.step()
     assert h.current("c")["status"].get("allocation")
+
+
+def test_an_api_error_while_writing_is_told_on_pod_claim_and_condition() -> None:
+    """No silent waits: the apiserver's refusal reaches the objects the user looks at."""
+    from kubernetes.client.exceptions import ApiException
+
+    h = Harness()
+    h.add(Kind.CLAIM, claim("c"))
+    h.add(Kind.POD, pod("p", ["c"]))
+    refusal = ApiException(status=422, reason="Unprocessable Entity")
+    refusal.body = json.dumps({"message": 'ResourceClaim "c" is invalid: spec: field is immutable'})
+    h.writer.fail[("write_allocation", "c")] = refusal
+    h.step()
+    [pod_event] = [e for e in h.recorder.events if e[0] == "p"]
+    [claim_event] = [e for e in h.recorder.events if e[0] == "c"]
+    assert pod_event[1:3] == ("Warning", "PlacementWriteFailed")
+    assert "422" in pod_event[3] and "spec: field is immutable" in pod_event[3]
+    assert claim_event[2] == "PlacementWriteFailed" and "pod ns/p" in claim_event[3]
+    status, reason, message = h.writer.conditions["p"]
+    assert (status, reason) == (False, "PlacementWriteFailed") and message == pod_event[3]
+    # The same failure again is not repeated as a new event.
+    h.writer.fail[("write_allocation", "c")] = refusal
+    h.now[0] += 5
+    h.step()
+    assert len([e for e in h.recorder.events if e[0] == "p"]) == 1
+
+
+def test_an_invalid_claim_is_reported_on_the_claim_too() -> None:
+    h = Harness()
+    h.add(Kind.CLAIM, claim("c"))
+    h.add(Kind.POD, pod("p", ["c"]))
+    h.planner.verdict = Unplaceable("InvalidClaim", "ResourceClaim ns/c: bad field", True)
+    h.step()
+    assert ("c", "Warning", "InvalidClaim", "pod ns/p: ResourceClaim ns/c: bad field") in (
+        h.recorder.events
+    )
 
 
 def test_unknown_device_class_is_reported_and_others_proceed() -> None:
