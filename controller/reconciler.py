@@ -644,7 +644,9 @@ class Reconciler:
                 state.attempts += 1
                 state.retry_at = now + min(30.0, 0.5 * 2**state.attempts)
                 # Not only a log line: the user reads pods and claims, not the controller log.
-                self._tell(pod, state, w.claims, _write_failure(exc))
+                why = _write_failure(exc)
+                state.permanent = why.permanent
+                self._tell(pod, state, w.claims, why)
 
     def _replan(self, pod: Obj, state: _PodState, claims: Sequence[Obj], now: float) -> None:
         """Allocate again after kube-scheduler's PostFilter cleared an allocation of ours.
@@ -840,6 +842,14 @@ class Reconciler:
         self.stores[Kind.POD][key] = self._writer.remove_gate(pod)
 
 
+_RAW_BYTES_HINT = (
+    "kube-apiserver compares a claim's opaque config parameters byte for byte and refuses every "
+    "metadata change (even `kubectl label`) to a claim whose parameters were sent as JSON with "
+    "whitespace, as the Python client sends them; create the claim or its template from YAML "
+    "with kubectl, or from compact JSON"
+)
+
+
 def _write_failure(exc: BaseException) -> Unplaceable:
     """An unexpected error while writing a placement, as a user can read it: the apiserver's
     own status message when there is one (it names the object and the field)."""
@@ -851,6 +861,13 @@ def _write_failure(exc: BaseException) -> Unplaceable:
             detail = str(json.loads(body).get("message") or body)
         except (ValueError, AttributeError):
             detail = str(body)
+    if status == 422 and "spec: Invalid value: null: field is immutable" in detail:
+        # Retrying cannot help: the same bytes are refused until the claim is recreated.
+        return Unplaceable(
+            "ClaimNotWritable",
+            f"carve cannot add its finalizer to the claim ({detail}): {_RAW_BYTES_HINT}",
+            permanent=True,
+        )
     if status:
         detail = f"the API server answered {status}: {detail}"
     return Unplaceable(

@@ -421,6 +421,25 @@ def test_an_api_error_while_writing_is_told_on_pod_claim_and_condition() -> None
     assert len([e for e in h.recorder.events if e[0] == "p"]) == 1
 
 
+def test_a_claim_the_apiserver_will_never_let_us_write_is_not_retried_blindly() -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    h = Harness()
+    h.add(Kind.CLAIM, claim("c"))
+    h.add(Kind.POD, pod("p", ["c"]))
+    refusal = ApiException(status=422, reason="Unprocessable Entity")
+    refusal.body = json.dumps(
+        {"message": 'ResourceClaim "c" is invalid: spec: Invalid value: null: field is immutable'}
+    )
+    h.writer.fail[("add_finalizer", "c")] = refusal
+    h.step()
+    [(_, _, reason, message)] = [e for e in h.recorder.events if e[0] == "p"]
+    assert reason == "ClaimNotWritable" and "kubectl label" in message
+    h.now[0] += 60
+    h.step()  # permanent: no new write until the pod or claim changes
+    assert h.writer.calls.count(("add_finalizer", "c")) == 1
+
+
 def test_an_invalid_claim_is_reported_on_the_claim_too() -> None:
     h = Harness()
     h.add(Kind.CLAIM, claim("c"))

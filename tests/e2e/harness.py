@@ -55,6 +55,15 @@ def first_available(name: str, options: Sequence[tuple[str, Sequence[Obj]]]) -> 
     }
 
 
+def _devices(requests: Sequence[Obj], constraints: Sequence[Obj], config: Sequence[Obj]) -> Obj:
+    devices: Obj = {"requests": list(requests)}
+    if constraints:
+        devices["constraints"] = list(constraints)
+    if config:
+        devices["config"] = list(config)
+    return devices
+
+
 class E2E:
     def __init__(
         self,
@@ -111,11 +120,14 @@ class E2E:
     # -- objects -------------------------------------------------------------------------------
 
     def template(
-        self, name: str, requests: Sequence[Obj], constraints: Sequence[Obj] = (), gated=True
+        self,
+        name: str,
+        requests: Sequence[Obj],
+        constraints: Sequence[Obj] = (),
+        gated=True,
+        config: Sequence[Obj] = (),
     ) -> None:
-        devices: Obj = {"requests": list(requests)}
-        if constraints:
-            devices["constraints"] = list(constraints)
+        devices = _devices(requests, constraints, config)
         self.resource.create_namespaced_resource_claim_template(
             self.namespace,
             {
@@ -126,12 +138,16 @@ class E2E:
             },
         )
         if gated:
-            self._wait_gate_sees({"resourceClaimTemplateName": name})
+            self.wait_gate_sees({"resourceClaimTemplateName": name})
 
-    def claim(self, name: str, requests: Sequence[Obj], constraints: Sequence[Obj] = ()) -> None:
-        devices: Obj = {"requests": list(requests)}
-        if constraints:
-            devices["constraints"] = list(constraints)
+    def claim(
+        self,
+        name: str,
+        requests: Sequence[Obj],
+        constraints: Sequence[Obj] = (),
+        config: Sequence[Obj] = (),
+    ) -> None:
+        devices = _devices(requests, constraints, config)
         self.resource.create_namespaced_resource_claim(
             self.namespace,
             {
@@ -141,9 +157,9 @@ class E2E:
                 "spec": {"devices": devices},
             },
         )
-        self._wait_gate_sees({"resourceClaimName": name})
+        self.wait_gate_sees({"resourceClaimName": name})
 
-    def _wait_gate_sees(self, ref: Obj) -> None:
+    def wait_gate_sees(self, ref: Obj) -> None:
         """The admission policy reads claims and templates from the apiserver's cache; a pod
         created before the cache has the object would not be gated. Dry-run until it is."""
         api = KubeJson(self.stack.api)
@@ -238,6 +254,15 @@ class E2E:
         )
         out: Obj = json.loads(resp.data)
         return out
+
+    def container_env(self, pod_name: str) -> tuple[str, ...]:
+        """The environment the pod's containers got from their CDI devices, on whichever of
+        this test's nodes started it."""
+        for node in self.nodes.values():
+            record = node.agent.record_of(self.namespace, pod_name)
+            if record is not None and record.edits is not None:
+                return tuple(record.edits.env)
+        return ()
 
     @staticmethod
     def results(claim: Obj) -> list[Obj]:
