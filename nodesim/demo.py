@@ -283,7 +283,7 @@ def run_demo(root: Path, *, timeout: float = 180.0) -> int:
             _say(f"  device nodes {' '.join(edits['deviceNodes'])}")
 
     _step("carve status   (every GPU's memory slices, from ResourceSlices and ResourceClaims)")
-    from driver.cli import main as carve_main
+    from carvecli.main import main as carve_main
 
     carve_main(["status", f"--kubeconfig={kubeconfig}"])
 

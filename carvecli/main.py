@@ -306,8 +306,8 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
 
     from kubernetes import client, config
 
-    from driver.clusterview import cluster_view
-    from driver.clusterview import render as render_view
+    from carvecli.clusterview import cluster_view
+    from carvecli.clusterview import render as render_view
 
     if args.kubeconfig:
         api = config.new_client_from_config(config_file=args.kubeconfig)  # type: ignore[no-untyped-call]

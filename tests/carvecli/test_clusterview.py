@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from carvecli.clusterview import cluster_view, memory_map, render
 from driver.catalog import gpu_model
-from driver.clusterview import cluster_view, memory_map, render
 from driver.naming import mig_device_name
 from driver.resourceslice import PublishedGpu, build_resource_slices
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from driver import cli
+from carvecli import main as cli
 from driver.catalog import Placement
 from driver.nvml import sim
 from driver.nvml.backend import NvmlBackend
