@@ -17,8 +17,8 @@ of GPU models) and departures (a pod leaves after its lifetime, if it was placed
 - decisions/s and p50/p99 decision time of ``PlacementEngine.place`` on a cluster of
   ``--timing-nodes`` x ``--gpus-per-node`` GPUs kept at the trace's load.
 
-This module also builds synthetic GPU inventories the way the kubelet plugin publishes them;
-the controller tests reuse those builders.
+The synthetic GPUs and claims come from tests/support/cluster_builders.py, the builders the
+controller tests use, so the benchmark packs exactly what the tests check.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from decimal import Decimal
 
 from controller.claims import (
     AllocatedDevice,
@@ -39,13 +38,12 @@ from controller.claims import (
     ClaimKey,
     ClaimSpec,
     ConstraintKind,
-    DeviceClass,
     DeviceConstraint,
     DeviceRequest,
     ExactRequest,
 )
-from controller.model import WHOLE_GPU, ClusterModel, GpuInventory, PublishedDevice
-from controller.nodefit import NodeInfo, PodNeeds, Resources
+from controller.model import ClusterModel
+from controller.nodefit import PodNeeds, Resources
 from controller.placement import (
     ClaimToPlace,
     NoPlacement,
@@ -53,156 +51,16 @@ from controller.placement import (
     PlacementRequest,
     Policy,
 )
-from driver.catalog import GpuModel, gpu_model
-from driver.cel import CelDevice, Semver
-from driver.contract import DEFAULT_CONTRACT
+from driver.catalog import gpu_model
 from driver.geometry import geometry_for
-from driver.naming import gpu_device_name, mig_device_name
-
-DRIVER = DEFAULT_CONTRACT.driver
-_ATTRS = f'device.attributes["{DRIVER}"]'
-MIG_CLASS = DeviceClass(DEFAULT_CONTRACT.mig_class, (f'{_ATTRS}.type == "mig"',))
-GPU_CLASS = DeviceClass(DEFAULT_CONTRACT.gpu_class, (f'{_ATTRS}.type == "gpu"',))
-CLASSES = {c.name: c for c in (MIG_CLASS, GPU_CLASS)}
-MIB = 2**20
-
-
-# ---------------------------------------------------------------------------------------------
-# Inventories as the plugin publishes them
-
-
-def build_gpu(node: str, minor: int, model: GpuModel, driver: str = DRIVER) -> GpuInventory:
-    """One GPU with a device per (profile, placement) plus the whole GPU, attributed as the
-    kubelet plugin publishes them (see driver/resourceslice.py)."""
-    uuid = f"GPU-{node}-{minor}"
-    bus = f"0000:{minor + 0x10:02x}:00.0"
-    template = _template(model, minor, driver)
-    swap = {_TEMPLATE_UUID: uuid, _TEMPLATE_BUS: bus}
-    devices = tuple(
-        PublishedDevice(
-            name,
-            pid,
-            start,
-            CelDevice(
-                facts.driver,
-                tuple(
-                    (k, swap.get(v, v) if isinstance(v, str) else v) for k, v in facts.attributes
-                ),
-                facts.capacity,
-            ),
-        )
-        for name, pid, start, facts in template
-    )
-    return GpuInventory(node, node, uuid, model, devices)
-
-
-_TEMPLATE_UUID = "GPU-@template"
-_TEMPLATE_BUS = "@template-bus"
-_TEMPLATES: dict[tuple[str, int, str], tuple[tuple[str, int, int, CelDevice], ...]] = {}
-
-
-def _template(
-    model: GpuModel, minor: int, driver: str
-) -> tuple[tuple[str, int, int, CelDevice], ...]:
-    """The devices of one GPU of ``model`` at ``minor`` with placeholder identity values, built
-    once: sorting and qualifying attributes dominates building a 1,000-node cluster."""
-    key = (model.key, minor, driver)
-    hit = _TEMPLATES.get(key)
-    if hit is not None:
-        return hit
-    common = {
-        "productName": model.product_name,
-        "architecture": model.architecture.value,
-        "cudaComputeCapability": Semver(*model.cuda_compute_capability, 0),
-        "driverVersion": Semver(580, 65, 6),
-        "resource.kubernetes.io/pciBusID": _TEMPLATE_BUS,
-    }
-    devices = [
-        (
-            gpu_device_name(minor),
-            WHOLE_GPU,
-            0,
-            CelDevice.of(
-                driver,
-                {**common, "type": "gpu", "uuid": _TEMPLATE_UUID},
-                {
-                    "memory": Decimal(model.memory_mib * MIB),
-                    "multiprocessors": Decimal(model.multiprocessors),
-                },
-            ),
-        )
-    ]
-    for p in model.profiles:
-        for pl in p.placements:
-            devices.append(
-                (
-                    mig_device_name(minor, p.name, p.id, pl.start),
-                    p.id,
-                    pl.start,
-                    CelDevice.of(
-                        driver,
-                        {
-                            **common,
-                            "type": "mig",
-                            "profile": p.name,
-                            "profileId": p.id,
-                            "placementStart": pl.start,
-                            "placementSize": pl.size,
-                            "parentUUID": _TEMPLATE_UUID,
-                        },
-                        {
-                            "memory": Decimal(p.memory_mib * MIB),
-                            "multiprocessors": Decimal(p.multiprocessors),
-                            "copyEngines": Decimal(p.engines.copy),
-                            "decoders": Decimal(p.engines.decoders),
-                            "encoders": Decimal(p.engines.encoders),
-                            "jpegEngines": Decimal(p.engines.jpeg),
-                            "ofaEngines": Decimal(p.engines.ofa),
-                        },
-                    ),
-                )
-            )
-    _TEMPLATES[key] = tuple(devices)
-    return _TEMPLATES[key]
-
-
-def node_info(name: str, cpu: int = 64, memory_gib: int = 512, pods: int = 110) -> NodeInfo:
-    return NodeInfo(
-        name,
-        Resources(cpu * 1000, memory_gib * 2**30, pods),
-        labels=(("kubernetes.io/hostname", name),),
-    )
-
-
-def build_cluster(
-    nodes: int, gpus_per_node: int, models: Sequence[GpuModel], driver: str = DRIVER
-) -> ClusterModel:
-    """Nodes named node-0000...; node i carries models[i % len(models)]."""
-    model = ClusterModel()
-    for i in range(nodes):
-        name = f"node-{i:04d}"
-        model.set_node(node_info(name))
-        gpu = models[i % len(models)]
-        model.set_node_gpus(name, [build_gpu(name, m, gpu, driver) for m in range(gpus_per_node)])
-    return model
-
-
-def profile_claim(name: str, profile: str, count: int = 1) -> ClaimToPlace:
-    selector = f'{_ATTRS}.profile == "{profile}"'
-    spec = ClaimSpec(
-        (
-            DeviceRequest(
-                "gpu",
-                (
-                    Alternative(
-                        "gpu", ExactRequest(DEFAULT_CONTRACT.mig_class, (selector,), count=count)
-                    ),
-                ),
-            ),
-        )
-    )
-    return ClaimToPlace(ClaimKey("bench", name, name), spec)
-
+from tests.support.cluster_builders import (
+    CLASSES,
+    DRIVER,
+    MIG_CLASS,
+    build_cluster,
+    profile_claim,
+    profile_selector,
+)
 
 # ---------------------------------------------------------------------------------------------
 # The trace
@@ -477,7 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _multi_device_ms(model: ClusterModel, policy: Policy, tries: int = 15) -> float:
     engine = PlacementEngine(model, CLASSES, DRIVER, policy=policy)
-    selector = f'{_ATTRS}.profile == "1g.10gb"'
+    selector = profile_selector("1g.10gb")
     same = DeviceConstraint((), ConstraintKind.MATCH, f"{DRIVER}/parentUUID")
     spec = ClaimSpec(
         (

@@ -3,11 +3,11 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.packing import build_cluster, build_gpu
 from controller.claims import AllocatedDevice, ClaimHold, ClaimKey
 from controller.model import WHOLE_GPU, ClusterModel, inventories_from_slices
 from controller.nodefit import NodeInfo
 from driver.catalog import gpu_model
+from tests.support.cluster_builders import build_cluster, build_gpu
 
 A100 = gpu_model("A100-SXM4-80GB")
 DRIVER = "mig.carve.dev"
@@ -135,10 +135,10 @@ def test_pods_count_against_their_node() -> None:
 
 
 def test_inventories_from_real_resource_slices_feed_the_engine() -> None:
-    from bench.packing import CLASSES, profile_claim
     from controller.nodefit import PodNeeds, Resources
     from controller.placement import Placement, PlacementEngine, PlacementRequest
     from driver.resourceslice import PublishedGpu, build_resource_slices
+    from tests.support.cluster_builders import CLASSES, profile_claim
 
     h100 = gpu_model("H100-SXM5-80GB")
     slices = build_resource_slices(

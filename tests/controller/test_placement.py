@@ -6,7 +6,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench.packing import CLASSES, build_cluster, build_gpu, node_info, profile_claim
 from controller.claims import (
     AllocationMode,
     Alternative,
@@ -39,6 +38,13 @@ from controller.placement import (
 )
 from driver.catalog import gpu_model
 from driver.geometry import geometry_for
+from tests.support.cluster_builders import (
+    CLASSES,
+    build_cluster,
+    build_gpu,
+    node_info,
+    profile_claim,
+)
 
 A100 = gpu_model("A100-SXM4-80GB")
 H100 = gpu_model("H100-SXM5-80GB")
