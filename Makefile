@@ -19,6 +19,7 @@ $(STAMP): pyproject.toml
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-cache --no-logo
 
 typecheck: venv
 	$(BIN)/mypy $(PRODUCT)
