@@ -597,6 +597,124 @@ def _counter_values(counters: Mapping[str, Any], what: str) -> dict[str, int]:
     return values
 
 
+@dataclass
+class _ProfileRow:
+    """What the devices of one profile id say about the profile; they must all agree."""
+
+    name: str
+    index: int
+    max_instances: int
+    amounts: tuple[int, ...]
+    size: int
+    starts: list[int]
+
+
+def _find_whole_gpu(entries: list[tuple[Mapping[str, Any], str]], minor: int) -> Mapping[str, Any]:
+    whole = [dev for dev, _ in entries if not parse_device_name(dev["name"]).is_mig]
+    if len(whole) != 1:
+        raise ValueError(f"expected one whole-GPU device {gpu_device_name(minor)!r}")
+    if _attr(whole[0], Attr.TYPE, "string") != "gpu":
+        raise ValueError(f"device {whole[0]['name']!r} must have type 'gpu'")
+    return whole[0]
+
+
+def _memory_units(counter_set: str, counter_sets: Mapping[str, Mapping[str, int]]) -> int:
+    counters = counter_sets.get(counter_set)
+    if counters is None:
+        raise ValueError(f"counter set {counter_set!r} is not published in the pool")
+    units = sorted(int(m[1]) for k in counters if (m := _MEMORY_SLICE.fullmatch(k)))
+    if not units or units != list(range(len(units))):
+        raise ValueError(f"counter set {counter_set!r} must have memory-slice-0..N-1 counters")
+    return len(units)
+
+
+def _architecture(gpu_dev: Mapping[str, Any]) -> Architecture:
+    arch_name = _attr(gpu_dev, Attr.ARCHITECTURE, "string")
+    try:
+        return Architecture(arch_name)
+    except ValueError:
+        known = ", ".join(a.value for a in Architecture)
+        raise ValueError(f"unknown architecture {arch_name!r} (known: {known})") from None
+
+
+def _compute_capability(gpu_dev: Mapping[str, Any]) -> tuple[int, int]:
+    cc = _attr(gpu_dev, Attr.CUDA_COMPUTE_CAPABILITY, "version").split(".")
+    if len(cc) < 2 or not (cc[0].isdigit() and cc[1].isdigit()):
+        raise ValueError(f"cudaComputeCapability {'.'.join(cc)!r} is not a version")
+    return int(cc[0]), int(cc[1])
+
+
+def _check_placement(
+    dev: Mapping[str, Any], uuid: str, counter_set: str, memory_units: int
+) -> tuple[int, int, int]:
+    """(profile id, start, size) of one MIG device, checked against its name, its GPU and the
+    memory slices it consumes: the controller rebuilds the geometry from exactly these."""
+    parsed = parse_device_name(dev["name"])
+    pid = _attr(dev, Attr.PROFILE_ID, "int")
+    start = _attr(dev, Attr.PLACEMENT_START, "int")
+    size = _attr(dev, Attr.PLACEMENT_SIZE, "int")
+    if (pid, start) != (parsed.profile_id, parsed.placement_start):
+        raise ValueError(f"device {dev['name']!r}: name and attributes disagree")
+    if _attr(dev, Attr.PARENT_UUID, "string") != uuid:
+        raise ValueError(f"device {dev['name']!r}: parentUUID is not {uuid!r}")
+    used_set, used = _consumed(dev)
+    slices_used = sorted(int(m[1]) for k in used if (m := _MEMORY_SLICE.fullmatch(k)))
+    if used_set != counter_set or slices_used != list(range(start, start + size)):
+        raise ValueError(
+            f"device {dev['name']!r} must consume memory-slice-{start}.."
+            f"{start + size - 1} of {counter_set!r}"
+        )
+    if start + size > memory_units:
+        raise ValueError(f"device {dev['name']!r} lies beyond {memory_units} memory units")
+    return pid, start, size
+
+
+def _profile_rows(
+    mig_devices: Iterable[Mapping[str, Any]], uuid: str, counter_set: str, memory_units: int
+) -> tuple[dict[int, _ProfileRow], dict[tuple[int, int], str]]:
+    rows: dict[int, _ProfileRow] = {}
+    names: dict[tuple[int, int], str] = {}
+    for dev in mig_devices:
+        pid, start, size = _check_placement(dev, uuid, counter_set, memory_units)
+        name = _attr(dev, Attr.PROFILE, "string")
+        amounts = _capacities(dev)
+        row = rows.setdefault(
+            pid,
+            _ProfileRow(
+                name,
+                _attr(dev, Attr.PROFILE_INDEX, "int"),
+                _attr(dev, Attr.MAX_INSTANCES, "int"),
+                amounts,
+                size,
+                [],
+            ),
+        )
+        if (row.name, row.size, row.amounts) != (name, size, amounts):
+            raise ValueError(f"devices of profile id {pid} disagree on name, size or capacity")
+        row.starts.append(start)
+        names[(pid, start)] = dev["name"]
+    return rows, names
+
+
+def _profile_spec(pid: int, row: _ProfileRow) -> ProfileSpec:
+    slices = row.name.split("g.", 1)[0]
+    if not slices.isdigit():
+        raise ValueError(f"profile {row.name!r} does not start with '<slices>g.'")
+    return ProfileSpec(
+        index=row.index,
+        id=pid,
+        name=row.name,
+        memory_mib=row.amounts[0] // _MIB,
+        slices=int(slices),
+        multiprocessors=row.amounts[1],
+        engines=Engines(*row.amounts[2:7]),
+        max_instances=row.max_instances,
+        placements=tuple(Placement(s, row.size) for s in sorted(row.starts)),
+        evidence=Evidence.INFERRED,
+        note="reconstructed from ResourceSlices",
+    )
+
+
 def _parse_gpu(
     *,
     node_name: str,
@@ -606,97 +724,19 @@ def _parse_gpu(
     entries: list[tuple[Mapping[str, Any], str]],
     counter_sets: Mapping[str, Mapping[str, int]],
 ) -> SlicedGpu:
-    whole = [dev for dev, _ in entries if not parse_device_name(dev["name"]).is_mig]
-    if len(whole) != 1:
-        raise ValueError(f"expected one whole-GPU device {gpu_device_name(minor)!r}")
-    gpu_dev = whole[0]
-    if _attr(gpu_dev, Attr.TYPE, "string") != "gpu":
-        raise ValueError(f"device {gpu_dev['name']!r} must have type 'gpu'")
+    gpu_dev = _find_whole_gpu(entries, minor)
     counter_set, _ = _consumed(gpu_dev)
-    counters = counter_sets.get(counter_set)
-    if counters is None:
-        raise ValueError(f"counter set {counter_set!r} is not published in the pool")
-    units = sorted(int(m[1]) for k in counters if (m := _MEMORY_SLICE.fullmatch(k)))
-    if not units or units != list(range(len(units))):
-        raise ValueError(f"counter set {counter_set!r} must have memory-slice-0..N-1 counters")
-    memory_units = len(units)
+    memory_units = _memory_units(counter_set, counter_sets)
     uuid = _attr(gpu_dev, Attr.UUID, "string")
     product = _attr(gpu_dev, Attr.PRODUCT_NAME, "string")
-    arch_name = _attr(gpu_dev, Attr.ARCHITECTURE, "string")
-    try:
-        architecture = Architecture(arch_name)
-    except ValueError:
-        known = ", ".join(a.value for a in Architecture)
-        raise ValueError(f"unknown architecture {arch_name!r} (known: {known})") from None
-    cc = _attr(gpu_dev, Attr.CUDA_COMPUTE_CAPABILITY, "version").split(".")
-    if len(cc) < 2 or not (cc[0].isdigit() and cc[1].isdigit()):
-        raise ValueError(f"cudaComputeCapability {'.'.join(cc)!r} is not a version")
+    architecture = _architecture(gpu_dev)
+    cc = _compute_capability(gpu_dev)
     whole_amounts = _capacities(gpu_dev)
-
-    rows: dict[int, dict[str, Any]] = {}
-    names: dict[tuple[int, int], str] = {}
-    for dev, _ in entries:
-        if dev is gpu_dev:
-            continue
-        parsed = parse_device_name(dev["name"])
-        pid = _attr(dev, Attr.PROFILE_ID, "int")
-        start = _attr(dev, Attr.PLACEMENT_START, "int")
-        size = _attr(dev, Attr.PLACEMENT_SIZE, "int")
-        if (pid, start) != (parsed.profile_id, parsed.placement_start):
-            raise ValueError(f"device {dev['name']!r}: name and attributes disagree")
-        if _attr(dev, Attr.PARENT_UUID, "string") != uuid:
-            raise ValueError(f"device {dev['name']!r}: parentUUID is not {uuid!r}")
-        used_set, used = _consumed(dev)
-        slices_used = sorted(int(m[1]) for k in used if (m := _MEMORY_SLICE.fullmatch(k)))
-        if used_set != counter_set or slices_used != list(range(start, start + size)):
-            raise ValueError(
-                f"device {dev['name']!r} must consume memory-slice-{start}.."
-                f"{start + size - 1} of {counter_set!r}"
-            )
-        if start + size > memory_units:
-            raise ValueError(f"device {dev['name']!r} lies beyond {memory_units} memory units")
-        name = _attr(dev, Attr.PROFILE, "string")
-        amounts = _capacities(dev)
-        row = rows.setdefault(
-            pid,
-            {
-                "name": name,
-                "index": _attr(dev, Attr.PROFILE_INDEX, "int"),
-                "max": _attr(dev, Attr.MAX_INSTANCES, "int"),
-                "amounts": amounts,
-                "size": size,
-                "starts": [],
-            },
-        )
-        if (row["name"], row["size"], row["amounts"]) != (name, size, amounts):
-            raise ValueError(f"devices of profile id {pid} disagree on name, size or capacity")
-        row["starts"].append(start)
-        names[(pid, start)] = dev["name"]
-
-    profiles = []
-    for pid, row in rows.items():
-        amounts = row["amounts"]
-        slices = row["name"].split("g.", 1)[0]
-        if not slices.isdigit():
-            raise ValueError(f"profile {row['name']!r} does not start with '<slices>g.'")
-        profiles.append(
-            ProfileSpec(
-                index=row["index"],
-                id=pid,
-                name=row["name"],
-                memory_mib=amounts[0] // _MIB,
-                slices=int(slices),
-                multiprocessors=amounts[1],
-                engines=Engines(*amounts[2:7]),
-                max_instances=row["max"],
-                placements=tuple(Placement(s, row["size"]) for s in sorted(row["starts"])),
-                evidence=Evidence.INFERRED,
-                note="reconstructed from ResourceSlices",
-            )
-        )
+    mig_devices = (dev for dev, _ in entries if dev is not gpu_dev)
+    rows, names = _profile_rows(mig_devices, uuid, counter_set, memory_units)
+    profiles = sorted((_profile_spec(pid, row) for pid, row in rows.items()), key=lambda p: p.index)
     if not profiles:
         raise ValueError("no MIG devices published")
-    profiles.sort(key=lambda p: p.index)
     model = GpuModel(
         key=product,
         product_name=product,
@@ -705,7 +745,7 @@ def _parse_gpu(
         memory_mib=whole_amounts[0] // _MIB,
         memory_units=memory_units,
         compute_slices=max(p.slices for p in profiles),
-        cuda_compute_capability=(int(cc[0]), int(cc[1])),
+        cuda_compute_capability=cc,
         profiles=tuple(profiles),
         placement_evidence=Evidence.INFERRED,
         note="reconstructed from ResourceSlices",
@@ -722,7 +762,7 @@ def _parse_gpu(
         whole_gpu_device=gpu_dev["name"],
         counter_set=counter_set,
         pci_bus_id=_optional_text(gpu_dev, PCI_BUS_ID_ATTRIBUTE, "string"),
-        driver_version=_optional_text(gpu_dev, "driverVersion", "version"),
+        driver_version=_optional_text(gpu_dev, Attr.DRIVER_VERSION, "version"),
     )
 
 
