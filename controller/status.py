@@ -23,25 +23,19 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import json
-import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from tenacity import (
-    retry,
-    retry_if_exception,
-    stop_after_attempt,
-    wait_random_exponential,
-)
-
 from driver.contract import DEFAULT_CONTRACT, Contract
+from process.rmw import MERGE_PATCH, RetryPolicy, Target, WriteFencedError, read_modify_write
+
+# Re-exported (the `as` form is mypy's explicit export): the reconciler catches what the writer
+# raises without knowing that the read-modify-write edge defines it.
+from process.rmw import ObjectGoneError as ObjectGoneError  # noqa: PLC0414
+from process.rmw import WriteSkippedError as WriteSkippedError  # noqa: PLC0414
 
 Obj = dict[str, Any]
-
-_MERGE_PATCH = "application/merge-patch+json"
-
-_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -64,14 +58,6 @@ class ClaimAllocation:
     uid: str
     node: str
     results: tuple[DeviceResult, ...]
-
-
-class ObjectGoneError(Exception):
-    """The object was deleted (or replaced by one with another UID) while we worked on it."""
-
-
-class WriteSkippedError(Exception):
-    """The fresh object shows that this write no longer applies; the message says why."""
 
 
 class ClaimWriter(Protocol):
@@ -187,26 +173,6 @@ def has_gate(pod: Obj, gate: str) -> bool:
     return any(g.get("name") == gate for g in pod.get("spec", {}).get("schedulingGates") or [])
 
 
-def _is_conflict(exc: BaseException) -> bool:
-    return getattr(exc, "status", None) == 409
-
-
-def _is_not_found(exc: BaseException) -> bool:
-    return getattr(exc, "status", None) == 404
-
-
-def _is_transient(exc: BaseException) -> bool:
-    status = getattr(exc, "status", None)
-    return status in (409, 429, 500, 502, 503, 504) or isinstance(
-        exc, ConnectionError | TimeoutError
-    )
-
-
-def _same_object(fresh: Obj, uid: str) -> None:
-    if fresh.get("metadata", {}).get("uid") != uid:
-        raise ObjectGoneError(f"object was replaced (uid {uid} is gone)")
-
-
 def _loads(resp: Any) -> Obj:
     data = resp.data if hasattr(resp, "data") else resp
     result: Obj = json.loads(data)
@@ -239,11 +205,11 @@ class KubeClaimWriter:
         self._clock = clock
         self._attempts = attempts
 
-    # -- generic read-modify-write ------------------------------------------------------------
+    # -- read-modify-write (process.rmw) ------------------------------------------------------
 
     def _check_fence(self) -> None:
         if not self._fence():
-            raise WriteSkippedError("not the leader any more")
+            raise WriteFencedError("not the leader any more")
 
     def _rmw(
         self,
@@ -252,63 +218,24 @@ class KubeClaimWriter:
         patch: Callable[[str, str, Obj], Obj],
         mutate: Callable[[Obj], Obj | None],
     ) -> Obj:
-        """Send the merge patch `mutate` derives from the current object, guarded by that
-        object's resourceVersion; on 409 re-read and derive again. None from `mutate`: no-op."""
+        """Send the merge patch `mutate` derives from `obj` (an informer copy), guarded by its
+        resourceVersion; on 409 re-read and derive again. None from `mutate`: no-op."""
         meta = obj["metadata"]
-        name, namespace, uid = meta["name"], meta.get("namespace", ""), meta["uid"]
-        state = {"current": obj}
-        fresh_read = {"done": False}
-
-        def reread() -> None:
-            try:
-                fresh = get(name, namespace)
-            except Exception as get_exc:
-                if _is_not_found(get_exc):
-                    raise ObjectGoneError(f"{namespace}/{name} was deleted") from get_exc
-                raise
-            _same_object(fresh, uid)
-            state["current"] = fresh
-            fresh_read["done"] = True
-
-        @retry(
-            retry=retry_if_exception(_is_transient),
-            stop=stop_after_attempt(self._attempts),
-            wait=wait_random_exponential(multiplier=0.05, max=2.0),
-            reraise=True,
+        name, namespace = meta["name"], meta.get("namespace", "")
+        target = Target(
+            namespace=namespace,
+            name=name,
+            uid=meta["uid"],
+            read=lambda: get(name, namespace),
+            write=lambda body: patch(name, namespace, body),
         )
-        def attempt() -> Obj:
-            self._check_fence()
-            current = state["current"]
-            try:
-                body = mutate(copy.deepcopy(current))
-            except WriteSkippedError:
-                # The caller's copy may be a stale cache entry: judge again on a fresh read.
-                if fresh_read["done"]:
-                    raise
-                reread()
-                current = state["current"]
-                body = mutate(copy.deepcopy(current))
-            if body is None:
-                return current
-            body.setdefault("metadata", {})["resourceVersion"] = current["metadata"].get(
-                "resourceVersion"
-            )
-            try:
-                return patch(name, namespace, body)
-            except Exception as exc:
-                if _is_not_found(exc):
-                    raise ObjectGoneError(f"{namespace}/{name} was deleted") from exc
-                if _is_conflict(exc):
-                    reread()
-                    _log.info(
-                        "conflict writing %s/%s; retrying on resourceVersion %s",
-                        namespace,
-                        name,
-                        state["current"]["metadata"].get("resourceVersion"),
-                    )
-                raise
-
-        return attempt()
+        return read_modify_write(
+            target,
+            mutate,
+            current=obj,
+            fence=self._fence,
+            policy=RetryPolicy(attempts=self._attempts),
+        )
 
     # -- claims ---------------------------------------------------------------------------------
 
@@ -320,14 +247,14 @@ class KubeClaimWriter:
     def _patch_claim(self, name: str, namespace: str, body: Obj) -> Obj:
         return _loads(
             self._res.patch_namespaced_resource_claim(
-                name, namespace, body, _content_type=_MERGE_PATCH, _preload_content=False
+                name, namespace, body, _content_type=MERGE_PATCH, _preload_content=False
             )
         )
 
     def _patch_claim_status(self, name: str, namespace: str, body: Obj) -> Obj:
         return _loads(
             self._res.patch_namespaced_resource_claim_status(
-                name, namespace, body, _content_type=_MERGE_PATCH, _preload_content=False
+                name, namespace, body, _content_type=MERGE_PATCH, _preload_content=False
             )
         )
 
@@ -388,7 +315,7 @@ class KubeClaimWriter:
     def _patch_pod(self, name: str, namespace: str, body: Obj) -> Obj:
         return _loads(
             self._core.patch_namespaced_pod(
-                name, namespace, body, _content_type=_MERGE_PATCH, _preload_content=False
+                name, namespace, body, _content_type=MERGE_PATCH, _preload_content=False
             )
         )
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from driver.config import OpaqueConfigEntry
+from process.rmw import MERGE_PATCH, ObjectGoneError, Target, WriteSkippedError, read_modify_write
 
 
 class ClaimFormatError(ValueError):
@@ -201,45 +202,40 @@ class KubernetesClaimClient:
     def _update_finalizers(
         self, namespace: str, name: str, uid: str, finalizer: str, add: bool
     ) -> None:
-        for _ in range(10):
-            obj = self._read(namespace, name)
-            if obj is None or obj["metadata"].get("uid") != uid:
-                if add:
-                    raise ClaimGoneError(
-                        f"ResourceClaim {namespace}/{name} with UID {uid} no longer exists"
-                    )
-                return
-            current: list[str] = list(obj["metadata"].get("finalizers") or [])
+        """Add or remove one finalizer through `process.rmw`, the edge the controller writes
+        through too: a merge patch of `metadata.finalizers` that carries the resourceVersion it
+        was derived from, re-derived from a fresh read on conflict. The list is written whole,
+        so a patch derived from a stale copy would drop another writer's finalizer; the
+        resourceVersion is what makes it safe."""
+        path = _claim_path(namespace, name)
+
+        def mutate(cur: dict[str, Any]) -> dict[str, Any] | None:
+            current: list[str] = list(cur["metadata"].get("finalizers") or [])
             if (finalizer in current) == add:
-                return
-            if add and obj["metadata"].get("deletionTimestamp"):
-                raise ClaimGoneError(f"ResourceClaim {namespace}/{name} is being deleted")
+                return None
+            if add and cur["metadata"].get("deletionTimestamp"):
+                raise WriteSkippedError(f"ResourceClaim {namespace}/{name} is being deleted")
             wanted = [*current, finalizer] if add else [f for f in current if f != finalizer]
-            # The test ops make the patch conditional: it applies only to the object just read.
-            patch = [
-                {"op": "test", "path": "/metadata/uid", "value": uid},
-                {
-                    "op": "test",
-                    "path": "/metadata/resourceVersion",
-                    "value": obj["metadata"]["resourceVersion"],
-                },
-                {"op": "add", "path": "/metadata/finalizers", "value": wanted},
-            ]
-            try:
-                self._api.request(
-                    "PATCH",
-                    _claim_path(namespace, name),
-                    body=patch,
-                    content_type="application/json-patch+json",
-                )
-                return
-            except ApiError as e:
-                if e.status == 404 and not add:
-                    return
-                if e.status in (409, 422):  # changed since read: read again
-                    continue
-                raise
-        raise ApiError(409, f"ResourceClaim {namespace}/{name}: finalizer update kept conflicting")
+            return {"metadata": {"finalizers": wanted}}
+
+        target = Target(
+            namespace=namespace,
+            name=name,
+            uid=uid,
+            read=lambda: self._api.request("GET", path),
+            write=lambda body: self._api.request(
+                "PATCH", path, body=body, content_type=MERGE_PATCH
+            ),
+        )
+        try:
+            read_modify_write(target, mutate)
+        except ObjectGoneError as e:
+            if add:
+                raise ClaimGoneError(
+                    f"ResourceClaim {namespace}/{name} with UID {uid} no longer exists"
+                ) from e
+        except WriteSkippedError as e:
+            raise ClaimGoneError(str(e)) from e
 
     def add_finalizer(self, namespace: str, name: str, uid: str, finalizer: str) -> None:
         self._update_finalizers(namespace, name, uid, finalizer, add=True)

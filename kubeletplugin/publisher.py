@@ -13,6 +13,7 @@ when configured) it deletes the node's slices for this driver.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -31,11 +32,20 @@ from tenacity import (
 
 from kubeletplugin.claims import ApiError, KubeJson
 from kubeletplugin.metrics import PluginMetrics
+from process.rmw import (
+    ObjectGoneError,
+    ObjectReplacedError,
+    RetryPolicy,
+    Target,
+    read_modify_write,
+)
 
 log = logging.getLogger(__name__)
 
 SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
 SPLIT_COUNTERS_SINCE = (1, 35)
+# Conflicts on a slice are retried in place a few times; an outage is the retry loop's business.
+_CONFLICTS = RetryPolicy(attempts=4)
 
 SliceBuilder = Callable[[int, bool], list[dict[str, Any]]]
 """(pool generation, split counters) -> desired ResourceSlice manifests, each already named
@@ -170,9 +180,7 @@ class SlicePublisher:
             return False
         for name, d in wanted.items():
             if name in current:
-                rv = current[name]["metadata"]["resourceVersion"]
-                body = {**d, "metadata": {**d["metadata"], "resourceVersion": rv}}
-                self._api.request("PUT", f"{SLICES_PATH}/{name}", body=body)
+                self._replace(current[name], d)
             else:
                 self._api.request("POST", SLICES_PATH, body=d)
         for name in set(current) - set(wanted):
@@ -182,6 +190,30 @@ class SlicePublisher:
             extra={"slices": len(wanted), "generation": generation + 1, "split": split},
         )
         return True
+
+    def _replace(self, listed: dict[str, Any], desired: dict[str, Any]) -> None:
+        """PUT `desired` over a listed slice through `process.rmw`: guarded by the listed
+        resourceVersion, re-read and written again on a conflict (the slice is wholly ours, so
+        the fresh copy only lends its resourceVersion). A slice the kubelet wiped meanwhile is
+        created instead; any other failure ends this sync and the retry loop below starts over
+        from a fresh listing, because the pool generation is decided over all slices at once."""
+        meta = listed["metadata"]
+        path = f"{SLICES_PATH}/{meta['name']}"
+        target = Target(
+            namespace="",
+            name=meta["name"],
+            uid=meta.get("uid", ""),
+            read=lambda: self._api.request("GET", path),
+            write=lambda body: self._api.request("PUT", path, body=body),
+        )
+        try:
+            read_modify_write(
+                target, lambda _: copy.deepcopy(desired), current=listed, policy=_CONFLICTS
+            )
+        except ObjectReplacedError:
+            raise
+        except ObjectGoneError:
+            self._api.request("POST", SLICES_PATH, body=desired)
 
     def _delete(self, name: str) -> None:
         try:

@@ -1,0 +1,198 @@
+"""Read-modify-write of one API object, the only way carve changes an object someone else owns.
+
+Both binaries change objects that other writers change too (kube-scheduler, the
+kube-controller-manager, a second controller that still believes it leads, the controller and
+the node agents on the same claim's finalizers). Every such write goes through
+`read_modify_write`:
+
+1. derive the change from the current copy (`mutate`: None means nothing to write, a
+   `WriteSkippedError` means the write no longer makes sense);
+2. send it carrying the `resourceVersion` it was derived from, so the apiserver refuses it (409)
+   if anyone wrote in between;
+3. on 409 read the object again and derive the change again from the fresh copy; transient
+   errors (429, 5xx, connection trouble) are retried too, with jittered exponential backoff and a
+   bounded number of attempts, after which the last error is raised as it was;
+4. before every attempt ask the `fence`: a controller that lost its lease must stop writing at
+   once, even half-way through a retry loop.
+
+The caller's `write` decides the wire format. carve writes JSON merge patches of only the fields
+it owns, never the whole object: the apiserver compares a claim's opaque config as the bytes it
+received, and a claim read and written back re-serialises them (see `controller.status`).
+A merge patch that carries `metadata.resourceVersion` is conditional exactly like a PUT.
+
+Errors say what happened: `ObjectGoneError` (deleted), `ObjectReplacedError` (deleted and created
+again under the same name: a new UID is another object, never "ours"), `WriteSkippedError` (the
+fresh copy says the write no longer applies) and its `WriteFencedError`.
+
+This sits with the process plumbing rather than in `driver/`: it is apiserver I/O policy
+(status codes, backoff, leadership fencing) that both binaries need around their domain logic,
+and `driver/` stays the I/O-free shared core (NVML aside).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+
+Obj = dict[str, Any]
+Fence = Callable[[], bool]
+
+MERGE_PATCH = "application/merge-patch+json"
+
+_log = logging.getLogger(__name__)
+
+
+class ObjectGoneError(Exception):
+    """The object was deleted (or replaced by one with another UID) while we worked on it."""
+
+
+class ObjectReplacedError(ObjectGoneError):
+    """An object of the same name but another UID stands where ours was."""
+
+
+class WriteSkippedError(Exception):
+    """The fresh object shows that this write no longer applies; the message says why."""
+
+
+class WriteFencedError(WriteSkippedError):
+    """The fence closed: this process may not write any more (a controller lost its lease)."""
+
+
+def status_of(exc: BaseException) -> int | None:
+    """The HTTP status of an API error: the official client's `ApiException` and the plugin's
+    `ApiError` both carry it as `.status`."""
+    status = getattr(exc, "status", None)
+    return status if isinstance(status, int) else None
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Worth another attempt: a conflict, throttling, a server-side failure, a dropped link."""
+    return status_of(exc) in (409, 429, 500, 502, 503, 504) or isinstance(
+        exc, ConnectionError | TimeoutError
+    )
+
+
+@dataclass(frozen=True)
+class Target:
+    """The one object to change: how to read it and how to send a change to it.
+
+    `read()` returns the object as the apiserver has it now; `write(body)` sends `body` (already
+    carrying the resourceVersion) and returns the object as written. Both raise the client's
+    error with `.status` 404 when the object is gone.
+    """
+
+    namespace: str
+    name: str
+    uid: str
+    read: Callable[[], Obj]
+    write: Callable[[Obj], Obj]
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}" if self.namespace else self.name
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Bounded attempts with full-jitter exponential backoff; the defaults keep a conflict storm
+    to a few seconds, well inside a kubelet prepare deadline or a reconcile step."""
+
+    attempts: int = 8
+    initial_s: float = 0.05
+    max_wait_s: float = 2.0
+
+
+def _never_fenced() -> bool:
+    return True
+
+
+class _Attempt:
+    """The state one `read_modify_write` call carries across its attempts."""
+
+    def __init__(
+        self, target: Target, mutate: Callable[[Obj], Obj | None], current: Obj | None
+    ) -> None:
+        self.target = target
+        self.mutate = mutate
+        self.current: Obj = current if current is not None else {}
+        self.fresh = False  # has `current` been read by us (rather than handed in)?
+        self.unread = current is None
+
+    def reread(self) -> None:
+        try:
+            obj = self.target.read()
+        except Exception as exc:
+            if status_of(exc) == 404:
+                raise ObjectGoneError(f"{self.target.key} was deleted") from exc
+            raise
+        if obj.get("metadata", {}).get("uid") != self.target.uid:
+            raise ObjectReplacedError(f"object was replaced (uid {self.target.uid} is gone)")
+        self.current = obj
+        self.fresh = True
+        self.unread = False
+
+    def derive(self) -> Obj | None:
+        try:
+            return self.mutate(copy.deepcopy(self.current))
+        except WriteSkippedError:
+            # A copy handed in may be a stale cache entry: judge again on a fresh read.
+            if self.fresh:
+                raise
+            self.reread()
+            return self.mutate(copy.deepcopy(self.current))
+
+    def once(self, fence: Fence) -> Obj:
+        if not fence():
+            raise WriteFencedError("not the leader any more")
+        if self.unread:
+            self.reread()
+        body = self.derive()
+        if body is None:
+            return self.current
+        body.setdefault("metadata", {})["resourceVersion"] = self.current["metadata"].get(
+            "resourceVersion"
+        )
+        try:
+            return self.target.write(body)
+        except Exception as exc:
+            if status_of(exc) == 404:
+                raise ObjectGoneError(f"{self.target.key} was deleted") from exc
+            if status_of(exc) == 409:
+                self.reread()
+                _log.info(
+                    "conflict writing %s; retrying on resourceVersion %s",
+                    self.target.key,
+                    self.current["metadata"].get("resourceVersion"),
+                )
+            raise
+
+
+def read_modify_write(
+    target: Target,
+    mutate: Callable[[Obj], Obj | None],
+    *,
+    current: Obj | None = None,
+    fence: Fence = _never_fenced,
+    policy: RetryPolicy = RetryPolicy(),  # frozen, so one shared default is safe
+    sleep: Callable[[float], None] = time.sleep,
+) -> Obj:
+    """Write what `mutate` derives from the object, guarded by its resourceVersion; see the
+    module docstring. `current` is a copy to derive from first (an informer's cache entry);
+    without one the object is read first. Returns the object as written, or the current copy
+    when `mutate` found nothing to write."""
+    state = _Attempt(target, mutate, current)
+    retrying = Retrying(
+        retry=retry_if_exception(is_transient),
+        stop=stop_after_attempt(policy.attempts),
+        wait=wait_random_exponential(multiplier=policy.initial_s, max=policy.max_wait_s),
+        sleep=sleep,
+        reraise=True,
+    )
+    result: Obj = retrying(state.once, fence)
+    return result
