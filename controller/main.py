@@ -31,9 +31,9 @@ from controller.metrics import ControllerMetrics
 from controller.reconciler import CarveClasses, Planner, Reconciler, ReconcilerConfig
 from controller.status import KubeClaimWriter
 from driver.contract import Contract
-from driver.logformat import configure_logging
 from driver.naming import DEFAULT_DRIVER_NAME
-from driver.opshttp import OpsServer
+from process.logformat import configure_logging
+from process.opshttp import OpsServer
 
 _log = logging.getLogger("carve.controller")
 

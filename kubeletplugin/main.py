@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from driver.logformat import configure_logging
 from driver.naming import DEFAULT_DRIVER_NAME
+from process.logformat import configure_logging
 
 log = logging.getLogger("carve.kubeletplugin")
 
@@ -201,7 +201,6 @@ def _api_client(opts: Options) -> Any:
 
 def run(opts: Options, stop: threading.Event) -> int:
     from driver.cdi import CdiWriter
-    from driver.opshttp import OpsServer
     from kubeletplugin.checkpoint import CheckpointStore, ClaimState
     from kubeletplugin.claims import KubeJson, KubernetesClaimClient
     from kubeletplugin.metrics import PluginMetrics
@@ -209,6 +208,7 @@ def run(opts: Options, stop: threading.Event) -> int:
     from kubeletplugin.prepare import ForeignPolicy, Preparer, PreparerSettings
     from kubeletplugin.publisher import PublisherSettings, SlicePublisher
     from kubeletplugin.server import PluginServer
+    from process.opshttp import OpsServer
 
     api = KubeJson(_api_client(opts))
     metrics = PluginMetrics()

@@ -7,7 +7,7 @@ import json
 import logging
 import sys
 
-from driver.logformat import JsonFormatter
+from process.logformat import JsonFormatter
 
 
 def _record(**extra: object) -> logging.LogRecord:

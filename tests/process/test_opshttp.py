@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge
 
-from driver.opshttp import OpsServer
+from process.opshttp import OpsServer
 
 
 def _broken() -> str:
@@ -73,7 +73,7 @@ def test_stop_without_start_returns() -> None:
 
     from prometheus_client import CollectorRegistry
 
-    from driver.opshttp import OpsServer
+    from process.opshttp import OpsServer
 
     server = OpsServer("127.0.0.1:0", CollectorRegistry(), {})
     stopper = threading.Thread(target=server.stop, daemon=True)
