@@ -1,7 +1,9 @@
 """`carve-controller`: the central allocator process.
 
-Every flag has an environment equivalent (`CARVE_<FLAG>` with dashes as underscores), so the
-Deployment can be configured either way; flags win over the environment.
+Flags come from `process.flags`: every one has its environment twin `CARVE_<FLAG>` (dashes as
+underscores), so the Deployment can be configured either way; flags win over the environment.
+Those shared with `carve-kubelet-plugin` (kubeconfig, driver name, ops address, logging, resync
+period) are declared there once; a bad value exits 2 with the flag and an example.
 
 Process shape: five informer threads feed one reconciler thread; a leader-election thread gates
 the reconciler (followers keep their caches warm, so a failover decides on a full picture at once
@@ -14,14 +16,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import re
-import signal
 import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from controller.events import KubeRecorder
@@ -31,78 +31,147 @@ from controller.metrics import ControllerMetrics
 from controller.reconciler import CarveClasses, Planner, Reconciler, ReconcilerConfig
 from controller.status import KubeClaimWriter
 from driver.contract import Contract
-from driver.naming import DEFAULT_DRIVER_NAME
-from process.logformat import configure_logging
+from process import flags
+from process.entrypoint import start_logging, stop_on_signals, usage_exit
+from process.flags import Flag, UsageError
+from process.kubeconfig import KubeconfigError, load_api_client
 from process.opshttp import OpsServer
 
 _log = logging.getLogger("carve.controller")
 
+PROG = "carve-controller"
 EXIT_LOST_LEASE = 3
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+# -- flags -------------------------------------------------------------------------------------
+
+DEVICE_CLASSES: Flag[frozenset[str] | None] = Flag(
+    "device-classes",
+    "comma-separated DeviceClass names that are carve's, besides every '*.<driver>' class "
+    "(default: <driver> and its whole-GPU class, e.g. mig.carve.dev,gpu.carve.dev)",
+    "",
+    flags.comma_set,
+    example="mig.carve.dev,gpu.carve.dev",
+)
+NATIVE_FALLBACK_AFTER: Flag[float | None] = Flag(
+    "native-fallback-after",
+    "ungate pods unplaceable for this long so kube-scheduler handles them (off when empty)",
+    "",
+    flags.optional_duration,
+    example="10m",
+    metavar="DURATION",
+)
+LEADER_ELECT: Flag[bool] = Flag(
+    "leader-elect", "run leader election", "true", flags.parse_bool, example="false", switch=True
+)
+LEASE_NAME: Flag[str] = Flag(
+    "lease-name", "Lease object name", "carve-controller", flags.nonempty, example="carve"
+)
+LEASE_NAMESPACE: Flag[str] = Flag(
+    "lease-namespace",
+    "Lease namespace",
+    "carve-system",
+    flags.nonempty,
+    example="carve-system",
+    also_env=("POD_NAMESPACE",),
+)
+LEASE_DURATION = flags.duration("lease-duration", "lease duration", "15s")
+RENEW_DEADLINE = flags.duration("renew-deadline", "renew deadline", "10s")
+RETRY_PERIOD = flags.duration("retry-period", "leader-election retry period", "2s")
+RESYNC_PERIOD = flags.resync_period("10m", "full relist and re-examination period")
+RETRY_INTERVAL = flags.duration(
+    "retry-interval", "how often a waiting pod is retried without any change", "30s"
+)
+HTTP_ADDRESS = flags.http_address()
+IDENTITY: Flag[str] = Flag(
+    "identity",
+    "leader-election identity, also the events' reporting instance",
+    socket.gethostname(),
+    flags.nonempty,
+    example="carve-controller-0",
+    also_env=("POD_NAME",),
+)
 
 
-def parse_duration(text: str) -> float:
-    """'90', '90s', '5m', '1.5h', '250ms' -> seconds. Rejects anything else with a clear message."""
-    m = _DURATION.match(text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use e.g. 30s, 5m, 1h)")
-    scale = {"ms": 0.001, "s": 1.0, None: 1.0, "m": 60.0, "h": 3600.0}[m.group(2)]
-    return float(m.group(1)) * scale
-
-
-def _env(name: str, default: str | None = None) -> str | None:
-    return os.environ.get("CARVE_" + name.upper().replace("-", "_"), default)
-
-
-def _bool(text: str) -> bool:
-    if text.lower() in ("1", "true", "yes", "on"):
-        return True
-    if text.lower() in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"not a boolean: {text!r}")
+def command_line() -> flags.CommandLine:
+    return flags.CommandLine(
+        PROG,
+        "Central MIG allocator for carve (a DRA driver for NVIDIA MIG).",
+        (
+            flags.KUBECONFIG,
+            flags.DRIVER_NAME,
+            DEVICE_CLASSES,
+            NATIVE_FALLBACK_AFTER,
+            LEADER_ELECT,
+            LEASE_NAME,
+            LEASE_NAMESPACE,
+            IDENTITY,
+            LEASE_DURATION,
+            RENEW_DEADLINE,
+            RETRY_PERIOD,
+            RESYNC_PERIOD,
+            RETRY_INTERVAL,
+            HTTP_ADDRESS,
+            *flags.LOGGING,
+        ),
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="carve-controller",
-        description="Central MIG allocator for carve (a DRA driver for NVIDIA MIG).",
-    )
+    """The argparse view of the flags (for --help); `parse_options` is what reads them."""
+    return command_line().parser()
 
-    def opt(flag: str, help_: str, default: str | None, **kw: Any) -> None:
-        env = "CARVE_" + flag.upper().replace("-", "_")
-        p.add_argument(f"--{flag}", default=_env(flag, default), help=f"{help_} [env {env}]", **kw)
 
-    opt("kubeconfig", "kubeconfig file; in-cluster config when unset", os.environ.get("KUBECONFIG"))
-    opt(
-        "driver-name",
-        "DRA driver name; every finalizer, gate and class derives from it",
-        DEFAULT_DRIVER_NAME,
+@dataclass(frozen=True)
+class ControllerOptions:
+    """Everything the controller is configured with, parsed and checked."""
+
+    kubeconfig: str | None
+    driver_name: str
+    device_classes: frozenset[str] | None
+    native_fallback_after: float | None
+    identity: str
+    lease: LeaseConfig | None  # None: no leader election
+    resync_period: float
+    retry_interval: float
+    http_address: str
+    log_format: str
+    log_level: str
+    deprecations: tuple[str, ...] = ()
+
+
+def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ControllerOptions:
+    """Flags, then the environment, then defaults; UsageError for anything unusable."""
+    got = command_line().parse(argv, env)
+    lease: LeaseConfig | None = None
+    if got[LEADER_ELECT]:
+        try:
+            lease = LeaseConfig(
+                name=got[LEASE_NAME],
+                namespace=got[LEASE_NAMESPACE],
+                identity=got[IDENTITY],
+                lease_duration_s=got[LEASE_DURATION],
+                renew_deadline_s=got[RENEW_DEADLINE],
+                retry_period_s=got[RETRY_PERIOD],
+            )
+        except ValueError as e:
+            raise UsageError(
+                f"--retry-period, --renew-deadline, --lease-duration: {e} "
+                "(e.g. --retry-period=2s --renew-deadline=10s --lease-duration=15s)"
+            ) from None
+    return ControllerOptions(
+        kubeconfig=got[flags.KUBECONFIG],
+        driver_name=got[flags.DRIVER_NAME],
+        device_classes=got[DEVICE_CLASSES],
+        native_fallback_after=got[NATIVE_FALLBACK_AFTER],
+        identity=got[IDENTITY],
+        lease=lease,
+        resync_period=got[RESYNC_PERIOD],
+        retry_interval=got[RETRY_INTERVAL],
+        http_address=got[HTTP_ADDRESS],
+        log_format=got[flags.LOG_FORMAT],
+        log_level=got[flags.LOG_LEVEL],
+        deprecations=got.deprecations,
     )
-    opt(
-        "device-classes",
-        "comma-separated DeviceClass names that are carve's, besides every '*.<driver>' class "
-        "(default: <driver> and its whole-GPU class, e.g. mig.carve.dev,gpu.carve.dev)",
-        None,
-    )
-    opt(
-        "native-fallback-after",
-        "ungate pods unplaceable for this long so kube-scheduler handles them (off when unset)",
-        None,
-    )
-    opt("leader-elect", "run leader election (true/false)", "true")
-    opt("lease-name", "Lease object name", "carve-controller")
-    opt("lease-namespace", "Lease namespace", os.environ.get("POD_NAMESPACE", "carve-system"))
-    opt("identity", "leader-election identity", os.environ.get("POD_NAME", socket.gethostname()))
-    opt("lease-duration", "lease duration", "15s")
-    opt("renew-deadline", "renew deadline", "10s")
-    opt("retry-period", "leader-election retry period", "2s")
-    opt("resync-period", "full relist and re-examination period", "10m")
-    opt("retry-interval", "how often a waiting pod is retried without any change", "30s")
-    opt("http-address", "address for /metrics, /healthz, /readyz ('' disables)", ":8080")
-    opt("log-format", "json or text", "json")
-    opt("log-level", "DEBUG, INFO, WARNING, ERROR", "INFO")
-    return p
 
 
 # -- HTTP --------------------------------------------------------------------------------------
@@ -135,60 +204,43 @@ class Controller:
     def __init__(
         self,
         api_client: Any,
-        args: argparse.Namespace,
+        opts: ControllerOptions,
         planner: Planner | None = None,
     ) -> None:
         from kubernetes import client
 
-        self.args = args
+        self.opts = opts
         core = client.CoreV1Api(api_client)
         resource = client.ResourceV1Api(api_client)
         self.metrics = ControllerMetrics()
         self.stop_event = threading.Event()
         self.exit_code = 0
-        contract = Contract(args.driver_name)
-        names = (
-            frozenset(n.strip() for n in args.device_classes.split(",") if n.strip())
-            if args.device_classes
-            else None
-        )
+        contract = Contract(opts.driver_name)
         self.config = ReconcilerConfig(
             contract=contract,
-            classes=CarveClasses.of(contract, names),
-            native_fallback_after=(
-                parse_duration(args.native_fallback_after) if args.native_fallback_after else None
-            ),
-            retry_interval=parse_duration(args.retry_interval),
+            classes=CarveClasses.of(contract, opts.device_classes),
+            native_fallback_after=opts.native_fallback_after,
+            retry_interval=opts.retry_interval,
         )
         self.elector: LeaderElector | None = None
-        if _bool(args.leader_elect):
-            self.elector = LeaderElector(
-                client.CoordinationV1Api(api_client),
-                LeaseConfig(
-                    name=args.lease_name,
-                    namespace=args.lease_namespace,
-                    identity=args.identity,
-                    lease_duration_s=parse_duration(args.lease_duration),
-                    renew_deadline_s=parse_duration(args.renew_deadline),
-                    retry_period_s=parse_duration(args.retry_period),
-                ),
-            )
+        if opts.lease is not None:
+            self.elector = LeaderElector(client.CoordinationV1Api(api_client), opts.lease)
         fence = self.elector.is_leader if self.elector else (lambda: True)
         self.writer = KubeClaimWriter(resource, core, contract=contract, fence=fence)
         self.recorder = KubeRecorder(
             client.EventsV1Api(api_client),
             controller=contract.event_source,
-            instance=args.identity,
+            instance=opts.identity,
         )
         self.reconciler = Reconciler(
-            planner or default_planner(args.driver_name),
+            planner or default_planner(opts.driver_name),
             self.writer,
             self.recorder,
             config=self.config,
             metrics=self.metrics,
             is_leader=fence,
         )
-        self.resync_s = parse_duration(args.resync_period)
+        self.resync_s = opts.resync_period
         self.informers: list[Informer] = standard_informers(
             core,
             resource,
@@ -207,8 +259,8 @@ class Controller:
         self.stop_event.set()
 
     def run(self) -> int:
-        if self.args.http_address:
-            self._http = serve_http(self.args.http_address, self.metrics, self.ready)
+        if self.opts.http_address:
+            self._http = serve_http(self.opts.http_address, self.metrics, self.ready)
         start_informers(self.informers, time.monotonic)
         if self.elector is not None:
             elector = self.elector
@@ -250,30 +302,19 @@ class Controller:
         self.stop_event.set()
 
 
-def load_api_client(kubeconfig: str | None) -> Any:
-    from kubernetes import client, config
-
-    if kubeconfig:
-        return config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
-    config.load_incluster_config()  # type: ignore[no-untyped-call]
-    return client.ApiClient()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    configure_logging(args.log_format, args.log_level)
     try:
-        for flag in ("lease_duration", "renew_deadline", "retry_period", "resync_period"):
-            parse_duration(getattr(args, flag))
-        if args.native_fallback_after:
-            parse_duration(args.native_fallback_after)
-        controller = Controller(load_api_client(args.kubeconfig), args)
-    except (argparse.ArgumentTypeError, ValueError) as exc:
-        print(f"carve-controller: {exc}", file=sys.stderr)
-        return 2
-    signal.signal(signal.SIGTERM, lambda *_: controller.stop())
-    signal.signal(signal.SIGINT, lambda *_: controller.stop())
-    _log.info("carve-controller starting as %s", args.identity)
+        opts = parse_options(sys.argv[1:] if argv is None else argv)
+    except UsageError as e:
+        return usage_exit(PROG, e)
+    start_logging(opts.log_format, opts.log_level, opts.deprecations)
+    try:
+        controller = Controller(load_api_client(opts.kubeconfig), opts)
+    except KubeconfigError as e:
+        _log.error(str(e))
+        return 1
+    stop_on_signals(controller.stop)
+    _log.info("carve-controller starting as %s", opts.identity)
     return controller.run()
 
 

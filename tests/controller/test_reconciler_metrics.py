@@ -1,14 +1,12 @@
-"""Slice utilization/fragmentation gauges, controller metrics, and the entry point's flags."""
+"""Slice utilization/fragmentation gauges and controller metrics (flags: test_main.py)."""
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 import pytest
 from prometheus_client import generate_latest
 
-from controller.main import build_parser, parse_duration
 from controller.metrics import ControllerMetrics, slice_usage
 from controller.reconciler import Kind
 from driver.catalog import gpu_model
@@ -98,52 +96,3 @@ def test_metrics_are_exported() -> None:
     assert "carve_allocation_latency_seconds_count 1.0" in text
     assert "carve_slice_utilization_ratio 0.125" in text
     assert 'carve_placement_outcomes_total{outcome="allocated"} 1.0' in text
-
-
-@pytest.mark.parametrize(
-    ("text", "seconds"),
-    [("90", 90.0), ("90s", 90.0), ("5m", 300.0), ("1.5h", 5400.0), ("250ms", 0.25)],
-)
-def test_parse_duration(text: str, seconds: float) -> None:
-    assert parse_duration(text) == seconds
-
-
-def test_parse_duration_rejects_garbage() -> None:
-    with pytest.raises(argparse.ArgumentTypeError, match="not a duration"):
-        parse_duration("five minutes")
-
-
-def test_flags_have_environment_equivalents(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("CARVE_NATIVE_FALLBACK_AFTER", "10m")
-    monkeypatch.setenv("CARVE_DRIVER_NAME", "mig.example.org")
-    args = build_parser().parse_args([])
-    assert args.native_fallback_after == "10m"
-    assert args.driver_name == "mig.example.org"
-    args = build_parser().parse_args(["--driver-name", "x.example.org"])
-    assert args.driver_name == "x.example.org"
-
-
-def test_http_endpoints() -> None:
-    import urllib.error
-    import urllib.request
-
-    from controller.main import serve_http
-
-    ready = [False]
-    m = ControllerMetrics()
-    m.set_queue_depth(2)
-    server = serve_http("127.0.0.1:0", m, lambda: ready[0])
-    try:
-        base = f"http://127.0.0.1:{server.port}"
-        with urllib.request.urlopen(f"{base}/healthz") as r:
-            assert r.status == 200
-        with pytest.raises(urllib.error.HTTPError) as err:
-            urllib.request.urlopen(f"{base}/readyz")
-        assert err.value.code == 503
-        ready[0] = True
-        with urllib.request.urlopen(f"{base}/readyz") as r:
-            assert r.status == 200
-        with urllib.request.urlopen(f"{base}/metrics") as r:
-            assert b"carve_pending_pods 2.0" in r.read()
-    finally:
-        server.stop()

@@ -1,0 +1,32 @@
+"""The Kubernetes API client every carve binary talks through.
+
+A kubeconfig file when one is named (`--kubeconfig`, `CARVE_KUBECONFIG`, `KUBECONFIG`), else the
+pod's in-cluster service-account config. Each client gets its own `Configuration` instead of the
+library's process-wide default, so a test process can run a controller and plugins against
+different clusters side by side.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class KubeconfigError(Exception):
+    """No usable API configuration: the file is missing or broken, or not running in a pod."""
+
+
+def load_api_client(kubeconfig: str | None) -> Any:
+    """An `ApiClient` for `kubeconfig`, or the in-cluster config when it is None."""
+    from kubernetes import client, config
+
+    loader: Any = config  # the config loaders are untyped
+    cfg = client.Configuration()
+    try:
+        if kubeconfig:
+            loader.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        else:
+            loader.load_incluster_config(client_configuration=cfg)
+    except (loader.ConfigException, OSError) as e:
+        where = f"kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster config"
+        raise KubeconfigError(f"cannot load {where}: {e}") from e
+    return client.ApiClient(cfg)

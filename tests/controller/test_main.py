@@ -1,0 +1,116 @@
+"""carve-controller's entry point: its flags, their environment twins, usage errors, ops HTTP."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from controller.main import parse_options, serve_http
+from controller.metrics import ControllerMetrics
+from process.flags import UsageError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_defaults() -> None:
+    o = parse_options([], {})
+    assert (o.driver_name, o.device_classes, o.native_fallback_after) == (
+        "mig.carve.dev",
+        None,
+        None,
+    )
+    assert (o.resync_period, o.retry_interval, o.http_address) == (600.0, 30.0, ":8080")
+    assert (o.log_format, o.log_level, o.kubeconfig) == ("json", "INFO", None)
+    assert o.lease is not None and o.lease.namespace == "carve-system"
+    assert (o.lease.lease_duration_s, o.lease.renew_deadline_s, o.lease.retry_period_s) == (
+        15.0,
+        10.0,
+        2.0,
+    )
+
+
+def test_flags_have_environment_equivalents() -> None:
+    env = {
+        "CARVE_NATIVE_FALLBACK_AFTER": "10m",
+        "CARVE_DRIVER_NAME": "mig.example.org",
+        "CARVE_DEVICE_CLASSES": "a.example.org, b.example.org",
+        "CARVE_LEADER_ELECT": "false",
+        "CARVE_HTTP_ADDRESS": "",
+        "KUBECONFIG": "/k",
+        "POD_NAME": "carve-0",
+    }
+    o = parse_options([], env)
+    assert (o.native_fallback_after, o.driver_name) == (600.0, "mig.example.org")
+    assert o.device_classes == frozenset({"a.example.org", "b.example.org"})
+    assert o.lease is None and o.identity == "carve-0"
+    assert (o.http_address, o.kubeconfig) == ("", "/k")
+    flagged = parse_options(["--driver-name", "x.example.org", "--kubeconfig=/c"], env)
+    assert (flagged.driver_name, flagged.kubeconfig) == ("x.example.org", "/c")
+    assert parse_options([], {**env, "CARVE_KUBECONFIG": "/ck"}).kubeconfig == "/ck"
+
+
+def test_leader_elect_takes_a_value_or_stands_alone() -> None:
+    assert parse_options(["--leader-elect=false"], {}).lease is None
+    assert parse_options(["--leader-elect"], {"CARVE_LEADER_ELECT": "false"}).lease is not None
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--resync-period=abc"],
+            r"--resync-period='abc': not a duration.*e\.g\. --resync-period=",
+        ),
+        (["--lease-duration", "soon"], "--lease-duration='soon'"),
+        (["--native-fallback-after=5 minutes"], "e.g. --native-fallback-after=10m"),
+        (["--leader-elect=maybe"], "not a boolean"),
+        (["--renew-deadline=20s"], "retry period < renew deadline < lease duration"),
+        (["--driver-name=Not_DNS"], "not a DNS subdomain"),
+        (["--log-level=loud"], "not a log level"),
+    ],
+)
+def test_bad_values_are_usage_errors(argv: list[str], message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        parse_options(argv, {})
+
+
+def test_a_bad_value_exits_2_naming_the_flag_and_an_example() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "controller.main", "--resync-period=abc"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith("carve-controller: --resync-period='abc': not a duration")
+    assert out.stderr.rstrip().endswith("; e.g. --resync-period=10m")
+
+
+def test_http_endpoints() -> None:
+    ready = [False]
+    m = ControllerMetrics()
+    m.set_queue_depth(2)
+    server = serve_http("127.0.0.1:0", m, lambda: ready[0])
+    try:
+        base = f"http://127.0.0.1:{server.port}"
+        with urllib.request.urlopen(f"{base}/healthz") as r:
+            assert r.status == 200
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(f"{base}/readyz")
+        assert err.value.code == 503
+        ready[0] = True
+        with urllib.request.urlopen(f"{base}/readyz") as r:
+            assert r.status == 200
+        with urllib.request.urlopen(f"{base}/metrics") as r:
+            assert b"carve_pending_pods 2.0" in r.read()
+    finally:
+        server.stop()
