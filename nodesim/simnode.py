@@ -165,8 +165,8 @@ class SimNode:
             f"--plugins-dir={self.plugins_dir}",
             f"--cdi-root={self.cdi_dir}",
             f"--simulate={self.sim_config}",
-            "--metrics-address=127.0.0.1:0",
-            "--resync-seconds=10",
+            "--http-address=127.0.0.1:0",
+            "--resync-period=10s",
             "--log-format=text",
         ]
         self._plugin = ManagedProcess(

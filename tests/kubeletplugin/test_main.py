@@ -41,33 +41,85 @@ def test_every_flag_has_an_env_equivalent() -> None:
     env = {
         "NODE_NAME": "n1",
         "CARVE_DRIVER_NAME": "x.example.com",
-        "CDI_ROOT": "/tmp/cdi",
+        "CARVE_CDI_ROOT": "/tmp/cdi",
         "CARVE_FOREIGN_INSTANCES": "adopt",
         "CARVE_SIMULATE": "/etc/sim.yaml",
-        "CARVE_METRICS_ADDRESS": "127.0.0.1:9",
+        "CARVE_HTTP_ADDRESS": "127.0.0.1:9",
+        "CARVE_RESYNC_PERIOD": "2m",
         "CARVE_CLEANUP_ON_EXIT": "true",
         "CARVE_PLUGINS_DIR": "/p",
     }
     o = parse_options([], env)
     assert (o.node_name, o.driver_name, o.cdi_root) == ("n1", "x.example.com", Path("/tmp/cdi"))
     assert o.foreign_instances == "adopt" and o.simulate == Path("/etc/sim.yaml")
+    assert (o.http_address, o.resync_period) == ("127.0.0.1:9", 120.0)
     assert o.cleanup_on_exit and not o.cleanup
     assert o.checkpoint_dir == Path("/p/x.example.com")
+    assert o.deprecations == ()
     flags = parse_options(["--node-name", "n2", "--foreign-instances", "refuse-gpu"], env)
     assert flags.node_name == "n2" and flags.foreign_instances == "refuse-gpu"
+    assert parse_options([], {**env, "CARVE_NODE_NAME": "n3"}).node_name == "n3"
+
+
+def test_switches_take_a_bare_flag_or_a_value() -> None:
+    assert parse_options(["--node-name=n", "--cleanup"], {}).cleanup
+    assert not parse_options(["--node-name=n", "--cleanup=false"], {"CARVE_CLEANUP": "1"}).cleanup
 
 
 @pytest.mark.parametrize(
-    ("argv", "message"),
+    ("argv", "env", "http", "resync", "deprecated"),
     [
-        ([], "--node-name"),
-        (["--node-name", "n", "--foreign-instances", "destroy"], "adopt, leave, refuse-gpu"),
-        (["--node-name", "n", "--resync-seconds", "soon"], "not a number"),
+        (["--metrics-address=:9", "--resync-seconds=5"], {}, ":9", 5.0, "--metrics-address"),
+        ([], {"CARVE_METRICS_ADDRESS": ":9", "CARVE_RESYNC_SECONDS": "5"}, ":9", 5.0, "_SECONDS"),
+        (["--resync-seconds=5", "--resync-period=1m"], {}, ":8080", 60.0, "ignored"),
     ],
 )
-def test_bad_flags_are_usage_errors(argv: list[str], message: str) -> None:
+def test_old_spellings_still_work_and_are_reported(
+    argv: list[str], env: dict[str, str], http: str, resync: float, deprecated: str
+) -> None:
+    o = parse_options(["--node-name=n", *argv], env)
+    assert (o.http_address, o.resync_period) == (http, resync)
+    assert any(deprecated in note and "deprecated" in note for note in o.deprecations)
+
+
+def test_old_cdi_root_variable_still_works() -> None:
+    o = parse_options(["--node-name=n"], {"CDI_ROOT": "/old"})
+    assert o.cdi_root == Path("/old")
+    assert o.deprecations == ("CDI_ROOT is deprecated: use --cdi-root or CARVE_CDI_ROOT "
+                              "(e.g. --cdi-root=/var/run/cdi)",)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        ([], {}, "--node-name is required"),
+        (["--node-name", "n", "--foreign-instances", "destroy"], {}, "adopt, leave, refuse-gpu"),
+        (
+            ["--node-name", "n", "--resync-period", "abc"],
+            {},
+            r"--resync-period='abc': not a duration.*e\.g\. --resync-period=30s",
+        ),
+        (["--node-name", "n", "--resync-seconds", "soon"], {}, "--resync-seconds='soon'"),
+        (["--node-name", "n"], {"CARVE_RESYNC_PERIOD": "x"}, r"CARVE_RESYNC_PERIOD='x' \(--resync"),
+        (["--node-name", "n", "--http-address", "nowhere"], {}, "e.g. --http-address="),
+        (["--node-name", "n", "--driver-name", "Not_DNS"], {}, "--driver-name='Not_DNS'"),
+        (["--node-name", "n", "--log-format", "xml"], {}, "json, text"),
+    ],
+)
+def test_bad_flags_are_usage_errors(argv: list[str], env: dict[str, str], message: str) -> None:
     with pytest.raises(UsageError, match=message):
-        parse_options(argv, {})
+        parse_options(argv, env)
+
+
+def test_a_bad_value_exits_2_naming_the_flag() -> None:
+    out = subprocess.run(
+        [PLUGIN, "--node-name=n", "--resync-period=abc"],
+        check=False, capture_output=True, text=True, timeout=60, cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert out.returncode == 2
+    assert out.stderr.startswith("carve-kubelet-plugin: --resync-period='abc': not a duration")
+    assert "e.g. --resync-period=30s" in out.stderr
 
 
 def _free_port() -> int:
@@ -115,8 +167,8 @@ class PluginProcess:
                 "--registry-dir", str(self.registry),
                 "--plugins-dir", str(self.root / "plugins"),
                 "--cdi-root", str(self.root / "cdi"),
-                "--metrics-address", f"127.0.0.1:{self.port}",
-                "--resync-seconds", "1",
+                "--http-address", f"127.0.0.1:{self.port}",
+                "--resync-period", "1s",
                 *self.extra,
             ],
             stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO,
