@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
-PRODUCT := driver kubeletplugin controller process
+PRODUCT := driver process kubeletplugin controller carvecli
 
 .PHONY: test lint typecheck unit demo demo-down venv clean k8s-bin cluster-up cluster-down
 

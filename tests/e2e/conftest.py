@@ -18,7 +18,7 @@ import pytest
 from devcluster.cluster import LocalCluster
 from devcluster.pytest_plugin import k8s_cluster  # noqa: F401  (fixture, used by name)
 from nodesim.stack import CarveStack
-from tests.e2e.harness import E2E, GATED_NAMESPACES, NATIVE_CLASS
+from tests.e2e.harness import E2E, GATED_NAMESPACES, NATIVE_CLASS, environment_for
 
 
 @pytest.fixture(scope="package")
@@ -67,11 +67,4 @@ def _native_class(stack: CarveStack) -> None:
 
 @pytest.fixture
 def e2e(carve: CarveStack, request: pytest.FixtureRequest) -> Iterator[E2E]:
-    env = E2E(carve, request.node.name)
-    failed_before = request.session.testsfailed
-    try:
-        yield env
-    finally:
-        problems = env.teardown()
-    if problems and request.session.testsfailed == failed_before:
-        pytest.fail("teardown found problems:\n" + "\n".join(problems))
+    yield from environment_for(carve, request)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from kubernetes import client
@@ -365,3 +365,22 @@ class E2E:
             del self.nodes[name]
         self.core.delete_namespace(self.namespace)
         return problems
+
+
+def environment_for(
+    stack: CarveStack,
+    request: Any,
+    namespace_labels: Mapping[str, str] = GATED_NAMESPACES,
+) -> Iterator[E2E]:
+    """A fixture body: one E2E for the requesting test, torn down after it; problems found by
+    the teardown fail the test only if nothing else did (the first failure is the real one)."""
+    import pytest
+
+    env = E2E(stack, request.node.name, namespace_labels)
+    failed_before = request.session.testsfailed
+    try:
+        yield env
+    finally:
+        problems = env.teardown()
+    if problems and request.session.testsfailed == failed_before:
+        pytest.fail("teardown found problems:\n" + "\n".join(problems))

@@ -9,7 +9,7 @@ claim, and carve's pod condition). The table of outcomes is printed (`pytest -s`
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +17,8 @@ import pytest
 import yaml
 
 from driver.contract import DEFAULT_CONTRACT
-from tests.e2e.harness import E2E, GATED_NAMESPACES, GROUP_LABEL, cel, request
+from nodesim.stack import CarveStack
+from tests.e2e.harness import E2E, GATED_NAMESPACES, GROUP_LABEL, cel, environment_for, request
 
 pytestmark = pytest.mark.cluster
 
@@ -353,32 +354,32 @@ def _run_matrix(e2e: E2E, form: str) -> list[tuple[str, str, str]]:
     return table
 
 
-@pytest.mark.parametrize("form", ["ResourceClaim", "ResourceClaimTemplate"])
-def test_conformance_matrix(carve: Any, request: pytest.FixtureRequest, form: str) -> None:
+@pytest.fixture
+def matrix_env(carve: CarveStack, request: pytest.FixtureRequest) -> Iterator[E2E]:
+    # adminAccess needs the namespace label, or the apiserver refuses the claim before carve.
     labels = {**GATED_NAMESPACES, "resource.kubernetes.io/admin-access": "true"}
-    e2e = E2E(carve, request.node.name, namespace_labels=labels)
-    try:
-        table = _run_matrix(e2e, form)
-        problems = []
-        for (fld, _, outcome), case in zip(table, CASES, strict=True):
-            if case.refusal:
-                if case.refusal not in outcome:
-                    problems.append(f"{fld}: expected refusal {case.refusal!r}, got {outcome!r}")
-            elif outcome != "Running":
-                problems.append(f"{fld}: expected Running, got {outcome!r}")
-        assert not problems, "\n".join(problems)
-        # A refusal is on the claim too, and in carve's pod condition.
-        for i, case in enumerate(CASES):
-            if not case.refusal:
-                continue
-            claim = e2e.claim_of(f"c{i}", "m")
-            messages = [
-                e["message"] or "" for e in e2e.events("ResourceClaim", claim["metadata"]["name"])
-            ]
-            assert any(case.refusal in m for m in messages), messages
-            pod = e2e.raw_pod(f"c{i}") or {}
-            [cond] = [c for c in pod["status"]["conditions"] if c["type"] == D.placed_condition]
-            assert cond["status"] == "False" and case.refusal in cond["message"], cond
-    finally:
-        problems = e2e.teardown()
-    assert not problems, problems
+    yield from environment_for(carve, request, labels)
+
+
+@pytest.mark.parametrize("form", ["ResourceClaim", "ResourceClaimTemplate"])
+def test_conformance_matrix(matrix_env: E2E, form: str) -> None:
+    e2e = matrix_env
+    table = _run_matrix(e2e, form)
+    problems = []
+    for (fld, _, outcome), case in zip(table, CASES, strict=True):
+        if case.refusal:
+            if case.refusal not in outcome:
+                problems.append(f"{fld}: expected refusal {case.refusal!r}, got {outcome!r}")
+        elif outcome != "Running":
+            problems.append(f"{fld}: expected Running, got {outcome!r}")
+    assert not problems, "\n".join(problems)
+    # A refusal is on the claim too, and in carve's pod condition.
+    for i, case in enumerate(CASES):
+        if not case.refusal:
+            continue
+        claim = e2e.claim_of(f"c{i}", "m")
+        events = e2e.events("ResourceClaim", claim["metadata"]["name"])
+        assert any(case.refusal in (e["message"] or "") for e in events), events
+        pod = e2e.raw_pod(f"c{i}") or {}
+        [cond] = [c for c in pod["status"]["conditions"] if c["type"] == D.placed_condition]
+        assert cond["status"] == "False" and case.refusal in cond["message"], cond

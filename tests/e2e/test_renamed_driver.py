@@ -20,7 +20,7 @@ from devcluster.cluster import LocalCluster
 from devcluster.waiting import wait_for
 from driver.contract import Contract
 from nodesim.stack import CarveStack
-from tests.e2e.harness import E2E, cel, request
+from tests.e2e.harness import E2E, cel, environment_for, request
 
 pytestmark = pytest.mark.cluster
 
@@ -45,14 +45,7 @@ def renamed_stack(
 
 @pytest.fixture
 def renamed(renamed_stack: CarveStack, request: pytest.FixtureRequest) -> Iterator[E2E]:
-    env = E2E(renamed_stack, request.node.name, namespace_labels=LABELS)
-    failed_before = request.session.testsfailed
-    try:
-        yield env
-    finally:
-        problems = env.teardown()
-    if problems and request.session.testsfailed == failed_before:
-        pytest.fail("teardown found problems:\n" + "\n".join(problems))
+    yield from environment_for(renamed_stack, request, LABELS)
 
 
 def test_renamed_driver_places_and_releases_only_after_the_node_confirms(renamed: E2E) -> None:
