@@ -32,7 +32,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from controller.claims import (
-    AllocatedDevice,
     Alternative,
     ClaimHold,
     ClaimKey,
@@ -51,6 +50,7 @@ from controller.placement import (
     PlacementRequest,
     Policy,
 )
+from driver.allocation import AllocatedDevice
 from driver.catalog import gpu_model
 from driver.geometry import geometry_for
 from tests.support.cluster_builders import (

@@ -19,6 +19,7 @@ from decimal import Decimal
 from enum import StrEnum
 from typing import Any
 
+from driver.allocation import AllocatedDevice, AllocationFormatError, parse_allocation
 from driver.cel import parse_kubernetes_quantity, qualify
 from driver.config import ConfigError, parse_parameters
 from driver.naming import DEFAULT_DRIVER_NAME
@@ -367,16 +368,6 @@ class ClaimKey:
         return f"{self.namespace}/{self.name}"
 
 
-@dataclass(frozen=True, order=True)
-class AllocatedDevice:
-    """One ``status.allocation.devices.results[]`` entry of this driver."""
-
-    request: str
-    driver: str
-    pool: str
-    device: str
-
-
 @dataclass(frozen=True)
 class ClaimHold:
     """Devices a claim holds. Busy from allocation until the node confirms destruction
@@ -396,40 +387,14 @@ def parse_claim_hold(claim: Mapping[str, Any], driver: str) -> ClaimHold | None:
     ``kubernetes.io/hostname`` label) when it pins exactly one node.
     """
     meta = _mapping(claim.get("metadata"), "metadata")
-    allocation = _mapping(_mapping(claim.get("status"), "status").get("allocation"), "allocation")
-    results = _mapping(allocation.get("devices"), "allocation.devices").get("results") or []
-    devices = tuple(
-        sorted(
-            AllocatedDevice(
-                str(r.get("request", "")), driver, str(r.get("pool", "")), str(r.get("device", ""))
-            )
-            for r in results
-            if isinstance(r, Mapping) and r.get("driver") == driver
-        )
-    )
+    try:
+        allocation = parse_allocation(_mapping(claim.get("status"), "status").get("allocation"))
+    except AllocationFormatError as exc:
+        raise ClaimSpecError(str(exc)) from exc
+    devices = tuple(sorted(allocation.results_for(driver), key=AllocatedDevice.sort_key))
     if not devices:
         return None
     key = ClaimKey(
         str(meta.get("namespace", "")), str(meta.get("name", "")), str(meta.get("uid", ""))
     )
-    return ClaimHold(key, _pinned_node(allocation.get("nodeSelector")), devices)
-
-
-def _pinned_node(selector: object) -> str | None:
-    if not isinstance(selector, Mapping):
-        return None
-    terms = selector.get("nodeSelectorTerms") or []
-    if len(terms) != 1 or not isinstance(terms[0], Mapping):
-        return None
-    for group, key in (
-        ("matchFields", "metadata.name"),
-        ("matchExpressions", "kubernetes.io/hostname"),
-    ):
-        for r in terms[0].get(group) or []:
-            if (
-                r.get("key") == key
-                and r.get("operator") == "In"
-                and len(r.get("values") or []) == 1
-            ):
-                return str(r["values"][0])
-    return None
+    return ClaimHold(key, allocation.node, devices)

@@ -42,7 +42,8 @@ from controller.reconciler import (
     is_terminal,
     key_of,
 )
-from controller.status import ClaimAllocation, DeviceResult
+from controller.status import ClaimAllocation
+from driver.allocation import AllocatedDevice
 from driver.naming import DEFAULT_DRIVER_NAME
 
 Obj = dict[str, Any]
@@ -223,10 +224,10 @@ class EnginePlanner:
         return self._plan_of(result, to_place)
 
     def _plan_of(self, placement: Placement, claims: Sequence[ClaimToPlace]) -> Plan:
-        by_claim: dict[ClaimKey, list[DeviceResult]] = {c.key: [] for c in claims}
+        by_claim: dict[ClaimKey, list[AllocatedDevice]] = {c.key: [] for c in claims}
         for c in placement.choices:
             by_claim.setdefault(c.claim, []).append(
-                DeviceResult(c.request, c.driver, c.pool, c.device, c.profile)
+                AllocatedDevice(c.request, c.driver, c.pool, c.device, profile=c.profile)
             )
         return Plan(
             placement.node,

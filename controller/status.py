@@ -24,9 +24,16 @@ import copy
 import datetime as dt
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from driver.allocation import (
+    AllocatedDevice,
+    AllocationFormatError,
+    canonical_json,
+    parse_allocation,
+    result_json,
+)
 from driver.contract import DEFAULT_CONTRACT, Contract
 from process.rmw import MERGE_PATCH, RetryPolicy, Target, WriteFencedError, read_modify_write
 
@@ -39,17 +46,6 @@ Obj = dict[str, Any]
 
 
 @dataclass(frozen=True)
-class DeviceResult:
-    """One device chosen for one request (`request` is `<main>` or `<main>/<sub>`)."""
-
-    request: str
-    driver: str
-    pool: str
-    device: str
-    profile: str = ""
-
-
-@dataclass(frozen=True)
 class ClaimAllocation:
     """Everything the controller writes for one claim: the node and a device per request slot."""
 
@@ -57,7 +53,7 @@ class ClaimAllocation:
     name: str
     uid: str
     node: str
-    results: tuple[DeviceResult, ...]
+    results: tuple[AllocatedDevice, ...]  # `profile` set by the planner, for metrics and events
 
 
 class ClaimWriter(Protocol):
@@ -121,18 +117,18 @@ def build_allocation_status(
     results: list[Obj] = []
     config: list[Obj] = []
     for res in allocation.results:
-        entry: Obj = {
-            "request": res.request,
-            "driver": res.driver,
-            "pool": res.pool,
-            "device": res.device,
-        }
-        req = request_class(claim, res.request)
-        if req is not None and req.get("tolerations"):
-            entry["tolerations"] = copy.deepcopy(req["tolerations"])
-        if req is not None and req.get("adminAccess"):
-            entry["adminAccess"] = True
-        results.append(entry)
+        # What a result carries besides the device comes from the request it satisfies.
+        wanted = request_class(claim, res.request) or {}
+        tolerations = wanted.get("tolerations")
+        results.append(
+            result_json(
+                replace(
+                    res,
+                    tolerations_json=canonical_json(tolerations) if tolerations else "",
+                    admin_access=bool(wanted.get("adminAccess")),
+                )
+            )
+        )
     seen_requests: set[str] = set()
     for res in allocation.results:
         if res.request in seen_requests:
@@ -359,9 +355,10 @@ def pod_condition(
 
 def _allocation_matches(existing: Obj, wanted: ClaimAllocation) -> bool:
     """True when `existing` is the allocation we meant to write (a retry after a lost response)."""
-    results = existing.get("devices", {}).get("results", []) or []
-    have = sorted(
-        (r.get("request"), r.get("driver"), r.get("pool"), r.get("device")) for r in results
-    )
-    want = sorted((r.request, r.driver, r.pool, r.device) for r in wanted.results)
+    try:
+        results = parse_allocation(existing).results
+    except AllocationFormatError:
+        return False  # not what carve writes, so not ours
+    have = sorted(r.sort_key() for r in results)
+    want = sorted(r.sort_key() for r in wanted.results)
     return have == want and existing.get("nodeSelector") == node_selector_for(wanted.node)

@@ -16,24 +16,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from driver.allocation import AllocatedDevice, AllocationFormatError, parse_allocation
 from driver.config import OpaqueConfigEntry
 from process.rmw import MERGE_PATCH, ObjectGoneError, Target, WriteSkippedError, read_modify_write
 
 
 class ClaimFormatError(ValueError):
     """The apiserver returned something that is not a ResourceClaim carve understands."""
-
-
-@dataclass(frozen=True)
-class AllocatedDevice:
-    """One `status.allocation.devices.results[]` entry."""
-
-    request: str
-    driver: str
-    pool: str
-    device: str
-    share_id: str | None = None
-    admin_access: bool = False
 
 
 @dataclass(frozen=True)
@@ -67,34 +56,10 @@ def parse_claim(obj: Mapping[str, Any]) -> ClaimView:
         raise ClaimFormatError("ResourceClaim has no metadata")
     status = obj.get("status") or {}
     allocation = status.get("allocation") or None
-    results: list[AllocatedDevice] = []
-    config: list[OpaqueConfigEntry] = []
-    if allocation is not None:
-        devices = allocation.get("devices") or {}
-        for i, r in enumerate(devices.get("results") or ()):
-            where = f"status.allocation.devices.results[{i}]"
-            results.append(
-                AllocatedDevice(
-                    request=_str(r, "request", where),
-                    driver=_str(r, "driver", where),
-                    pool=_str(r, "pool", where),
-                    device=_str(r, "device", where),
-                    share_id=r.get("shareID"),
-                    admin_access=bool(r.get("adminAccess")),
-                )
-            )
-        for c in devices.get("config") or ():
-            opaque = c.get("opaque") or None
-            if opaque is None:
-                continue
-            config.append(
-                OpaqueConfigEntry(
-                    source=str(c.get("source", "FromClaim")),
-                    requests=tuple(c.get("requests") or ()),
-                    driver=str(opaque.get("driver", "")),
-                    parameters=opaque.get("parameters"),
-                )
-            )
+    try:
+        parsed = parse_allocation(allocation)
+    except AllocationFormatError as exc:
+        raise ClaimFormatError(str(exc)) from exc
     return ClaimView(
         namespace=_str(meta, "namespace", "metadata"),
         name=_str(meta, "name", "metadata"),
@@ -103,8 +68,8 @@ def parse_claim(obj: Mapping[str, Any]) -> ClaimView:
         deleting=meta.get("deletionTimestamp") is not None,
         finalizers=tuple(meta.get("finalizers") or ()),
         allocated=allocation is not None,
-        results=tuple(results),
-        config=tuple(config),
+        results=parsed.results,
+        config=parsed.config,
         reserved_for=tuple(
             f"{r.get('resource', '?')}/{r.get('name', '?')}"
             for r in status.get("reservedFor") or ()

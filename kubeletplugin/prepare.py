@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Protocol
 
+from driver.allocation import AllocatedDevice
 from driver.catalog import Placement, ProfileSpec
 from driver.cdi import (
     CdiDevice,
@@ -53,13 +54,7 @@ from kubeletplugin.checkpoint import (
     DeviceRecord,
     ForeignInstance,
 )
-from kubeletplugin.claims import (
-    AllocatedDevice,
-    ClaimClient,
-    ClaimGoneError,
-    ClaimView,
-    describe_results,
-)
+from kubeletplugin.claims import ClaimClient, ClaimGoneError, ClaimView, describe_results
 from kubeletplugin.draservice import ClaimRef, PreparedDevice, PrepareResult
 from kubeletplugin.metrics import PluginMetrics
 

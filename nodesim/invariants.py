@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from driver.allocation import AllocatedDevice, parse_allocation
 from driver.catalog import GpuModel
 from driver.naming import parse_device_name
 
@@ -55,25 +56,33 @@ def node_hardware(node: str, models: Sequence[GpuModel], state: Obj) -> NodeHard
 
 
 @dataclass(frozen=True)
-class AllocatedDevice:
-    claim: str  # namespace/name
-    node: str
-    device: str
+class HeldDevice:
+    """A device of the driver under test and the claim (namespace/name) whose allocation names
+    it; the claim is what a violation is reported against."""
+
+    claim: str
+    allocated: AllocatedDevice
+
+    @property
+    def node(self) -> str:
+        return self.allocated.pool  # carve's pools are its nodes
+
+    @property
+    def device(self) -> str:
+        return self.allocated.device
 
 
-def allocated_devices(claims: Iterable[Obj], driver: str) -> list[AllocatedDevice]:
-    out: list[AllocatedDevice] = []
+def allocated_devices(claims: Iterable[Obj], driver: str) -> list[HeldDevice]:
+    out: list[HeldDevice] = []
     for claim in claims:
         meta = claim.get("metadata") or {}
         key = f"{meta.get('namespace')}/{meta.get('name')}"
-        allocation = (claim.get("status") or {}).get("allocation") or {}
-        for r in (allocation.get("devices") or {}).get("results") or []:
-            if r.get("driver") == driver:
-                out.append(AllocatedDevice(key, str(r.get("pool")), str(r.get("device"))))
+        allocation = parse_allocation((claim.get("status") or {}).get("allocation"))
+        out += [HeldDevice(key, r) for r in allocation.results_for(driver)]
     return out
 
 
-def _slot_of(dev: AllocatedDevice) -> Slot | None:
+def _slot_of(dev: HeldDevice) -> Slot | None:
     parsed = parse_device_name(dev.device)
     if parsed.profile_id is None or parsed.placement_start is None:
         return None
@@ -88,11 +97,11 @@ def _units(model: GpuModel, device: str) -> set[int]:
     return set(range(parsed.placement_start, parsed.placement_start + size))
 
 
-def overlaps(devices: Sequence[AllocatedDevice], hardware: Mapping[str, NodeHardware]) -> list[str]:
+def overlaps(devices: Sequence[HeldDevice], hardware: Mapping[str, NodeHardware]) -> list[str]:
     """Violations of "no two live allocations share a memory slice"."""
     problems: list[str] = []
-    owner: dict[tuple[str, int, int], AllocatedDevice] = {}
-    seen: dict[tuple[str, str], AllocatedDevice] = {}
+    owner: dict[tuple[str, int, int], HeldDevice] = {}
+    seen: dict[tuple[str, str], HeldDevice] = {}
     for dev in devices:
         twice = seen.get((dev.node, dev.device))
         if twice is not None:
@@ -123,8 +132,8 @@ def overlaps(devices: Sequence[AllocatedDevice], hardware: Mapping[str, NodeHard
 
 def leaks(
     hardware: Mapping[str, NodeHardware],
-    before: Sequence[AllocatedDevice],
-    after: Sequence[AllocatedDevice],
+    before: Sequence[HeldDevice],
+    after: Sequence[HeldDevice],
 ) -> list[str]:
     """GPU instances that no claim in either snapshot (taken around the hardware read) names."""
     named = {s for s in (_slot_of(d) for d in [*before, *after]) if s is not None}
@@ -137,7 +146,7 @@ def leaks(
     ]
 
 
-def at_rest(hardware: Mapping[str, NodeHardware], devices: Sequence[AllocatedDevice]) -> list[str]:
+def at_rest(hardware: Mapping[str, NodeHardware], devices: Sequence[HeldDevice]) -> list[str]:
     """With nothing in flight, instances and allocated MIG devices must match one to one."""
     wanted = {s for s in (_slot_of(d) for d in devices) if s is not None and s.node in hardware}
     have = {s for hw in hardware.values() for s in hw.instances}

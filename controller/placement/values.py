@@ -12,8 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from controller.claims import AllocatedDevice, ClaimHold, ClaimKey, ClaimSpec
+from controller.claims import ClaimHold, ClaimKey, ClaimSpec
 from controller.nodefit import PodNeeds
+from driver.allocation import AllocatedDevice
 
 MAX_COMBINATIONS = 64
 """firstAvailable combinations tried per decision (8 alternatives on 32 requests would be
@@ -75,7 +76,10 @@ class Placement:
             by_claim.setdefault(c.claim, []).append(
                 AllocatedDevice(c.request, c.driver, c.pool, c.device)
             )
-        return tuple(ClaimHold(k, self.node, tuple(sorted(v))) for k, v in sorted(by_claim.items()))
+        return tuple(
+            ClaimHold(k, self.node, tuple(sorted(v, key=AllocatedDevice.sort_key)))
+            for k, v in sorted(by_claim.items())
+        )
 
 
 class NoPlacementReason(StrEnum):

@@ -6,7 +6,6 @@ from typing import Any
 import pytest
 
 from controller.claims import (
-    AllocatedDevice,
     AllocationMode,
     ClaimSpecError,
     ConstraintKind,
@@ -14,6 +13,7 @@ from controller.claims import (
     parse_claim_spec,
     parse_device_class,
 )
+from driver.allocation import AllocatedDevice
 
 DRIVER = "mig.carve.dev"
 

@@ -3,9 +3,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.claims import AllocatedDevice, ClaimHold, ClaimKey
+from controller.claims import ClaimHold, ClaimKey
 from controller.model import WHOLE_GPU, ClusterModel, inventories_from_slices
 from controller.nodefit import NodeInfo
+from driver.allocation import AllocatedDevice
 from driver.catalog import gpu_model
 from tests.support.cluster_builders import build_cluster, build_gpu
 

@@ -35,12 +35,12 @@ from controller.reconciler import (
 )
 from controller.status import (
     ClaimAllocation,
-    DeviceResult,
     WriteSkippedError,
     build_allocation_status,
     has_finalizer,
     has_gate,
 )
+from driver.allocation import AllocatedDevice
 from driver.contract import DEFAULT_CONTRACT, Contract
 
 ALLOCATION_FINALIZER = DEFAULT_CONTRACT.allocation_finalizer
@@ -170,7 +170,8 @@ class FirstFitPlanner:
                         c["metadata"]["uid"],
                         node,
                         tuple(
-                            DeviceResult("gpu", "mig.carve.dev", node, d, "1g.10gb") for d in picked
+                            AllocatedDevice("gpu", "mig.carve.dev", node, d, profile="1g.10gb")
+                            for d in picked
                         ),
                     )
                 )

@@ -18,13 +18,13 @@ from kubernetes.client.exceptions import ApiException
 
 from controller.status import (
     ClaimAllocation,
-    DeviceResult,
     KubeClaimWriter,
     ObjectGoneError,
     WriteSkippedError,
     build_allocation_status,
     node_selector_for,
 )
+from driver.allocation import AllocatedDevice
 from driver.contract import DEFAULT_CONTRACT
 
 ALLOCATION_FINALIZER = DEFAULT_CONTRACT.allocation_finalizer
@@ -150,8 +150,10 @@ ALLOC = ClaimAllocation(
     "u1",
     "node-a",
     (
-        DeviceResult("gpu", "mig.carve.dev", "node-a", "gpu-0-3g-40gb-4", "3g.40gb"),
-        DeviceResult("alt/small", "mig.carve.dev", "node-a", "gpu-0-1g-10gb-0", "1g.10gb"),
+        AllocatedDevice("gpu", "mig.carve.dev", "node-a", "gpu-0-3g-40gb-4", profile="3g.40gb"),
+        AllocatedDevice(
+            "alt/small", "mig.carve.dev", "node-a", "gpu-0-1g-10gb-0", profile="1g.10gb"
+        ),
     ),
 )
 CLASSES = {

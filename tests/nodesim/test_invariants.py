@@ -7,10 +7,11 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
+from driver.allocation import AllocatedDevice
 from driver.catalog import gpu_model
 from driver.naming import mig_device_name
 from nodesim.invariants import (
-    AllocatedDevice,
+    HeldDevice,
     NodeHardware,
     Slot,
     allocated_devices,
@@ -25,8 +26,15 @@ P1G = next(p for p in A100.profiles if p.name == "1g.5gb")
 P3G = next(p for p in A100.profiles if p.name == "3g.20gb")
 
 
-def dev(claim: str, profile: Any, start: int, node: str = "n") -> AllocatedDevice:
-    return AllocatedDevice(claim, node, mig_device_name(0, profile.name, profile.id, start))
+DRIVER = "mig.carve.dev"
+
+
+def held(claim: str, node: str, device: str) -> HeldDevice:
+    return HeldDevice(claim, AllocatedDevice("gpu", DRIVER, node, device))
+
+
+def dev(claim: str, profile: Any, start: int, node: str = "n") -> HeldDevice:
+    return held(claim, node, mig_device_name(0, profile.name, profile.id, start))
 
 
 def hw(*slots: tuple[int, int]) -> dict[str, NodeHardware]:
@@ -42,7 +50,7 @@ def test_overlap_is_found_on_shared_memory_slices() -> None:
 
 
 def test_whole_gpu_overlaps_everything() -> None:
-    whole = AllocatedDevice("w", "n", "gpu-0")
+    whole = held("w", "n", "gpu-0")
     assert overlaps([whole, dev("b", P1G, 6)], hw())
 
 
@@ -71,16 +79,19 @@ def test_snapshots_are_read_from_simulator_state_and_claims() -> None:
             "allocation": {
                 "devices": {
                     "results": [
-                        {"driver": "mig.carve.dev", "pool": "n", "device": "gpu-0-mig-3g20gb-9-4"},
-                        {"driver": "other", "pool": "n", "device": "x"},
+                        {
+                            "request": "gpu",
+                            "driver": DRIVER,
+                            "pool": "n",
+                            "device": "gpu-0-mig-3g20gb-9-4",
+                        },
+                        {"request": "nic", "driver": "other", "pool": "n", "device": "x"},
                     ]
                 }
             }
         },
     }
-    assert allocated_devices([claim], "mig.carve.dev") == [
-        AllocatedDevice("ns/c", "n", "gpu-0-mig-3g20gb-9-4")
-    ]
+    assert allocated_devices([claim], DRIVER) == [held("ns/c", "n", "gpu-0-mig-3g20gb-9-4")]
 
 
 @given(st.lists(st.sampled_from([(P1G, s) for s in P1G.starts] + [(P3G, s) for s in P3G.starts])))

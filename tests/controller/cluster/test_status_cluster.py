@@ -19,11 +19,11 @@ from kubernetes.client import ApiClient
 from controller.leader import LeaderElector, LeaseConfig
 from controller.status import (
     ClaimAllocation,
-    DeviceResult,
     KubeClaimWriter,
 )
 from devcluster.cluster import LocalCluster, run_kubectl
 from devcluster.waiting import wait_for
+from driver.allocation import AllocatedDevice
 from driver.contract import DEFAULT_CONTRACT
 from tests.controller.cluster.objects import (
     DRIVER,
@@ -79,7 +79,7 @@ def test_written_allocation_is_honoured_by_kube_scheduler(
             claim_name,
             claim["metadata"]["uid"],
             target,
-            (DeviceResult("mig", DRIVER, target, "gpu-0-mig-1g5gb-19-3", "1g.5gb"),),
+            (AllocatedDevice("mig", DRIVER, target, "gpu-0-mig-1g5gb-19-3", profile="1g.5gb"),),
         )
         w = _writer(k8s_api)
         stale = copy.deepcopy(claim)
@@ -220,7 +220,7 @@ def test_writes_never_alter_the_spec_of_a_claim_with_opaque_config(
         "with-config",
         before["metadata"]["uid"],
         "node-x",
-        (DeviceResult("m", DRIVER, "node-x", "gpu-0-mig-1g5gb-19-3", "1g.5gb"),),
+        (AllocatedDevice("m", DRIVER, "node-x", "gpu-0-mig-1g5gb-19-3", profile="1g.5gb"),),
     )
     claim = w.add_finalizer(before)
     claim = w.write_allocation(claim, alloc, {})
