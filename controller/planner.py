@@ -119,7 +119,13 @@ class EnginePlanner:
             self.model.remove_pod(key)
 
     def _observe_claim(self, key: str, claim: Obj) -> None:
-        hold = parse_claim_hold(claim, self.driver)
+        try:
+            hold = parse_claim_hold(claim, self.driver)
+        except ClaimSpecError as exc:
+            # A malformed allocation (only a misbehaving client writes one: the apiserver
+            # validates results) may still hold devices: keep what the model had, never free it.
+            _log.warning("claim %s has a malformed allocation, keeping its devices: %s", key, exc)
+            return
         old = self._claim_keys.get(key)
         if hold is None:
             if old is not None:
@@ -187,7 +193,10 @@ class EnginePlanner:
         pinned: set[str] = set()
         for claim in claims:
             ckey = key_of(claim)
-            hold = parse_claim_hold(claim, self.driver)
+            try:
+                hold = parse_claim_hold(claim, self.driver)
+            except ClaimSpecError as exc:
+                return Unplaceable("InvalidClaim", f"ResourceClaim {ckey}: {exc}", permanent=True)
             if hold is not None:
                 if hold.node:
                     pinned.add(hold.node)

@@ -249,3 +249,30 @@ def test_every_shipped_example_template_is_placeable() -> None:
             assert results[0]["request"] == "mig/big"
         if name == "whole-h100":
             assert results[0]["device"] == "gpu-0"
+
+
+def test_a_malformed_allocation_neither_crashes_the_planner_nor_frees_devices() -> None:
+    """Only a misbehaving client writes such a result (the apiserver validates results), but
+    the planner must survive it and keep whatever the claim held."""
+    planner = EnginePlanner(DRIVER)
+    for s in slices("n1", ["A100-SXM4-40GB"]):
+        planner.observe(Kind.SLICE, s)
+    good = claim("c")
+    good["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [{"request": "gpu", "driver": DRIVER, "pool": "n1", "device": "gpu-0"}]
+            },
+            "nodeSelector": {
+                "nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}
+                ]
+            },
+        }
+    }
+    planner.observe(Kind.CLAIM, good)
+    busy = planner.model.snapshot()
+    bad = {**good, "status": {"allocation": {"devices": {"results": [{"request": "gpu"}]}}}}
+    planner.observe(Kind.CLAIM, bad)  # must not raise
+    assert planner.model.snapshot() == busy
+    assert list(planner.model.holds())
