@@ -215,12 +215,17 @@ def nvmlDeviceIsMigDeviceHandle(device: Any) -> Any:
     return ctypes.c_uint(1 if kind == KIND_MIG else 0)  # raw c_uint, as pynvml returns
 
 
+def _resolve_mig(cfg: SimConfig, state: HwState, device: Any) -> Resolved:
+    """A MIG device handle resolved; NVML answers NOT_SUPPORTED for a whole GPU's handle."""
+    kind, *_ = decode(device)
+    if kind != KIND_MIG:
+        raise_nvml(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    return resolve(cfg, state, device, (KIND_MIG,))
+
+
 def nvmlDeviceGetGpuInstanceId(device: Any) -> int:
     def body(cfg: SimConfig, state: HwState) -> int:
-        kind, *_ = decode(device)
-        if kind != KIND_MIG:
-            raise_nvml(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        r = resolve(cfg, state, device, (KIND_MIG,))
+        r = _resolve_mig(cfg, state, device)
         assert r.gi is not None
         return r.gi.id
 
@@ -229,10 +234,7 @@ def nvmlDeviceGetGpuInstanceId(device: Any) -> int:
 
 def nvmlDeviceGetComputeInstanceId(device: Any) -> int:
     def body(cfg: SimConfig, state: HwState) -> int:
-        kind, *_ = decode(device)
-        if kind != KIND_MIG:
-            raise_nvml(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        r = resolve(cfg, state, device, (KIND_MIG,))
+        r = _resolve_mig(cfg, state, device)
         assert r.ci is not None
         return r.ci.id
 
