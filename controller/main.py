@@ -60,9 +60,7 @@ NATIVE_FALLBACK_AFTER: Flag[float | None] = Flag(
     example="10m",
     metavar="DURATION",
 )
-LEADER_ELECT: Flag[bool] = Flag(
-    "leader-elect", "run leader election", "true", flags.parse_bool, example="false", switch=True
-)
+LEADER_ELECT = flags.switch("leader-elect", "run leader election", default=True)
 LEASE_NAME: Flag[str] = Flag(
     "lease-name", "Lease object name", "carve-controller", flags.nonempty, example="carve"
 )

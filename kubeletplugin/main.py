@@ -117,30 +117,11 @@ RESYNC_PERIOD = flags.resync_period(
     "ResourceSlice resync period (slices are republished if the kubelet wipes them)",
     deprecated=("resync-seconds",),
 )
-CLEANUP: Flag[bool] = Flag(
-    "cleanup",
-    "delete this node's ResourceSlices and exit",
-    "false",
-    flags.parse_bool,
-    example="true",
-    switch=True,
+CLEANUP = flags.switch("cleanup", "delete this node's ResourceSlices and exit")
+CLEANUP_ON_EXIT = flags.switch(
+    "cleanup-on-exit", "delete this node's ResourceSlices on SIGTERM (uninstall)"
 )
-CLEANUP_ON_EXIT: Flag[bool] = Flag(
-    "cleanup-on-exit",
-    "delete this node's ResourceSlices on SIGTERM (uninstall)",
-    "false",
-    flags.parse_bool,
-    example="true",
-    switch=True,
-)
-NO_PUBLISH: Flag[bool] = Flag(
-    "no-publish",
-    "do not publish ResourceSlices (another component does)",
-    "false",
-    flags.parse_bool,
-    example="true",
-    switch=True,
-)
+NO_PUBLISH = flags.switch("no-publish", "do not publish ResourceSlices (another component does)")
 
 COMMAND_LINE = flags.CommandLine(
     PROG,

@@ -351,3 +351,15 @@ def duration(
 def resync_period(default: str, help_: str, *, deprecated: tuple[str, ...] = ()) -> Flag[float]:
     """How often a binary re-examines everything although nothing told it to."""
     return duration("resync-period", help_, default, deprecated=deprecated)
+
+
+def switch(name: str, help_: str, default: bool = False) -> Flag[bool]:
+    """A boolean that may be given bare (`--name`) or with a value (`--name=false`)."""
+    return Flag(
+        name,
+        help_,
+        "true" if default else "false",
+        parse_bool,
+        example="false" if default else "true",
+        switch=True,
+    )
