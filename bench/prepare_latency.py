@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from driver.cdi import CdiWriter
-from driver.naming import DEFAULT_DRIVER_NAME, mig_device_name
+from driver.contract import DEFAULT_DRIVER_NAME
+from driver.naming import mig_device_name
 from driver.nvml import sim
 from driver.nvml.backend import NvmlBackend
 from kubeletplugin.checkpoint import CheckpointStore

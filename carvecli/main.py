@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from driver.catalog import ProfileSpec
+from driver.contract import DEFAULT_DRIVER_NAME
 from driver.geometry import EMPTY_STATE, Geometry, GpuState, PlacementError, geometry_for
-from driver.naming import DEFAULT_DRIVER_NAME
 from driver.nvml.backend import NvmlBackend
 from driver.nvml.errors import NvmlError, NvmlUnavailable
 from driver.nvml.types import GpuInfo, GpuInstance, MigMode

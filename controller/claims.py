@@ -22,7 +22,7 @@ from typing import Any
 from driver.allocation import AllocatedDevice, AllocationFormatError, parse_allocation
 from driver.cel import parse_kubernetes_quantity, qualify
 from driver.config import ConfigError, parse_parameters
-from driver.naming import DEFAULT_DRIVER_NAME
+from driver.contract import DEFAULT_DRIVER_NAME
 
 MAX_REQUESTS = 32
 MAX_SUBREQUESTS = 8

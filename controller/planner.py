@@ -44,7 +44,7 @@ from controller.reconciler import (
 )
 from controller.status import ClaimAllocation
 from driver.allocation import AllocatedDevice
-from driver.naming import DEFAULT_DRIVER_NAME
+from driver.contract import DEFAULT_DRIVER_NAME
 
 Obj = dict[str, Any]
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from driver.contract import DEFAULT_DRIVER_NAME
 from driver.devnodes import (
     NVIDIA_MAJOR,
     NVIDIA_UVM_PATH,
@@ -31,7 +32,6 @@ from driver.devnodes import (
     cap_device_path,
     gpu_device_path,
 )
-from driver.naming import DEFAULT_DRIVER_NAME
 
 DEFAULT_CDI_ROOT = Path("/var/run/cdi")
 DEFAULT_CLASS = "claim"

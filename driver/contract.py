@@ -23,17 +23,19 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
-from driver.naming import DEFAULT_DRIVER_NAME
-
 __all__ = [
     "ATTRIBUTES",
     "CONFIG_API_GROUP",
     "DEFAULT_CONTRACT",
+    "DEFAULT_DRIVER_NAME",
     "IDENTITY_ATTRIBUTES",
     "PCI_BUS_ID_ATTRIBUTE",
     "Attr",
     "Contract",
 ]
+
+DEFAULT_DRIVER_NAME = "mig.carve.dev"
+"""The driver name of a default install; every other name below derives from the one in use."""
 
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _MAX_DRIVER_NAME = 63  # resource/v1: a driver name is a DNS subdomain of at most 63 characters

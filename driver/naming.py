@@ -1,4 +1,5 @@
-"""Names carve publishes: the driver, devices, counter sets and counters.
+"""Names carve publishes for devices, counter sets and counters (the driver name and every other
+name controller and node agree on are in `driver.contract`).
 
 Device names follow the NVIDIA DRA driver's dynamic-MIG scheme so that users and tools moving
 between the two recognise them: `gpu-<minor>` for a whole GPU and
@@ -13,7 +14,6 @@ import re
 from dataclasses import dataclass
 
 __all__ = [
-    "DEFAULT_DRIVER_NAME",
     "ParsedDeviceName",
     "counter_set_name",
     "gpu_device_name",
@@ -23,8 +23,6 @@ __all__ = [
     "parse_device_name",
     "profile_slug",
 ]
-
-DEFAULT_DRIVER_NAME = "mig.carve.dev"
 
 _DNS_LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
 _NUMBER = r"(0|[1-9][0-9]*)"  # canonical decimal, so a name has exactly one spelling

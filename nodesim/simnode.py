@@ -27,7 +27,7 @@ import yaml
 from devcluster.nodes import FakeNode, NodeHeartbeater, delete_node
 from devcluster.processes import ManagedProcess, console_script, tail_of
 from driver import catalog
-from driver.naming import DEFAULT_DRIVER_NAME
+from driver.contract import DEFAULT_DRIVER_NAME
 from nodesim.invariants import NodeHardware, node_hardware
 from nodesim.kubelet import KubeletSim, socket_identity
 from nodesim.node_agent import AgentSettings, NodeAgent

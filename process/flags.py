@@ -31,8 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar, cast
 
-from driver.contract import Contract
-from driver.naming import DEFAULT_DRIVER_NAME
+from driver.contract import DEFAULT_DRIVER_NAME, Contract
 
 T = TypeVar("T")
 

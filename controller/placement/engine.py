@@ -34,7 +34,7 @@ from controller.placement.values import (
     PlacementRequest,
 )
 from driver.cel import SelectorEvaluator
-from driver.naming import DEFAULT_DRIVER_NAME
+from driver.contract import DEFAULT_DRIVER_NAME
 
 
 class PlacementEngine:

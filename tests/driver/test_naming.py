@@ -6,7 +6,6 @@ from hypothesis import strategies as st
 
 from driver.catalog import CATALOG
 from driver.naming import (
-    DEFAULT_DRIVER_NAME,
     ParsedDeviceName,
     counter_set_name,
     gpu_device_name,
@@ -19,7 +18,6 @@ from driver.naming import (
 
 
 def test_examples_from_the_contract() -> None:
-    assert DEFAULT_DRIVER_NAME == "mig.carve.dev"
     assert gpu_device_name(3) == "gpu-3"
     assert mig_device_name(0, "1g.10gb", 19, 3) == "gpu-0-mig-1g10gb-19-3"
     assert mig_device_name(1, "1g.10gb+me", 20, 0) == "gpu-1-mig-1g10gb-me-20-0"

@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from driver.catalog import CATALOG, Engines, Evidence, GpuModel, Placement, ProfileSpec, gpu_model
+from driver.contract import DEFAULT_DRIVER_NAME
 from driver.geometry import EMPTY_STATE, PlacementError, geometry_for
-from driver.naming import DEFAULT_DRIVER_NAME, is_dns_label, parse_device_name
+from driver.naming import is_dns_label, parse_device_name
 from driver.resourceslice import (
     MAX_DEVICES_PER_SLICE,
     PublishedGpu,
