@@ -17,6 +17,7 @@ from pathlib import Path
 K8S_VERSION = "v1.37.2"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = REPO_ROOT / "hack" / "k8s" / "build.sh"
+# build.sh also builds dra-allocate (tests.support.real_allocator); `--check` covers it.
 _NAMES = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager")
 
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Build carve's local control plane (etcd, kube-apiserver, kube-scheduler,
-# kube-controller-manager) from the Go module proxy into a cache outside the repository.
+# kube-controller-manager) from the Go module proxy into a cache outside the repository,
+# plus dra-allocate (cmd/dra-allocate: kube-scheduler's structured DRA allocator as a
+# stdin/stdout tool, the baseline carve's packing is compared with).
 #
 #   hack/k8s/build.sh            build if needed, then print the bin directory on stdout
 #   hack/k8s/build.sh --check    exit 0 if the cache is complete and current, 1 otherwise
@@ -17,7 +19,11 @@ BIN_DIR="${CACHE_ROOT}/k8s/${K8S_VERSION}/bin"
 STAMP="${BIN_DIR}/.inputs"
 # etcd first: it is small, and its dependencies (grpc, protobuf, otel) are shared with the
 # apiserver, so the later binaries find them compiled.
-BINARIES=(etcd kube-scheduler kube-controller-manager kube-apiserver)
+# dra-allocate right after kube-scheduler: it links the scheduler's DRA plugin and
+# k8s.io/dynamic-resource-allocation, all compiled by then, so it costs seconds.
+BINARIES=(etcd kube-scheduler dra-allocate kube-controller-manager kube-apiserver)
+# Not Kubernetes binaries: built without the component-base version stamp.
+UNSTAMPED=(dra-allocate)
 
 log() { printf '[k8s-build] %s\n' "$*" >&2; }
 
@@ -90,10 +96,14 @@ for b in "${BINARIES[@]}"; do
     start=$SECONDS
     log "${b}: compiling"
     pkglog="${staging}/${b}.packages"
+    flags="$ldflags"
+    if [[ " ${UNSTAMPED[*]} " == *" ${b} "* ]]; then
+        flags="-s -w"
+    fi
     : >"$pkglog"
     (
         cd "$HERE"
-        go build -v -trimpath -ldflags "$ldflags" -o "${staging}/${b}" "./cmd/${b}" 2>"$pkglog"
+        go build -v -trimpath -ldflags "$flags" -o "${staging}/${b}" "./cmd/${b}" 2>"$pkglog"
     ) &
     builder=$!
     next_report=$((start + 30))
