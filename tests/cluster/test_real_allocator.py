@@ -8,19 +8,26 @@ built by hack/k8s/build.sh with the control plane.
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from kubernetes import client
+from kubernetes.client import ApiClient
 
 from devcluster import BinariesUnavailableError
+from devcluster.waiting import wait_for
 from driver.catalog import GpuModel, gpu_model
 from driver.geometry import EMPTY_STATE, GpuState, geometry_for
 from driver.naming import parse_device_name
+from tests.cluster.dra_objects import Api, allocated_devices, pod, pod_condition, unique_driver
 from tests.support.real_allocator import (
     allocate,
     binary,
+    device_classes,
     node_slices,
     profile_claim,
     release,
@@ -124,3 +131,64 @@ def test_allocator_agrees_with_geometry_on_a_random_trace(
             state = geometry.place(state, pid, start)  # raises if geometry forbids it
             held[name] = (pid, start)
     assert allocated >= 3  # the trace exercised the allocator, not just refusals
+
+
+def _pod_outcome(api: Api, namespace: str, pod_name: str) -> str | None:
+    """'bound', 'unschedulable', or None while the scheduler has not decided."""
+    obj = api.read_pod(namespace, pod_name)
+    if obj.get("spec", {}).get("nodeName"):
+        return "bound"
+    cond = pod_condition(obj, "PodScheduled")
+    if cond and cond.get("status") == "False" and cond.get("reason") == "Unschedulable":
+        return "unschedulable"
+    return None
+
+
+def test_kube_scheduler_picks_what_dra_allocate_picks(
+    exe: Path, k8s_api: ApiClient, namespace: str, fake_node: Any
+) -> None:
+    """The same slices and claims, one pod at a time, through the devcluster's kube-scheduler:
+    the same verdicts and the same devices as dra-allocate (run with the scheduler's gates)."""
+    api = Api(k8s_api)
+    driver = unique_driver()
+    node = fake_node()
+    prefix = driver.split(".")[0]
+    mig_class, gpu_class = f"{prefix}-mig", f"{prefix}-gpu"
+    slices = node_slices([A100], node=node, driver=driver)
+    classes = device_classes(driver, mig_class=mig_class, gpu_class=gpu_class)
+    profiles = ["1g.5gb"] * 4 + ["3g.20gb", "2g.10gb", "1g.10gb", "1g.5gb"]
+    claims = [
+        profile_claim(f"c{i}", p, driver=driver, device_class=mig_class, namespace=namespace)
+        for i, p in enumerate(profiles)
+    ]
+    expected = run_steps(slices, [allocate(c) for c in claims], node=node, classes=classes)
+
+    for c in classes:
+        api.resource.create_device_class(client.V1DeviceClass.model_validate(c))
+    try:
+        for s in slices:
+            api.resource.create_resource_slice(client.V1ResourceSlice.model_validate(s))
+        for claim, want in zip(claims, expected, strict=True):
+            name = claim["metadata"]["name"]
+            api.resource.create_namespaced_resource_claim(
+                namespace, client.ResourceV1ResourceClaim.model_validate(claim)
+            )
+            api.create_pod(namespace, pod(name, claim=name))
+            outcome = wait_for(
+                f"kube-scheduler to decide on {name}",
+                functools.partial(_pod_outcome, api, namespace, name),
+            )
+            got = allocated_devices(api.read_claim(namespace, name))
+            assert (outcome, got) == (
+                "bound" if want.allocated else "unschedulable",
+                list(want.devices),
+            ), (name, want)
+            if outcome == "unschedulable":
+                # Not allocated, holds nothing; remove it so it is not retried during later steps.
+                api.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+                api.resource.delete_namespaced_resource_claim(name, namespace)
+        assert [v.status for v in expected].count("unschedulable") >= 1  # a refusal was compared
+    finally:
+        api.resource.delete_collection_resource_slice(field_selector=f"spec.driver={driver}")
+        for c in classes:
+            api.resource.delete_device_class(c["metadata"]["name"])

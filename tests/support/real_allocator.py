@@ -38,7 +38,9 @@ def binary(*, build: bool = True) -> Path:
     return bin_dir() / BINARY_NAME
 
 
-def device_classes(driver: str = DEFAULT_DRIVER_NAME) -> list[dict[str, Any]]:
+def device_classes(
+    driver: str = DEFAULT_DRIVER_NAME, *, mig_class: str = MIG_CLASS, gpu_class: str = GPU_CLASS
+) -> list[dict[str, Any]]:
     """carve's two DeviceClasses (deploy/manifests/10-deviceclasses.yaml) for `driver`."""
 
     def cls(name: str, kind: str) -> dict[str, Any]:
@@ -50,7 +52,7 @@ def device_classes(driver: str = DEFAULT_DRIVER_NAME) -> list[dict[str, Any]]:
             "spec": {"selectors": [{"cel": {"expression": expr}}]},
         }
 
-    return [cls(MIG_CLASS, "mig"), cls(GPU_CLASS, "gpu")]
+    return [cls(mig_class, "mig"), cls(gpu_class, "gpu")]
 
 
 def node_slices(
@@ -65,20 +67,26 @@ def node_slices(
 
 
 def profile_claim(
-    name: str, profile: str, *, count: int = 1, driver: str = DEFAULT_DRIVER_NAME
+    name: str,
+    profile: str,
+    *,
+    count: int = 1,
+    driver: str = DEFAULT_DRIVER_NAME,
+    device_class: str = MIG_CLASS,
+    namespace: str = "default",
 ) -> dict[str, Any]:
     """A claim for `count` MIG devices of one profile, selected by name as users write it."""
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": "default"},
+        "metadata": {"name": name, "namespace": namespace},
         "spec": {
             "devices": {
                 "requests": [
                     {
                         "name": "mig",
                         "exactly": {
-                            "deviceClassName": MIG_CLASS,
+                            "deviceClassName": device_class,
                             "count": count,
                             "selectors": [
                                 {
