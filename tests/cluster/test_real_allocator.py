@@ -9,7 +9,6 @@ built by hack/k8s/build.sh with the control plane.
 from __future__ import annotations
 
 import functools
-import os
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +18,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client import ApiClient
 
-from devcluster import BinariesUnavailableError
+from devcluster.cluster import LocalCluster
 from devcluster.waiting import wait_for
 from driver.catalog import GpuModel, gpu_model
 from driver.geometry import EMPTY_STATE, GpuState, geometry_for
@@ -41,16 +40,10 @@ A100 = gpu_model("A100-SXM4-40GB")
 
 
 @pytest.fixture(scope="module")
-def exe() -> Path:
-    try:
-        return binary()
-    except BinariesUnavailableError as err:
-        if os.environ.get("CARVE_REQUIRE_CLUSTER"):
-            # As for the control plane: where Go is present (CI) a missing build must fail.
-            raise RuntimeError(
-                f"CARVE_REQUIRE_CLUSTER is set but dra-allocate is missing: {err}"
-            ) from err
-        pytest.skip(f"dra-allocate is not built (no Go toolchain?): {err}")
+def exe(k8s_cluster: LocalCluster) -> Path:
+    """dra-allocate is built with the control plane, so the cluster fixture's policy (skip
+    without Go, fail where CARVE_REQUIRE_CLUSTER is set) covers it too."""
+    return binary(build=False)
 
 
 def _placement(device: str) -> tuple[int, int]:
