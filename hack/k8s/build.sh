@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Build carve's local control plane (etcd, kube-apiserver, kube-scheduler,
-# kube-controller-manager) from the Go module proxy into a cache outside the repository,
-# plus dra-allocate (cmd/dra-allocate: kube-scheduler's structured DRA allocator as a
-# stdin/stdout tool, the baseline carve's packing is compared with).
+# kube-controller-manager) and the kubelet (for a real node: the real kubelet and
+# containerd running carve's plugin, see hack/node/) from the Go module proxy into a cache
+# outside the repository, plus dra-allocate (cmd/dra-allocate: kube-scheduler's structured
+# DRA allocator as a stdin/stdout tool, the baseline carve's packing is compared with).
 #
 #   hack/k8s/build.sh            build if needed, then print the bin directory on stdout
 #   hack/k8s/build.sh --check    exit 0 if the cache is complete and current, 1 otherwise
@@ -21,7 +22,9 @@ STAMP="${BIN_DIR}/.inputs"
 # apiserver, so the later binaries find them compiled.
 # dra-allocate right after kube-scheduler: it links the scheduler's DRA plugin and
 # k8s.io/dynamic-resource-allocation, all compiled by then, so it costs seconds.
-BINARIES=(etcd kube-scheduler dra-allocate kube-controller-manager kube-apiserver)
+# kubelet last: most of its dependencies (client-go, component-base, the API types) are
+# compiled by then; what remains is its own tree (cadvisor, CRI client, volume plugins).
+BINARIES=(etcd kube-scheduler dra-allocate kube-controller-manager kube-apiserver kubelet)
 # Not Kubernetes binaries: built without the component-base version stamp.
 UNSTAMPED=(dra-allocate)
 
@@ -84,7 +87,7 @@ mkdir -p "$BIN_DIR"
 staging="$(mktemp -d "${BIN_DIR}/.staging.XXXXXX")"
 trap 'rm -rf "$staging"' EXIT
 
-log "building Kubernetes ${K8S_VERSION} control plane into ${BIN_DIR}"
+log "building Kubernetes ${K8S_VERSION} control plane and kubelet into ${BIN_DIR}"
 log "go: $(go version); GOCACHE=$(go env GOCACHE); cores: $(nproc)"
 total_start=$SECONDS
 
