@@ -6,6 +6,13 @@ removes it on unprepare. Every device node is fully specified (type, major, mino
 slice needs nvidia-caps nodes that often do not exist on the host, and the runtime only skips its
 `stat` of the host path for entries that carry a type and a non-zero major.
 
+Besides the devices, a spec carries what every container of the claim needs from the driver: its
+user-space files as read-only bind mounts and the toolkit's hooks (see `driver.driverroot`). Those
+sit in the *spec-level* containerEdits, not in each device: a runtime applies a spec's own edits
+once for every container that gets any of its devices, so a claim with four slices mounts
+libcuda once instead of four times, and a device's edits stay exactly what sets it apart (its
+nodes and its environment).
+
 Writes are atomic (temporary file, fsync, rename, fsync of the directory) so a crash never leaves
 a half-written spec that the runtime would reject or, worse, half-apply.
 """
@@ -18,7 +25,7 @@ import os
 import re
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +54,20 @@ _CLASS_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")
 _DEVICE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
 _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
+# A bind mount of a driver file: read-only, and nothing on it may act as a device or setuid binary.
+READ_ONLY_BIND = ("ro", "nosuid", "nodev", "bind")
+# The OCI lifecycle points a CDI hook may name; the toolkit's hooks run at createContainer (in the
+# container's mount namespace, before pivot_root), which is when the mounts are in place.
+HOOK_NAMES = (
+    "prestart",
+    "createRuntime",
+    "createContainer",
+    "startContainer",
+    "poststart",
+    "poststop",
+)
+CREATE_CONTAINER = "createContainer"
+
 
 class CdiError(ValueError):
     """A spec or a CDI device ID that the container runtime would reject."""
@@ -65,15 +86,84 @@ class DeviceNode:
     minor: int
     file_mode: int
     type: str = "c"
+    # Where the node is on the host when that is not `path` (a per-node dev root); runtimes that
+    # stat or bind-mount the host node use it. Empty: the same as `path`.
+    host_path: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"path": self.path}
+        if self.host_path and self.host_path != self.path:
+            out["hostPath"] = self.host_path
+        out.update(type=self.type, major=self.major, minor=self.minor, fileMode=self.file_mode)
+        return out
+
+    def under(self, dev_root: Path) -> DeviceNode:
+        """This node as found under `dev_root` on the host (unchanged for the root itself)."""
+        host = dev_root_path(dev_root, self.path)
+        return replace(self, host_path="" if host == self.path else host)
+
+
+def dev_root_path(dev_root: Path, path: str) -> str:
+    """`path` (absolute, as the container sees it) under the host directory `dev_root`."""
+    return str(dev_root / path.lstrip("/")) if dev_root != Path("/") else path
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A bind mount of a host file into the container (CDI containerEdits.mounts)."""
+
+    host_path: str
+    container_path: str
+    options: tuple[str, ...] = READ_ONLY_BIND
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "path": self.path,
-            "type": self.type,
-            "major": self.major,
-            "minor": self.minor,
-            "fileMode": self.file_mode,
+            "hostPath": self.host_path,
+            "containerPath": self.container_path,
+            "options": list(self.options),
         }
+
+
+@dataclass(frozen=True)
+class Hook:
+    """An OCI hook the runtime runs for the container (CDI containerEdits.hooks).
+
+    `path` is on the host (the runtime executes it); `args` start with argv[0], as OCI wants.
+    """
+
+    path: str
+    args: tuple[str, ...]
+    hook_name: str = CREATE_CONTAINER
+    env: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "hookName": self.hook_name,
+            "path": self.path,
+            "args": list(self.args),
+        }
+        if self.env:
+            out["env"] = list(self.env)
+        return out
+
+
+@dataclass(frozen=True)
+class SpecEdits:
+    """Edits for a whole spec, applied once per container that gets any device of the spec."""
+
+    mounts: tuple[Mount, ...] = ()
+    hooks: tuple[Hook, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.mounts or self.hooks)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.mounts:
+            out["mounts"] = [m.to_json() for m in self.mounts]
+        if self.hooks:
+            out["hooks"] = [h.to_json() for h in self.hooks]
+        return out
 
 
 @dataclass(frozen=True)
@@ -190,7 +280,10 @@ class CdiWriter:
         """The fully qualified CDI device ID handed to the kubelet."""
         return f"{self.kind}={claim_uid}-{device_name}"
 
-    def build_spec(self, claim_uid: str, devices: Sequence[CdiDevice]) -> dict[str, Any]:
+    def build_spec(
+        self, claim_uid: str, devices: Sequence[CdiDevice], shared: SpecEdits = SpecEdits()
+    ) -> dict[str, Any]:
+        """The claim's spec: one entry per device, plus `shared` (driver files, hooks) once."""
         if not devices:
             raise CdiError(f"claim {claim_uid}: a CDI spec needs at least one device")
         spec: dict[str, Any] = {
@@ -207,13 +300,17 @@ class CdiWriter:
                 for d in devices
             ],
         }
+        if shared:
+            spec["containerEdits"] = shared.to_json()
         spec["cdiVersion"] = minimum_version(spec)
         validate_spec(spec)
         return spec
 
-    def write(self, claim_uid: str, devices: Sequence[CdiDevice]) -> tuple[str, ...]:
+    def write(
+        self, claim_uid: str, devices: Sequence[CdiDevice], shared: SpecEdits = SpecEdits()
+    ) -> tuple[str, ...]:
         """Write (or atomically replace) the claim's spec; return its CDI device IDs in order."""
-        spec = self.build_spec(claim_uid, devices)
+        spec = self.build_spec(claim_uid, devices, shared)
         self.root.mkdir(parents=True, exist_ok=True)
         atomic_write(self.spec_path(claim_uid), json.dumps(spec, indent=2).encode() + b"\n")
         return tuple(self.device_id(claim_uid, d.name) for d in devices)
@@ -290,32 +387,92 @@ _NODE_FIELDS = {
 }
 
 
+_MOUNT_FIELDS = {"hostPath", "containerPath", "options", "type"}
+_HOOK_FIELDS = {"hookName", "path", "args", "env", "timeout"}
+
+
 def _unknown(where: str, obj: Mapping[str, Any], allowed: set[str]) -> None:
     extra = sorted(set(obj) - allowed)
     if extra:
         raise CdiError(f"{where}: unknown field(s) {', '.join(extra)}")
 
 
+def _items(where: str, edits: Mapping[str, Any], key: str) -> list[Any]:
+    value = edits.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise CdiError(f"{where}.{key}: must be a list")
+    return value
+
+
+def _objects(
+    where: str, edits: Mapping[str, Any], key: str, allowed: set[str]
+) -> list[tuple[str, Mapping[str, Any]]]:
+    """The objects of list `key`, each with where it is, after an unknown-field check."""
+    out: list[tuple[str, Mapping[str, Any]]] = []
+    for i, obj in enumerate(_items(where, edits, key)):
+        w = f"{where}.{key}[{i}]"
+        if not isinstance(obj, Mapping):
+            raise CdiError(f"{w}: must be an object")
+        _unknown(w, obj, allowed)
+        out.append((w, obj))
+    return out
+
+
+def _absolute(where: str, obj: Mapping[str, Any], key: str, *, required: bool = True) -> None:
+    value = obj.get(key)
+    if value is None and not required:
+        return
+    if not isinstance(value, str) or not value.startswith("/"):
+        raise CdiError(f"{where}: {key} must be an absolute path, got {value!r}")
+
+
+def _strings(where: str, obj: Mapping[str, Any], key: str) -> None:
+    value = obj.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise CdiError(f"{where}: {key} must be a list of strings")
+
+
+def _env_list(where: str, values: list[Any]) -> None:
+    for i, env in enumerate(values):
+        if not isinstance(env, str) or not _ENV_RE.match(env):
+            raise CdiError(f"{where}[{i}]: {env!r} is not NAME=VALUE")
+
+
 def _validate_edits(where: str, edits: Any) -> None:
     if not isinstance(edits, Mapping):
         raise CdiError(f"{where}: containerEdits must be an object")
     _unknown(where, edits, _EDIT_FIELDS)
-    for i, env in enumerate(edits.get("env") or ()):
-        if not isinstance(env, str) or not _ENV_RE.match(env):
-            raise CdiError(f"{where}.env[{i}]: {env!r} is not NAME=VALUE")
-    for i, node in enumerate(edits.get("deviceNodes") or ()):
-        w = f"{where}.deviceNodes[{i}]"
-        if not isinstance(node, Mapping):
-            raise CdiError(f"{w}: must be an object")
-        _unknown(w, node, _NODE_FIELDS)
-        path = node.get("path")
-        if not isinstance(path, str) or not path.startswith("/"):
-            raise CdiError(f"{w}: path must be absolute, got {path!r}")
+    _env_list(f"{where}.env", _items(where, edits, "env"))
+    for w, node in _objects(where, edits, "deviceNodes", _NODE_FIELDS):
+        _absolute(w, node, "path")
+        _absolute(w, node, "hostPath", required=False)
         if node.get("type", "c") not in ("c", "b", "p"):
             raise CdiError(f"{w}: type must be c, b or p")
         for key in ("major", "minor", "fileMode"):
             if key in node and (not isinstance(node[key], int) or node[key] < 0):
                 raise CdiError(f"{w}: {key} must be a non-negative integer")
+    for w, mount in _objects(where, edits, "mounts", _MOUNT_FIELDS):
+        # CDI only insists on non-empty paths; OCI wants an absolute destination, and a relative
+        # host path would be resolved against whatever directory the runtime happens to run in.
+        _absolute(w, mount, "hostPath")
+        _absolute(w, mount, "containerPath")
+        _strings(w, mount, "options")
+        if "type" in mount and not isinstance(mount["type"], str):
+            raise CdiError(f"{w}: type must be a string")
+    for w, hook in _objects(where, edits, "hooks", _HOOK_FIELDS):
+        if hook.get("hookName") not in HOOK_NAMES:
+            raise CdiError(
+                f"{w}: hookName {hook.get('hookName')!r} is not one of {', '.join(HOOK_NAMES)}"
+            )
+        _absolute(w, hook, "path")
+        _strings(w, hook, "args")
+        _strings(w, hook, "env")
+        _env_list(f"{w}.env", hook.get("env") or [])
+        timeout = hook.get("timeout")
+        if timeout is not None and (not isinstance(timeout, int) or timeout <= 0):
+            raise CdiError(f"{w}: timeout must be a positive integer (seconds)")
 
 
 def validate_spec(spec: Mapping[str, Any]) -> None:
@@ -383,10 +540,16 @@ class ContainerEdits:
 
     env: tuple[str, ...]
     device_nodes: tuple[Mapping[str, Any], ...]
+    mounts: tuple[Mapping[str, Any], ...] = ()
+    hooks: tuple[Mapping[str, Any], ...] = ()
 
 
 def resolve(roots: Iterable[Path], device_ids: Sequence[str]) -> ContainerEdits:
-    """Resolve device IDs against the spec directories as a runtime does (later roots win)."""
+    """Resolve device IDs against the spec directories as a runtime does (later roots win).
+
+    As in the CDI library, a spec's own containerEdits are applied once, before the edits of the
+    first of its devices that is asked for; each device's edits follow in the order asked.
+    """
     by_id: dict[str, tuple[Mapping[str, Any], Mapping[str, Any]]] = {}
     for root in roots:
         if not root.is_dir():
@@ -397,14 +560,20 @@ def resolve(roots: Iterable[Path], device_ids: Sequence[str]) -> ContainerEdits:
             spec = load_spec(path)
             for dev in spec["devices"]:
                 by_id[f"{spec['kind']}={dev['name']}"] = (spec, dev)
-    env: list[str] = []
-    nodes: list[Mapping[str, Any]] = []
+    out: dict[str, list[Any]] = {"env": [], "deviceNodes": [], "mounts": [], "hooks": []}
+    applied: set[int] = set()
     for device_id in device_ids:
         parse_device_id(device_id)
         if device_id not in by_id:
             raise CdiError(f"unresolvable CDI device {device_id!r}")
         owner, dev = by_id[device_id]
-        for edits in (owner.get("containerEdits") or {}, dev.get("containerEdits") or {}):
-            env.extend(edits.get("env") or ())
-            nodes.extend(edits.get("deviceNodes") or ())
-    return ContainerEdits(tuple(env), tuple(nodes))
+        layers = [dev.get("containerEdits") or {}]
+        if id(owner) not in applied:
+            applied.add(id(owner))
+            layers.insert(0, owner.get("containerEdits") or {})
+        for edits in layers:
+            for key, acc in out.items():
+                acc.extend(edits.get(key) or ())
+    return ContainerEdits(
+        tuple(out["env"]), tuple(out["deviceNodes"]), tuple(out["mounts"]), tuple(out["hooks"])
+    )

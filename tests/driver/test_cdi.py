@@ -166,3 +166,130 @@ def test_uvm_nodes() -> None:
         ("/dev/nvidia-uvm", 510, 0, "c"),
         ("/dev/nvidia-uvm-tools", 510, 1, "c"),
     ]
+
+
+# --- driver files and hooks at spec level; device nodes under a dev root ------------------------
+
+_SHARED = cdi.SpecEdits(
+    mounts=(
+        cdi.Mount(
+            "/run/nvidia/driver/usr/lib64/libcuda.so.580.105.08",
+            "/usr/lib64/libcuda.so.580.105.08",
+        ),
+        cdi.Mount("/run/nvidia/driver/usr/bin/nvidia-smi", "/usr/bin/nvidia-smi"),
+    ),
+    hooks=(
+        cdi.Hook(
+            "/usr/bin/nvidia-cdi-hook",
+            ("nvidia-cdi-hook", "update-ldcache", "--folder", "/usr/lib64"),
+        ),
+    ),
+)
+
+
+def test_shared_edits_sit_once_at_spec_level(tmp_path: Path) -> None:
+    w = CdiWriter(tmp_path)
+    ids = w.write("abc", [_mig_device("a"), _mig_device("b")], _SHARED)
+    spec = cdi.load_spec(w.spec_path("abc"))
+    assert spec["cdiVersion"] == "0.3.0"
+    assert spec["containerEdits"] == {
+        "mounts": [
+            {
+                "hostPath": "/run/nvidia/driver/usr/lib64/libcuda.so.580.105.08",
+                "containerPath": "/usr/lib64/libcuda.so.580.105.08",
+                "options": ["ro", "nosuid", "nodev", "bind"],
+            },
+            {
+                "hostPath": "/run/nvidia/driver/usr/bin/nvidia-smi",
+                "containerPath": "/usr/bin/nvidia-smi",
+                "options": ["ro", "nosuid", "nodev", "bind"],
+            },
+        ],
+        "hooks": [
+            {
+                "hookName": "createContainer",
+                "path": "/usr/bin/nvidia-cdi-hook",
+                "args": ["nvidia-cdi-hook", "update-ldcache", "--folder", "/usr/lib64"],
+            }
+        ],
+    }
+    assert all("mounts" not in d["containerEdits"] for d in spec["devices"])
+    # A runtime applies the spec's own edits once, however many of its devices a container gets.
+    edits = cdi.resolve([tmp_path], ids)
+    assert len(edits.mounts) == 2 and len(edits.hooks) == 1
+    assert len(edits.device_nodes) == 8
+    # Without shared edits the spec has no containerEdits at all (as before).
+    assert "containerEdits" not in w.build_spec("abc", [_mig_device()])
+
+
+def test_device_nodes_under_a_dev_root_get_host_paths(tmp_path: Path) -> None:
+    nodes = mig_device_nodes(gpu_minor=0, caps_major=511, gi_cap_minor=66, ci_cap_minor=67)
+    assert [n.under(Path("/")) for n in nodes] == list(nodes)
+    moved = [n.under(Path("/var/lib/carve/node-a/dev-root")) for n in nodes]
+    assert [n.to_json()["hostPath"] for n in moved] == [
+        f"/var/lib/carve/node-a/dev-root{n.path}" for n in nodes
+    ]
+    assert [(m.path, m.major, m.minor) for m in moved] == [
+        (n.path, n.major, n.minor) for n in nodes
+    ]
+    w = CdiWriter(tmp_path)
+    spec = w.build_spec("abc", [CdiDevice("a", tuple(moved))])
+    assert spec["cdiVersion"] == "0.5.0"  # hostPath on a device node is a 0.5.0 field
+    assert (
+        "hostPath"
+        not in w.build_spec("abc", [CdiDevice("a", nodes)])["devices"][0]["containerEdits"][
+            "deviceNodes"
+        ][0]
+    )
+
+
+def _spec_with_shared(tmp_path: Path) -> dict[str, object]:
+    return CdiWriter(tmp_path).build_spec(UID, [_mig_device()], _SHARED)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (
+            lambda e: e["mounts"][0].update(containerPath="usr/lib"),
+            "containerPath must be an absolute",
+        ),
+        (lambda e: e["mounts"][0].update(hostPath=""), "hostPath must be an absolute"),
+        (lambda e: e["mounts"][0].update(options="ro"), "options must be a list of strings"),
+        (lambda e: e["mounts"][0].update(propagation="x"), "unknown field"),
+        (lambda e: e.update(mounts={"a": 1}), "mounts: must be a list"),
+        (lambda e: e["hooks"][0].update(hookName="preStart"), "hookName 'preStart' is not"),
+        (lambda e: e["hooks"][0].update(path=""), "path must be an absolute"),
+        (lambda e: e["hooks"][0].update(args="nvidia-cdi-hook"), "args must be a list"),
+        (lambda e: e["hooks"][0].update(env=["=x"]), "NAME=VALUE"),
+        (lambda e: e["hooks"][0].update(timeout=0), "timeout must be a positive"),
+        (lambda e: e["hooks"][0].update(when="now"), "unknown field"),
+    ],
+)
+def test_validator_rejects_bad_mounts_and_hooks(
+    tmp_path: Path, mutate: object, message: str
+) -> None:
+    spec = _spec_with_shared(tmp_path)
+    mutate(spec["containerEdits"])  # type: ignore[operator]
+    with pytest.raises(CdiError, match=message):
+        cdi.validate_spec(spec)
+
+
+def test_validator_rejects_relative_device_host_path(tmp_path: Path) -> None:
+    spec = CdiWriter(tmp_path).build_spec(UID, [_mig_device()])
+    spec["devices"][0]["containerEdits"]["deviceNodes"][0]["hostPath"] = "dev/nvidia0"
+    with pytest.raises(CdiError, match="hostPath must be an absolute path"):
+        cdi.validate_spec(spec)
+
+
+@given(
+    dev_root=st.from_regex(r"(/[a-z0-9._-]{1,8}){0,4}", fullmatch=True),
+    minor=st.integers(0, 31),
+    gi=st.integers(0, 14),
+)
+def test_every_host_path_is_the_dev_root_plus_the_path(dev_root: str, minor: int, gi: int) -> None:
+    root = Path(dev_root or "/")
+    nodes = mig_device_nodes(gpu_minor=minor, caps_major=508, gi_cap_minor=gi, ci_cap_minor=gi + 1)
+    for n in (x.under(root) for x in nodes):
+        host = n.to_json().get("hostPath", n.path)
+        assert host == (n.path if root == Path("/") else f"{root}{n.path}")
