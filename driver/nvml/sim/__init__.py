@@ -23,6 +23,8 @@ The package is the module callers import; its parts each hold one concern:
 - ``handles``: handle pointers and ctypes out-parameters;
 - ``calls``: the per-call transaction (latency, fault points, lock) and NVML's pre-checks;
 - ``faults``: injected errors and kills, kept in the state file;
+- ``driverfiles``: the node's fake driver root (libraries, an ``nvidia-smi -L`` stand-in) and
+  its device nodes under a dev root, kept in step with the state;
 - ``devices``, ``gpu_instances``, ``compute_instances``: the pynvml-shaped functions;
 - ``admin``: sim-only resets, reboots and inspection.
 """
@@ -34,6 +36,7 @@ import pynvml
 
 from driver.nvml.sim import config as _cfgmod
 from driver.nvml.sim.admin import (
+    sim_node_files,
     sim_proc_root,
     sim_reboot,
     sim_reset_gpu,
@@ -174,6 +177,7 @@ __all__ = [
     "sim_config",
     "sim_crash_at",
     "sim_inject_fault",
+    "sim_node_files",
     "sim_proc_root",
     "sim_reboot",
     "sim_reset_gpu",

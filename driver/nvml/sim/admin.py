@@ -1,8 +1,8 @@
 """Simulator administration (sim-only): what an operator or the hardware does to a node.
 
 NVML has nothing like these and the product never calls them: a GPU reset, a node reboot, a
-process keeping a compute instance busy, and ways for tests and tools to see and write the
-simulated node. Faults are injected through ``faults``.
+process keeping a compute instance busy, the node's driver root and dev root, and ways for tests
+and tools to see and write the simulated node. Faults are injected through ``faults``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import yaml
 
 from driver.catalog import GpuModel
 from driver.nvml.sim.config import SimConfig, SimConfigError, parse_config
-from driver.nvml.sim.hardware import GpuRec, HwState
+from driver.nvml.sim.hardware import GpuRec, HwState, sync_node_files
 from driver.nvml.sim.runtime import admin, raise_nvml, sim_config
 
 
@@ -79,6 +79,29 @@ def sim_proc_root() -> Path:
     cfg = sim_config()
     admin(lambda c, s: None)
     return cfg.effective_proc_root
+
+
+def sim_node_files(
+    driver_root: str | os.PathLike[str] | None, dev_root: str | os.PathLike[str] | None
+) -> None:
+    """Give the simulated node its own driver root and dev root, and fill them (idempotently).
+
+    The driver root gets placeholder libraries of the simulated driver version, firmware and the
+    ``nvidia-smi`` stand-in; the dev root the NVIDIA device nodes (as root only). Both are kept
+    in step with the state from then on, by whichever process changes it, because the roots are
+    recorded in the state file. None leaves that part out (and stops keeping it up to date).
+    """
+
+    def body(cfg: SimConfig, state: HwState) -> None:
+        roots = {}
+        if driver_root is not None:
+            roots["driver_root"] = str(Path(driver_root).absolute())
+        if dev_root is not None:
+            roots["dev_root"] = str(Path(dev_root).absolute())
+        state.node_roots = roots
+        sync_node_files(cfg, state, provision=True)
+
+    admin(body)
 
 
 def sim_write_config(path: str | os.PathLike[str], data: Mapping[str, Any]) -> Path:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from driver.catalog import Engines, GpuModel, Placement, ProfileSpec
+from driver.nvml.sim import driverfiles
 from driver.nvml.sim.config import SimConfig, SimConfigError
 
 STATE_FORMAT = 1
@@ -88,6 +89,8 @@ class HwState:
     serial: int
     gpus: list[GpuRec]
     faults: list[dict[str, Any]]
+    # Where this node's files are (driver_root, dev_root; see driverfiles), once provisioned.
+    node_roots: dict[str, str] = field(default_factory=dict)
 
     def next_serial(self) -> int:
         self.serial += 1
@@ -96,7 +99,9 @@ class HwState:
     def to_json(self) -> dict[str, Any]:
         # Hand-written rather than dataclasses.asdict: this runs on every simulated NVML call,
         # and asdict's deep copies dominated the call's cost.
+        extra: dict[str, Any] = {"node_roots": dict(self.node_roots)} if self.node_roots else {}
         return {
+            **extra,
             "format": STATE_FORMAT,
             "digest": self.digest,
             "boots": self.boots,
@@ -132,6 +137,7 @@ class HwState:
             serial=data["serial"],
             gpus=gpus,
             faults=list(data["faults"]),
+            node_roots=dict(data.get("node_roots") or {}),
         )
 
 
@@ -176,6 +182,7 @@ class StateStore:
                 if after != before:
                     self._save(after)
                     sync_proc(self._config, state)
+                    sync_node_files(self._config, state)
             finally:
                 fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
 
@@ -183,6 +190,7 @@ class StateStore:
         """Persist mid-transaction (the lock is held): used before raising or dying on a fault."""
         self._save(json.dumps(state.to_json(), sort_keys=True))
         sync_proc(self._config, state)
+        sync_node_files(self._config, state)
 
     def _load(self) -> tuple[HwState, str | None]:
         """The state and the exact text it was read from (None for a fresh state), so that an
@@ -418,3 +426,51 @@ def sync_proc(config: SimConfig, state: HwState) -> None:
         if not target.exists():
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(text)
+
+
+# --- the node's driver root and dev root ---------------------------------------------------------
+
+
+def _smi_gpus(config: SimConfig, state: HwState) -> list[driverfiles.SmiGpu]:
+    gpus = []
+    for sim_gpu, gpu in zip(config.gpus, state.gpus, strict=True):
+        migs = []
+        for gi in gpu.gis:
+            prof = _profile(sim_gpu.model, gi.profile_id)
+            name = prof.name if prof is not None else f"profile-{gi.profile_id}"
+            for ci in gi.cis:
+                small = prof is not None and ci.size != prof.slices
+                migs.append(driverfiles.SmiMig(f"{ci.size}c.{name}" if small else name, ci.uuid))
+        gpus.append(driverfiles.SmiGpu(gpu.uuid, sim_gpu.model.product_name, tuple(migs)))
+    return gpus
+
+
+def sync_node_files(config: SimConfig, state: HwState, *, provision: bool = False) -> None:
+    """Mirror the state into the node's driver root and dev root, where provisioned: the
+    nvidia-smi stand-in's table and the per-instance capability nodes. ``provision`` also
+    (re)writes the driver root's static files (libraries, links, firmware)."""
+    driver_root = state.node_roots.get("driver_root")
+    dev_root = state.node_roots.get("dev_root")
+    if driver_root:
+        root = Path(driver_root)
+        if provision:
+            driverfiles.populate_driver_root(root, config.driver_version)
+        script = driverfiles.nvidia_smi_script(
+            config.driver_version,
+            driverfiles.cuda_version_text(config.cuda_driver_version),
+            _smi_gpus(config, state),
+        )
+        driverfiles.write_nvidia_smi(root, script)
+    if dev_root:
+        caps = []
+        for gpu in state.gpus:
+            for gi in gpu.gis:
+                caps.append(gi_cap_minor(gpu.minor, gi.id))
+                caps.extend(ci_cap_minor(gpu.minor, gi.id, ci.id) for ci in gi.cis)
+        driverfiles.sync_dev_nodes(
+            Path(dev_root),
+            gpu_minors=[g.minor for g in state.gpus],
+            cap_minors=caps,
+            caps_major=NVIDIA_CAPS_MAJOR,
+            uvm_major=NVIDIA_UVM_MAJOR,
+        )
