@@ -149,6 +149,9 @@ def apiserver_args(binary: Path, layout: Layout, ports: Ports, pki: ClusterPki) 
         f"--service-account-signing-key-file={pki.service_account_key}",
         f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
         "--allow-privileged=true",
+        # Real nodes (realnode/) register names that no DNS resolves; reach kubelets (logs,
+        # exec) by the InternalIP each one reports.
+        "--kubelet-preferred-address-types=InternalIP,Hostname",
         feature_gates_flag(),
         # Events and logs are read by humans after a failure, not by the tests.
         "--event-ttl=30m",

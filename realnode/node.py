@@ -1,0 +1,342 @@
+"""One real GPU node on this machine: containerd, the real kubelet and carve's kubelet plugin on
+simulated GPUs, wired together the way a production node is.
+
+The kubelet finds the plugin through its own plugins_registry, calls it over the plugin's
+unix socket when it prepares a claim, and hands the CDI device IDs the plugin returns to
+containerd, which resolves them from the node's CDI directory and gives the container its
+device nodes, environment and driver files. Nothing in between is carve's.
+
+Start order matters: containerd before the kubelet (the kubelet refuses to start without its
+runtime), the kubelet before the plugin is registered (the plugin re-registers whenever the
+kubelet comes back). Stop order is the reverse, then ``cleanup.clean_node`` removes what the
+runtime leaves behind.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from devcluster.processes import ManagedProcess, console_script, tail_of
+from driver import catalog
+from driver.contract import DEFAULT_DRIVER_NAME
+from kubeletplugin.claims import ApiError, KubeJson
+from nodesim.invariants import NodeHardware, node_hardware
+from realnode import cleanup, configs, images
+from realnode.binaries import NodeBinaries
+from realnode.layout import NodeLayout
+
+_log = logging.getLogger(__name__)
+
+GPU_COUNT_LABEL = "realnode.carve.dev/gpus"
+
+
+class NodeStartError(RuntimeError):
+    """A component of the node did not come up; the message carries its log tail."""
+
+
+@dataclass(frozen=True)
+class RealNodeSpec:
+    """A node to run: its simulated GPUs by catalog key and the simulator's latency preset."""
+
+    name: str
+    gpus: tuple[str, ...]
+    labels: Mapping[str, str] = field(default_factory=dict)
+    latency: str = "zero"
+
+    def __post_init__(self) -> None:
+        unknown = [g for g in self.gpus if g not in catalog.CATALOG]
+        if unknown:
+            raise ValueError(
+                f"node {self.name}: unknown GPU model(s) {unknown}; catalog keys are "
+                f"{', '.join(sorted(catalog.CATALOG))}"
+            )
+
+
+class RealNode:
+    """Start with ``start()``; ``restart_kubelet()`` and ``kill_plugin()`` are the faults the
+    real-node suite injects."""
+
+    def __init__(
+        self,
+        spec: RealNodeSpec,
+        layout: NodeLayout,
+        binaries: NodeBinaries,
+        kubeconfig: Path,
+        api_client: Any,
+        *,
+        detached: bool = False,
+        driver: str = DEFAULT_DRIVER_NAME,
+        plugin_args: Sequence[str] = (),
+    ) -> None:
+        self.spec = spec
+        self.layout = layout
+        self.binaries = binaries
+        self.kubeconfig = kubeconfig
+        self.api = KubeJson(api_client)
+        self.driver = driver
+        self.plugin_args = tuple(plugin_args)
+        self._detached = detached
+        self._containerd: ManagedProcess | None = None
+        self._kubelet: ManagedProcess | None = None
+        self._plugin: ManagedProcess | None = None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self, archives: Sequence[images.ImageArchive], timeout: float = 120.0) -> RealNode:
+        deadline = time.monotonic() + timeout
+        self._write_files()
+        self.start_containerd(deadline)
+        images.import_archives(self.binaries.ctr, self.layout.containerd_socket, archives)
+        self.start_kubelet()
+        self.wait_node_ready(deadline)
+        self.start_plugin()
+        self.wait_plugin_registered(deadline)
+        return self
+
+    def _write_files(self) -> None:
+        lay = self.layout
+        for d in (lay.root, lay.cni_conf_dir, lay.cni_ipam_dir, lay.cdi_dir, lay.kubelet_root):
+            d.mkdir(parents=True, exist_ok=True)
+        lay.containerd_config.parent.mkdir(parents=True, exist_ok=True)
+        lay.containerd_config.write_text(
+            configs.containerd_config(
+                lay,
+                pause_image=images.PAUSE_IMAGE,
+                runc=self.binaries.runc,
+                cni_bin_dirs=(self.binaries.cni_bin_dir,),
+            )
+        )
+        (lay.cni_conf_dir / "10-carve.conflist").write_text(
+            json.dumps(configs.cni_conflist(lay), indent=2)
+        )
+        lay.kubelet_config.write_text(yaml.safe_dump(configs.kubelet_config(lay), sort_keys=False))
+        shutil.copyfile(self.kubeconfig, lay.kubelet_kubeconfig)
+        lay.kubelet_kubeconfig.chmod(0o600)
+        _make_cgroup_root(lay.cgroup_root)
+        sim = {
+            "state": "sim/state.json",
+            "uuid_seed": self.name,  # GPU UUIDs must differ between nodes
+            "gpus": list(self.spec.gpus),
+            "options": {"latency": self.spec.latency, "ampere_reset": "auto"},
+        }
+        lay.sim_config.write_text(yaml.safe_dump(sim, sort_keys=False))
+        lay.state_file.write_text(
+            json.dumps(
+                {
+                    "name": self.name,
+                    "bridge": lay.bridge,
+                    "node_ip": lay.node_ip,
+                    "root": str(lay.root),
+                }
+            )
+        )
+
+    def start_containerd(self, deadline: float) -> None:
+        env = {**os.environ, "PATH": f"{self.binaries.node_bin_dir}:{os.environ.get('PATH', '')}"}
+        self._containerd = ManagedProcess(
+            f"containerd[{self.name}]",
+            [str(self.binaries.containerd), f"--config={self.layout.containerd_config}"],
+            self.layout.containerd_log,
+            tie_to_parent=not self._detached,
+            env=env,
+        )
+        self._wait(self._containerd, deadline, self._containerd_ready)
+
+    def _containerd_ready(self) -> bool:
+        done = subprocess.run(
+            [str(self.binaries.ctr), "--address", str(self.layout.containerd_socket), "version"],
+            capture_output=True,
+            check=False,
+            timeout=10,
+        )
+        return done.returncode == 0
+
+    def start_kubelet(self) -> None:
+        labels = {GPU_COUNT_LABEL: str(len(self.spec.gpus)), **self.spec.labels}
+        argv = configs.kubelet_args(self.binaries.kubelet, self.layout, labels)
+        self._kubelet = ManagedProcess(
+            f"kubelet[{self.name}]",
+            argv,
+            self.layout.kubelet_log,
+            tie_to_parent=not self._detached,
+        )
+
+    def stop_kubelet(self, sig: int = signal.SIGTERM) -> None:
+        if self._kubelet is not None:
+            self._kubelet.kill(sig)
+
+    def restart_kubelet(self, timeout: float = 90.0) -> None:
+        """Stop the kubelet and start it again, as an operator's `systemctl restart kubelet`."""
+        self.stop_kubelet()
+        self.start_kubelet()
+        self.wait_node_ready(time.monotonic() + timeout)
+
+    def kubelet_running(self) -> bool:
+        return self._kubelet is not None and self._kubelet.exit_code() is None
+
+    def wait_node_ready(self, deadline: float) -> None:
+        assert self._kubelet is not None
+        self._wait(self._kubelet, deadline, self._node_ready)
+
+    def _node_ready(self) -> bool:
+        try:
+            node = self.api.request("GET", f"/api/v1/nodes/{self.name}")
+        except ApiError:
+            return False
+        conditions = (node.get("status") or {}).get("conditions") or []
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+        taints = (node.get("spec") or {}).get("taints") or []
+        return ready and not any(t.get("key") == "node.kubernetes.io/not-ready" for t in taints)
+
+    # -- carve's plugin ------------------------------------------------------------------------
+
+    def start_plugin(self) -> None:
+        if self._plugin is not None and self._plugin.exit_code() is None:
+            raise RuntimeError(f"node {self.name}: the plugin is already running")
+        lay = self.layout
+        self._plugin_port = _free_port()
+        argv = [
+            *console_script("carve-kubelet-plugin", "kubeletplugin.main"),
+            f"--node-name={self.name}",
+            f"--driver-name={self.driver}",
+            f"--kubeconfig={self.kubeconfig}",
+            f"--registry-dir={lay.registry_dir}",
+            f"--plugins-dir={lay.plugins_dir}",
+            f"--cdi-root={lay.cdi_dir}",
+            f"--simulate={lay.sim_config}",
+            f"--driver-root={lay.driver_root}",
+            f"--dev-root={lay.dev_root}",
+            f"--http-address=127.0.0.1:{self._plugin_port}",
+            "--resync-period=10s",
+            "--log-format=text",
+            *self.plugin_args,
+        ]
+        self._plugin = ManagedProcess(
+            f"carve-kubelet-plugin[{self.name}]",
+            argv,
+            lay.plugin_log,
+            tie_to_parent=not self._detached,
+        )
+
+    def kill_plugin(self, sig: int = signal.SIGKILL) -> None:
+        """Kill the plugin process (SIGKILL by default: a crash, nothing cleaned up)."""
+        if self._plugin is not None:
+            self._plugin.kill(sig)
+
+    def plugin_running(self) -> bool:
+        return self._plugin is not None and self._plugin.exit_code() is None
+
+    def wait_plugin_registered(self, deadline: float) -> None:
+        """Until the plugin says (on /readyz) the kubelet registered it and its slices are out."""
+        assert self._plugin is not None
+        self._wait(self._plugin, deadline, self._plugin_ready)
+
+    def _plugin_ready(self) -> bool:
+        import urllib.error
+        import urllib.request
+
+        url = f"http://127.0.0.1:{self._plugin_port}/readyz"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                return bool(resp.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    # -- inspection ----------------------------------------------------------------------------
+
+    def hardware(self) -> dict[str, Any]:
+        """The simulator's state for this node, read under the simulator's own lock."""
+        from driver.nvml.sim.config import load_config_file
+        from driver.nvml.sim.hardware import StateStore
+
+        with StateStore(load_config_file(self.layout.sim_config)).transaction() as state:
+            return state.to_json()
+
+    def hardware_view(self) -> NodeHardware:
+        """The node's GPU instances as invariant-checker slots (the same checks as nodesim)."""
+        models = [catalog.gpu_model(k) for k in self.spec.gpus]
+        return node_hardware(self.name, models, self.hardware())
+
+    def log_tails(self, lines: int = 25) -> str:
+        lay = self.layout
+        parts = []
+        for label, path in (
+            ("plugin", lay.plugin_log),
+            ("kubelet", lay.kubelet_log),
+            ("containerd", lay.containerd_log),
+        ):
+            parts.append(f"--- {self.name} {label} ({path}) ---\n{tail_of(path, lines)}")
+        return "\n".join(parts)
+
+    # -- teardown ------------------------------------------------------------------------------
+
+    def stop(self, *, delete: bool = True) -> list[str]:
+        """Stop every process of the node and remove what the runtime left behind."""
+        for proc in (self._plugin, self._kubelet, self._containerd):
+            if proc is not None:
+                proc.stop(grace_seconds=5.0)
+        done = cleanup.clean_node(
+            self.layout.root,
+            self.name,
+            self.layout.bridge,
+            self.layout.node_ip,
+            remove_dir=delete,
+        )
+        if delete:
+            try:
+                self.api.request("DELETE", f"/api/v1/nodes/{self.name}")
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+        return done
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _wait(self, proc: ManagedProcess, deadline: float, ready: Callable[[], bool]) -> None:
+        while True:
+            if proc.exit_code() is not None:
+                raise NodeStartError(
+                    f"node {self.name}: {proc.name} exited with {proc.exit_code()}:\n"
+                    f"{tail_of(proc.log_path, 40)}"
+                )
+            if ready():
+                return
+            if time.monotonic() > deadline:
+                raise NodeStartError(
+                    f"node {self.name}: {proc.name} not ready in time; log "
+                    f"{proc.log_path}:\n{tail_of(proc.log_path, 40)}"
+                )
+            time.sleep(0.2)
+
+
+def _make_cgroup_root(cgroup_root: str) -> None:
+    """The kubelet refuses a --cgroup-root that does not exist in every v1 hierarchy."""
+    base = Path("/sys/fs/cgroup")
+    if not base.is_dir():
+        return
+    for hierarchy in base.iterdir():
+        if hierarchy.is_dir() and not hierarchy.is_symlink() and hierarchy.name != "unified":
+            (hierarchy / cgroup_root.lstrip("/")).mkdir(exist_ok=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
