@@ -284,7 +284,7 @@ def _ipc(root: Path) -> list[str]:
     return found
 
 
-def find_hook_binary(root: Path, host_dirs: Sequence[Path] = HOST_HOOK_DIRS) -> str | None:
+def find_hook_binary(root: Path, host_dirs: Sequence[Path]) -> str | None:
     """The host path of the toolkit's hook binary: in the driver root first, then `host_dirs`."""
     for name in HOOK_BINARIES:
         places = [Path(host_path(root, d)) for d in HOOK_DIRS_IN_ROOT] + list(host_dirs)
@@ -345,13 +345,15 @@ def discover(
     root: Path,
     *,
     version: str | None = None,
-    hook_dirs: Sequence[Path] = HOST_HOOK_DIRS,
+    hook_dirs: Sequence[Path] | None = None,
 ) -> DriverFiles:
     """The driver files under `root` (see the module docstring).
 
     `version` is the driver version NVML reports; without it the version is read from the
-    libraries' names. Raises DriverRootError when the root is missing or holds no
-    libnvidia-ml.so of that version (no driver: a container could not even run nvidia-smi).
+    libraries' names. `hook_dirs` are the host folders searched for the hook binary after the
+    driver root (default HOST_HOOK_DIRS). Raises DriverRootError when the root is missing or
+    holds no libnvidia-ml.so of that version (no driver: a container could not even run
+    nvidia-smi).
     """
     root = Path(os.path.abspath(root))
     if not root.is_dir():
@@ -368,7 +370,7 @@ def discover(
     mounts += [Mount(host_path(root, p), p) for p in _firmware(root, version)]
     mounts += [Mount(host_path(root, p), p, IPC_OPTIONS) for p in _ipc(root)]
     folders = tuple(dict.fromkeys(str(PurePosixPath(p).parent) for _, p in libraries))
-    binary = find_hook_binary(root, hook_dirs)
+    binary = find_hook_binary(root, HOST_HOOK_DIRS if hook_dirs is None else hook_dirs)
     hooks = () if binary is None else tuple(_hooks(binary, library_links(root, libraries), folders))
     return DriverFiles(
         root=root,

@@ -5,8 +5,10 @@ Flags come from `process.flags`: every one has its environment twin `CARVE_<FLAG
 spellings `--metrics-address` and `--resync-seconds` (and their variables, and `CDI_ROOT`) still
 work and log a deprecation warning; a bad value exits 2 with the flag and an example.
 
-`NodePlugin` assembles everything in `__init__` (NVML or the simulator, the checkpoint, the
-preparer, the publisher, the sockets' server, the ops endpoints) without serving anything.
+`NodePlugin` assembles everything in `__init__` (NVML or the simulator, the driver's files under
+--driver-root for the CDI specs, the checkpoint, the preparer, the publisher, the sockets'
+server, the ops endpoints) without serving anything. On real hardware a driver root without a
+driver makes it refuse to start with a message naming the flag.
 `run()` then starts in an order that matters:
 
 1. reconcile the checkpoint with NVML (finish or roll back interrupted work, record foreign
@@ -38,6 +40,7 @@ from process.flags import Flag, UsageError
 from process.kubeconfig import KubeconfigError, load_api_client
 
 if TYPE_CHECKING:
+    from driver.driverroot import DriverFiles
     from kubeletplugin.claims import KubeJson
     from kubeletplugin.metrics import PluginMetrics
     from kubeletplugin.migbackend import NodeHardware
@@ -50,6 +53,7 @@ log = logging.getLogger("carve.kubeletplugin")
 
 PROG = "carve-kubelet-plugin"
 _RETRY_PENDING_SECONDS = 30.0
+_ROOT = Path("/")
 
 # -- flags -------------------------------------------------------------------------------------
 
@@ -111,6 +115,24 @@ SIMULATE: Flag[Path | None] = Flag(
     flags.optional_path,
     example="sim.yaml",
 )
+DRIVER_ROOT: Flag[Path] = Flag(
+    "driver-root",
+    "where the NVIDIA driver's user-space files are (containers get them through the CDI specs): "
+    "/ for a driver installed on the host, /run/nvidia/driver with the GPU Operator; with "
+    "--simulate, a directory the simulator fills with a fake driver (/: none)",
+    "/",
+    flags.path,
+    example="/run/nvidia/driver",
+)
+DEV_ROOT: Flag[Path] = Flag(
+    "dev-root",
+    "where the NVIDIA device nodes are on the host, as a root (<dev-root>/dev/nvidia0); not /: "
+    "the CDI device nodes name it as hostPath; with --simulate, a directory the simulator "
+    "creates the nodes in (/: none)",
+    "/",
+    flags.path,
+    example="/run/nvidia/driver",
+)
 HTTP_ADDRESS = flags.http_address(deprecated=("metrics-address",))
 RESYNC_PERIOD = flags.resync_period(
     "30s",
@@ -136,6 +158,8 @@ COMMAND_LINE = flags.CommandLine(
         CHECKPOINT_DIR,
         FOREIGN_INSTANCES,
         SIMULATE,
+        DRIVER_ROOT,
+        DEV_ROOT,
         HTTP_ADDRESS,
         RESYNC_PERIOD,
         *flags.LOGGING,
@@ -165,6 +189,8 @@ class Options:
     cleanup_on_exit: bool
     no_publish: bool
     deprecations: tuple[str, ...] = ()
+    driver_root: Path = _ROOT
+    dev_root: Path = _ROOT
 
 
 def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Options:
@@ -189,6 +215,8 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
         cleanup_on_exit=got[CLEANUP_ON_EXIT],
         no_publish=got[NO_PUBLISH],
         deprecations=got.deprecations,
+        driver_root=got[DRIVER_ROOT].absolute(),
+        dev_root=got[DEV_ROOT].absolute(),
     )
 
 
@@ -230,6 +258,7 @@ class NodePlugin:
         self._stop = stop if stop is not None else threading.Event()
         self.metrics: PluginMetrics = PluginMetrics()
         self.node: NodeHardware = open_backend(opts.simulate)
+        self.driver_files: DriverFiles | None = self._driver_files()
         self.preparer: Preparer = Preparer(
             settings=PreparerSettings(
                 driver_name=opts.driver_name,
@@ -243,10 +272,59 @@ class NodePlugin:
             cdi=CdiWriter(opts.cdi_root, vendor=opts.driver_name),
             metrics=self.metrics,
             common_nodes=self.node.common_device_nodes(),
+            shared_edits=self.driver_files.spec_edits() if self.driver_files else None,
+            dev_root=opts.dev_root,
         )
         self.publisher: SlicePublisher = self._publisher()
         self.server: PluginServer = self._server()
         self.ops: OpsServer | None = self._ops() if opts.http_address else None
+
+    def _driver_files(self) -> DriverFiles | None:
+        """The driver's files for every claim's CDI spec, found once at start-up.
+
+        On real hardware a node without them cannot run a single CUDA container, so the plugin
+        refuses to start (DriverRootError names the flag). With --simulate the simulator first
+        fills the given driver root and dev root; without --driver-root the specs carry device
+        nodes only, as before.
+        """
+        from driver.driverroot import DriverRootError, discover
+
+        opts = self.opts
+        if opts.simulate is not None:
+            from driver.nvml import sim
+
+            sim.sim_node_files(
+                None if opts.driver_root == _ROOT else opts.driver_root,
+                None if opts.dev_root == _ROOT else opts.dev_root,
+            )
+            if opts.driver_root == _ROOT:
+                return None
+        gpus = self.node.mig.gpus()
+        try:
+            files = discover(opts.driver_root, version=gpus[0].driver_version if gpus else None)
+        except DriverRootError as e:
+            raise DriverRootError(
+                f"{e}; start {PROG} with --driver-root (or {DRIVER_ROOT.env}) set to the root the "
+                "driver is installed under: / for a driver on the host, /run/nvidia/driver with "
+                "the GPU Operator's driver container"
+            ) from e
+        log.info(
+            "driver files found",
+            extra={
+                "driverRoot": str(files.root),
+                "driverVersion": files.version,
+                "mounts": len(files.mounts),
+                "hook": files.hook_binary,
+            },
+        )
+        if files.hook_binary is None:
+            log.warning(
+                "no nvidia-cdi-hook or nvidia-ctk found: the CDI specs carry no hooks, so "
+                "containers get the versioned driver libraries without their libcuda.so.1-style "
+                "links and ld.so cache entries; install the NVIDIA container toolkit on the node",
+                extra={"driverRoot": str(files.root)},
+            )
+        return files
 
     def _publisher(self) -> SlicePublisher:
         from kubeletplugin.publisher import SlicePublisher
@@ -342,6 +420,7 @@ class NodePlugin:
                 "node": self.opts.node_name,
                 "driver": self.opts.driver_name,
                 "simulated": self.opts.simulate is not None,
+                "driverRoot": str(self.driver_files.root) if self.driver_files else None,
                 "opsPort": self.ops.port if self.ops is not None else None,
             },
         )
@@ -394,6 +473,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # finish and then shuts down in order, instead of killing the process half-way.
     stop = threading.Event()
     stop_on_signals(stop.set)
+    from driver.driverroot import DriverRootError
+    from driver.nvml.sim.config import SimConfigError
     from kubeletplugin.checkpoint import CheckpointVersionError
     from kubeletplugin.claims import KubeJson
 
@@ -409,6 +490,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Not "fatal error" with a traceback: the operator needs the one message that says
         # which file, which version, and what to do (see kubeletplugin.checkpoint).
         log.error(str(e), extra={"checkpoint": str(e.path), "versionFound": e.found})
+        return 1
+    except (DriverRootError, SimConfigError) as e:
+        # The node's driver (or simulated node) is unusable: one actionable line, no traceback.
+        log.error(str(e), extra={"driverRoot": str(opts.driver_root)})
         return 1
     except Exception:
         log.exception("fatal error")

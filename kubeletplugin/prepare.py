@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from enum import StrEnum
+from pathlib import Path
 from typing import Protocol
 
 from driver.allocation import AllocatedDevice
@@ -38,6 +39,7 @@ from driver.cdi import (
     CdiDevice,
     CdiWriter,
     DeviceNode,
+    SpecEdits,
     mig_device_nodes,
     whole_gpu_device_nodes,
 )
@@ -148,11 +150,18 @@ class Preparer:
         cdi: CdiWriter,
         metrics: PluginMetrics | None = None,
         common_nodes: Sequence[DeviceNode] = (),
+        shared_edits: SpecEdits | None = None,
+        dev_root: Path = Path("/"),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """`common_nodes` go to every device (e.g. /dev/nvidia-uvm, whose major is dynamic)."""
+        """`common_nodes` go to every device (e.g. /dev/nvidia-uvm, whose major is dynamic).
+        `shared_edits` go once into every claim's spec: the driver's files and hooks
+        (`driver.driverroot.DriverFiles.spec_edits`). `dev_root` is where the device nodes
+        are on the host; every node gets it as its hostPath unless it is /."""
         self._s = settings
         self._common_nodes = tuple(common_nodes)
+        self._shared = shared_edits or SpecEdits()
+        self._dev_root = dev_root
         self._backend = backend
         self._claims = claims
         self._store = store
@@ -270,7 +279,9 @@ class Preparer:
             record = self._put(replace(record, finalizer_added=True))
             for i, p in enumerate(plan):
                 record = self._carve(p, record, i, ref)
-            cdi_ids = self._cdi.write(ref.uid, self._cdi_devices(plan, record.devices))
+            cdi_ids = self._cdi.write(
+                ref.uid, self._cdi_devices(plan, record.devices), self._shared
+            )
             done = tuple(
                 replace(d, cdi_ids=(c,)) for d, c in zip(record.devices, cdi_ids, strict=True)
             )
@@ -485,7 +496,8 @@ class Preparer:
                 )
             else:
                 nodes = whole_gpu_device_nodes(gpu_minor=r.gpu_minor)
-            out.append(CdiDevice(r.device_name, (*nodes, *self._common_nodes), env))
+            all_nodes = tuple(n.under(self._dev_root) for n in (*nodes, *self._common_nodes))
+            out.append(CdiDevice(r.device_name, all_nodes, env))
         return out
 
     # -- unprepare and teardown ---------------------------------------------------------------
