@@ -481,10 +481,17 @@ class Preparer:
     def _cdi_devices(
         self, plan: Sequence[_Planned], records: Sequence[DeviceRecord]
     ) -> list[CdiDevice]:
-        visible = ",".join(r.mig_uuid or r.gpu_uuid for r in records)
+        # The kubelet hands a container the CDI devices of the requests it names
+        # (`resources.claims[].request`), all of them when it names none. One environment
+        # variable cannot be assembled from several CDI devices (the last one applied wins), so
+        # each device names the devices of its own request: exact for a container that uses one
+        # request, the count of a request included. Device nodes are exact in every case.
+        by_request: dict[str, list[str]] = {}
+        for p, r in zip(plan, records, strict=True):
+            by_request.setdefault(p.result.request, []).append(r.mig_uuid or r.gpu_uuid)
         out: list[CdiDevice] = []
         for p, r in zip(plan, records, strict=True):
-            env = {**p.env, "NVIDIA_VISIBLE_DEVICES": visible}
+            env = {**p.env, "NVIDIA_VISIBLE_DEVICES": ",".join(by_request[p.result.request])}
             if r.is_mig:
                 assert r.gi_id is not None and r.ci_id is not None
                 gi_minor, ci_minor = self._backend.cap_minors(r.gpu_minor, r.gi_id, r.ci_id)

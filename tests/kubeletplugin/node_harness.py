@@ -55,14 +55,17 @@ class FakeClaims:
         namespace: str = "default",
         config: Sequence[Mapping[str, Any]] = (),
         allocated: bool = True,
+        requests: Sequence[str] = (),
     ) -> ClaimRef:
         """Create an allocated claim; a device is a name (this driver, this node's pool) or a
-        (driver, pool, device) triple."""
+        (driver, pool, device) triple. Each device is its own request (req0, req1, ...) unless
+        ``requests`` names the request of each device (a request with a count)."""
         uid = str(uuidlib.uuid4())
         results = []
         for i, d in enumerate(devices):
             drv, pool, dev = (DRIVER, NODE, d) if isinstance(d, str) else d
-            results.append({"request": f"req{i}", "driver": drv, "pool": pool, "device": dev})
+            req = requests[i] if requests else f"req{i}"
+            results.append({"request": req, "driver": drv, "pool": pool, "device": dev})
         obj: dict[str, Any] = {
             "metadata": {
                 "namespace": namespace,

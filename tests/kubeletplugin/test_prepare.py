@@ -186,13 +186,26 @@ def test_opaque_config_lands_in_cdi_env(node: Node) -> None:
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25" in env
 
 
-def test_multi_device_claim_sees_all_its_slices(node: Node) -> None:
-    ref = node.claims.add("two", [mig(node.backend, 0, 19, 0), mig(node.backend, 0, 19, 1)])
+def test_a_request_with_a_count_sees_all_its_slices(node: Node) -> None:
+    devices = [mig(node.backend, 0, 19, 0), mig(node.backend, 0, 19, 1)]
+    ref = node.claims.add("two", devices, requests=("gpus", "gpus"))
     res = node.p.prepare([ref])[ref.uid]
     assert res.error == "" and len(res.devices) == 2
     uuids = [d.mig_uuid for d in node.p.checkpoint().claims[ref.uid].devices]
-    env = cdi.resolve([node.cdi_root], res.devices[0].cdi_device_ids).env
-    assert f"NVIDIA_VISIBLE_DEVICES={','.join(u or '' for u in uuids)}" in env
+    for device in res.devices:
+        env = cdi.resolve([node.cdi_root], device.cdi_device_ids).env
+        assert f"NVIDIA_VISIBLE_DEVICES={','.join(u or '' for u in uuids)}" in env
+
+
+def test_each_request_names_only_its_own_slices(node: Node) -> None:
+    """The kubelet gives a container that names one request only that request's CDI devices;
+    their environment must not name the other request's slice."""
+    ref = node.claims.add("two", [mig(node.backend, 0, 19, 0), mig(node.backend, 0, 19, 1)])
+    res = node.p.prepare([ref])[ref.uid]
+    records = node.p.checkpoint().claims[ref.uid].devices
+    for device, record in zip(res.devices, records, strict=True):
+        env = cdi.resolve([node.cdi_root], device.cdi_device_ids).env
+        assert f"NVIDIA_VISIBLE_DEVICES={record.mig_uuid}" in env
 
 
 def test_overlapping_devices_in_one_claim_rejected(node: Node) -> None:
