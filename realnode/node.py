@@ -207,7 +207,8 @@ class RealNode:
 
     # -- carve's plugin ------------------------------------------------------------------------
 
-    def start_plugin(self) -> None:
+    def start_plugin(self, *extra: str) -> None:
+        """Start carve's plugin; ``extra`` flags come after the node's own (last one wins)."""
         if self._plugin is not None and self._plugin.exit_code() is None:
             raise RuntimeError(f"node {self.name}: the plugin is already running")
         lay = self.layout
@@ -227,6 +228,7 @@ class RealNode:
             "--resync-period=10s",
             "--log-format=text",
             *self.plugin_args,
+            *extra,
         ]
         self._plugin = ManagedProcess(
             f"carve-kubelet-plugin[{self.name}]",
