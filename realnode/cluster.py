@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import shutil
 import socket
 import subprocess
@@ -49,13 +50,12 @@ class RealNodes:
         self.binaries = binaries or ensure_node_binaries()
         self.root = root or Path(tempfile.mkdtemp(prefix=_ROOT_PREFIX, dir="/tmp"))
         self.root.mkdir(parents=True, exist_ok=True)
+        reaper.record_owner(self.root, os.getpid())
         self.archives = images.build_archives(self.binaries.node_bin_dir, images.default_cache())
         self.nodes: dict[str, RealNode] = {}
         self._next_index = 1
         self._reaper: subprocess.Popen[bytes] | None = None
         if not detached:
-            import os
-
             self._reaper = reaper.spawn(os.getpid(), self.root)
 
     def add_node(self, spec: RealNodeSpec, *, plugin_args: Sequence[str] = ()) -> RealNode:

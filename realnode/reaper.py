@@ -40,6 +40,20 @@ def clean_root(root: Path) -> list[str]:
     return done
 
 
+def record_owner(root: Path, pid: int) -> None:
+    """Say which process owns the nodes under ``root`` (``python -m realnode down`` leaves the
+    roots of live owners alone)."""
+    (root / "owner.json").write_text(json.dumps({"pid": pid}))
+
+
+def owner_alive(root: Path) -> bool:
+    try:
+        pid = int(json.loads((root / "owner.json").read_text())["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return _alive(pid)
+
+
 def spawn(owner: int, root: Path) -> subprocess.Popen[bytes]:
     """Start a reaper for ``owner`` in a session of its own (it must survive the owner)."""
     log = (root / "reaper.log").open("ab")
@@ -49,7 +63,8 @@ def spawn(owner: int, root: Path) -> subprocess.Popen[bytes]:
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
-        cwd="/",
+        # realnode is test tooling, not an installed package: run from the checkout it is in.
+        cwd=Path(__file__).resolve().parent.parent,
     )
 
 
