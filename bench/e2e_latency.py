@@ -1,9 +1,12 @@
 """End-to-end latency: a pod with a carve claim, from create to Running, and where time goes.
 
 Run: python -m bench.e2e_latency [--pods 100] [--rate 4] [--latency realistic|zero]
+                                 [--node-kind sim|real]
 
-Starts a private v1.37 control plane, carve-controller and simulated GPU nodes (real
-carve-kubelet-plugin processes on the NVML simulator with the chosen latency preset), then
+Starts a private v1.37 control plane, carve-controller and GPU nodes: real carve-kubelet-plugin
+processes on the NVML simulator with the chosen latency preset, driven either by nodesim's
+kubelet stand-in (`sim`, the default) or by the real kubelet and containerd running real
+containers from the local test image (`real`, realnode/; root on Linux), then
 creates pods at a steady rate, each with a 1g slice from a ResourceClaimTemplate, running a few
 seconds. Watches on pods and claims stamp every step with this machine's clock (the API's own
 timestamps have one-second resolution, too coarse here), split as:
@@ -13,8 +16,9 @@ timestamps have one-second resolution, too coarse here), split as:
   controller  claim created -> carve-controller wrote status.allocation
   ungate      allocation written -> carve-controller removed the scheduling gate
   scheduler   gate removed -> kube-scheduler bound the pod (reserving the claim)
-  node        bound -> the node agent posted Running; of which `prepare` is the
-              NodePrepareResources call (carve the GI + CI, CDI spec, checkpoint)
+  node        bound -> the node agent (or the real kubelet) posted Running; of which
+              `prepare` is the NodePrepareResources call (carve the GI + CI, CDI spec,
+              checkpoint), measured by the stand-in only
 
 Figures are printed, not asserted.
 """
@@ -90,7 +94,9 @@ class _Stamps:
                 self._mark(self.claim, meta["name"], "allocated", now)
 
 
-def run(pods: int, rate: float, latency: str, nodes: int, run_seconds: float) -> int:
+def run(
+    pods: int, rate: float, latency: str, nodes: int, run_seconds: float, *, node_kind: str = "sim"
+) -> int:
     from kubernetes import client
 
     from controller.informers import Informer, InformerConfig
@@ -111,11 +117,20 @@ def run(pods: int, rate: float, latency: str, nodes: int, run_seconds: float) ->
         return 2
     stack = CarveStack(Path(info.kubeconfig), root / "stack")
     informers: list[Informer] = []
+    real: Any = None
     try:
         stack.install()
         stack.start_controller()
-        for i in range(nodes):
-            stack.add_node(SimNodeSpec(f"bench-{i}", GPUS_PER_NODE, latency=latency))
+        if node_kind == "real":
+            from realnode.cluster import RealNodes
+            from realnode.node import RealNodeSpec
+
+            real = RealNodes(Path(info.kubeconfig), stack.api)
+            for i in range(nodes):
+                real.add_node(RealNodeSpec(f"bench-{i}", GPUS_PER_NODE, latency=latency))
+        else:
+            for i in range(nodes):
+                stack.add_node(SimNodeSpec(f"bench-{i}", GPUS_PER_NODE, latency=latency))
         # Dict bodies: the generated models lag behind the 1.37 API.
         core: Any = client.CoreV1Api(stack.api)
         resource: Any = client.ResourceV1Api(stack.api)
@@ -190,6 +205,17 @@ def run(pods: int, rate: float, latency: str, nodes: int, run_seconds: float) ->
             due = begin + i / rate
             time.sleep(max(0.0, due - time.monotonic()))
             name = f"p{i:03d}"
+            container: dict[str, Any] = {
+                "name": "main",
+                "image": "x",
+                "resources": {"claims": [{"name": "mig"}]},
+            }
+            if real is not None:
+                from realnode.images import TEST_IMAGE
+
+                container["image"] = TEST_IMAGE
+                container["imagePullPolicy"] = "IfNotPresent"
+                container["command"] = ["sleep", str(run_seconds)]
             manifest = {
                 "apiVersion": "v1",
                 "kind": "Pod",
@@ -200,9 +226,7 @@ def run(pods: int, rate: float, latency: str, nodes: int, run_seconds: float) ->
                 "spec": {
                     "restartPolicy": "Never",
                     "resourceClaims": [{"name": "mig", "resourceClaimTemplateName": "one-1g"}],
-                    "containers": [
-                        {"name": "main", "image": "x", "resources": {"claims": [{"name": "mig"}]}}
-                    ],
+                    "containers": [container],
                 },
             }
             t0 = time.time()
@@ -254,7 +278,8 @@ def run(pods: int, rate: float, latency: str, nodes: int, run_seconds: float) ->
         print(
             f"e2e latency: {pods} pods at {rate:g}/s, 1g slices, {nodes} nodes x "
             f"{len(GPUS_PER_NODE)} GPUs ({', '.join(GPUS_PER_NODE)}), simulator latency "
-            f"'{latency}', containers run {run_seconds:g}s"
+            f"'{latency}', containers run {run_seconds:g}s, "
+            + ("real kubelet + containerd" if real is not None else "nodesim kubelet stand-in")
         )
         print(f"{'stage':<12}{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}")
         for stage in STAGES:
@@ -284,6 +309,8 @@ def run(pods: int, rate: float, latency: str, nodes: int, run_seconds: float) ->
     finally:
         for inf in informers:
             inf.stop()
+        if real is not None:
+            real.stop()
         stack.stop(delete_nodes=False)
         cluster.stop()
         shutil.rmtree(root, ignore_errors=True)
@@ -296,8 +323,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--latency", choices=("realistic", "zero"), default="realistic")
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--run-seconds", type=float, default=4.0)
+    parser.add_argument("--node-kind", choices=("sim", "real"), default="sim")
     args = parser.parse_args(argv)
-    return run(args.pods, args.rate, args.latency, args.nodes, args.run_seconds)
+    return run(
+        args.pods, args.rate, args.latency, args.nodes, args.run_seconds, node_kind=args.node_kind
+    )
 
 
 if __name__ == "__main__":
