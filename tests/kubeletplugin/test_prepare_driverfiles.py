@@ -92,8 +92,10 @@ def test_spec_mounts_the_driver_and_names_the_host_nodes(node: Node, tmp_path: P
             assert (os.major(st.st_rdev), os.minor(st.st_rdev)) == (n["major"], n["minor"])
     assert {"/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm"} <= paths
 
-    # What the container would run: the mounted nvidia-smi with the spec's environment.
-    env = dict(e.split("=", 1) for e in edits.env)
+    # What a container given the MIG request would run: the mounted nvidia-smi with the
+    # environment of that request's CDI device (the kubelet passes only those).
+    mig_edits = cdi.resolve([node.cdi_root], result.devices[0].cdi_device_ids)
+    env = dict(e.split("=", 1) for e in mig_edits.env)
     out = subprocess.run(
         ["/bin/sh", mounts["/usr/bin/nvidia-smi"]["hostPath"], "-L"],
         check=True,
@@ -104,7 +106,7 @@ def test_spec_mounts_the_driver_and_names_the_host_nodes(node: Node, tmp_path: P
     record = node.p.checkpoint().claims[ref.uid]
     mig_uuid = next(d.mig_uuid for d in record.devices if d.is_mig)
     assert f"(UUID: {mig_uuid})" in out
-    assert out.count("MIG ") == 1 and out.count("GPU ") == 2
+    assert out.count("MIG ") == 1 and out.count("GPU ") == 1  # the slice under its GPU
 
     assert node.p.unprepare([ref]) == {ref.uid: ""}
     if os.geteuid() == 0:
