@@ -61,10 +61,13 @@ cluster-down: venv
 # The one test command: lint, strict typing of the product packages, then every test suite.
 test: lint typecheck k8s-bin node-bin unit
 
-# carve on a local v1.37 cluster with three simulated GPU nodes, running deploy/examples/;
-# it keeps running for kubectl until `make demo-down`. (`carve demo`: one node, NVML only.)
-demo: venv k8s-bin
-	$(BIN)/python -m nodesim demo
+# carve on a local v1.37 cluster with three GPU nodes, running deploy/examples/; it keeps
+# running for kubectl until `make demo-down`. NODES=auto runs real nodes (containerd + kubelet)
+# where this machine can (Linux, root, node-bin), else simulated ones; NODES=real|sim forces.
+# (`carve demo`: one node, NVML only.)
+NODES ?= auto
+demo: venv k8s-bin node-bin
+	$(BIN)/python -m nodesim demo --nodes $(NODES)
 
 demo-down: venv
 	$(BIN)/python -m nodesim down

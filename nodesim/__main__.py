@@ -1,7 +1,8 @@
 """``python -m nodesim demo|down|host`` — the cluster demo (`make demo`) and its cleanup.
 
-``host`` is internal: the demo starts it as a detached process that runs the simulated nodes
-and carve-controller until ``down``.
+``demo --nodes auto|real|sim`` (``make demo NODES=...``): real nodes where this machine can run
+them (auto, the default), or forced. ``host`` is internal: the demo starts it as a detached
+process that runs the nodes and carve-controller until ``down``.
 """
 
 from __future__ import annotations
@@ -24,21 +25,28 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m nodesim", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser(
-        "demo", parents=[common], help="start the cluster, carve, simulated nodes and examples"
+        "demo", parents=[common], help="start the cluster, carve, three GPU nodes and examples"
+    )
+    run.add_argument(
+        "--nodes",
+        choices=demo.NODE_MODES,
+        default="auto",
+        help="real nodes (containerd + kubelet), simulated ones, or real where possible (auto)",
     )
     run.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the pods")
     sub.add_parser("down", parents=[common], help="stop the demo's nodes, controller, cluster")
     host = sub.add_parser("host", parents=[common], help=argparse.SUPPRESS)
     host.add_argument("--kubeconfig", type=Path, required=True)
+    host.add_argument("--nodes", choices=(demo.REAL, demo.SIM), default=demo.SIM)
     args = parser.parse_args(argv)
     root: Path = (args.dir or demo.default_dir()).resolve()
     if args.command == "demo":
-        return demo.run_demo(root, timeout=args.timeout)
+        return demo.run_demo(root, nodes=args.nodes, timeout=args.timeout)
     if args.command == "down":
         stopped = demo.down(root)
         print(f"stopped: {', '.join(stopped) if stopped else 'nothing was running'}")
         return 0
-    return demo.run_host(root, args.kubeconfig)
+    return demo.run_host(root, args.kubeconfig, args.nodes)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,14 @@
-"""`make demo`: carve on a local Kubernetes v1.37 cluster with simulated GPU nodes.
+"""`make demo`: carve on a local Kubernetes v1.37 cluster with three GPU nodes.
 
-Three processes groups stay up after the demo returns, so the user can keep working with
+The nodes are real where this machine can run them (Linux, root, the programs of
+`make node-bin`): containerd, the upstream kubelet and carve-kubelet-plugin on simulated GPUs
+(realnode/). Elsewhere, or with ``--nodes sim``, they are simulated (nodesim/: carve's plugin
+and a kubelet-like node agent). The demo says which, and why.
+
+Two process groups stay up after the demo returns, so the user can keep working with
 kubectl: the control plane (devcluster, detached), and a *node host* process that runs the
-simulated nodes (heartbeats, one carve-kubelet-plugin each, the kubelet-like node agents) and
-carve-controller. `python -m nodesim down` (`make demo-down`) stops both.
+nodes and carve-controller. `python -m nodesim down` (`make demo-down`) stops both; real nodes
+also have a reaper that cleans up (containers, mounts, bridges) if the node host is killed.
 
 Dev tooling: nothing here ships with carve.
 """
@@ -11,6 +16,7 @@ Dev tooling: nothing here ships with carve.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import json
 import os
@@ -19,9 +25,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +47,16 @@ DEMO_NODES = (
 # The claim whose `kubectl describe` the demo prints: two slices on one GPU says the most.
 DESCRIBED_POD = ("pair-same-gpu", "pair")
 
+# What `--nodes` accepts (`make demo NODES=...`): real where possible, or force one kind.
+NODE_MODES = ("auto", "real", "sim")
+REAL, SIM = "real", "sim"
+
+Kubectl = Callable[..., subprocess.CompletedProcess[str]]
+
+
+class NodesUnavailableError(RuntimeError):
+    """``--nodes real`` on a machine that cannot run real nodes; the message says why."""
+
 
 def default_dir() -> Path:
     from devcluster.binaries import cache_root
@@ -56,6 +73,51 @@ def _step(text: str) -> None:
     _say(f"==> {text}")
 
 
+# -- which nodes -------------------------------------------------------------------------------
+
+
+def choose_nodes(requested: str) -> tuple[str, str]:
+    """The kind of node the demo runs (``real`` or ``sim``) and one line saying which and why.
+
+    ``auto`` picks real nodes when this machine can run them and their programs are there,
+    else simulated ones; ``real`` raises NodesUnavailableError with the reason instead.
+    """
+    if requested not in NODE_MODES:
+        raise ValueError(f"--nodes must be one of {', '.join(NODE_MODES)}, not {requested!r}")
+    if requested == SIM:
+        return SIM, "simulated nodes (NODES=sim; plain `make demo` runs real ones where it can)"
+    from realnode import binaries
+
+    reason = binaries.why_not_here()
+    if reason is None:
+        try:
+            _quietly(binaries.ensure_node_binaries)
+        except binaries.NodeBinariesUnavailableError as exc:
+            reason = str(exc)
+    if reason is None:
+        return REAL, (
+            f"real nodes (NODES={requested}): containerd, the upstream kubelet and "
+            "carve-kubelet-plugin on simulated GPUs"
+        )
+    if requested == REAL:
+        raise NodesUnavailableError(f"NODES=real, but {reason}")
+    return SIM, f"simulated nodes, because {reason}"
+
+
+def _quietly(call: Callable[[], Any]) -> Any:
+    """``call()`` with what its subprocesses write to stderr kept back unless it fails
+    (hack/node/build.sh says "up to date" on every run)."""
+    with tempfile.TemporaryFile("w+") as err:
+        try:
+            with contextlib.redirect_stderr(err):
+                return call()
+        except BaseException:
+            err.seek(0)
+            for line in err.read().splitlines()[-20:]:
+                _say(f"  {line}")
+            raise
+
+
 # -- the node host (a detached process) ------------------------------------------------------
 
 
@@ -63,8 +125,8 @@ def _host_file(root: Path) -> Path:
     return root / "host.json"
 
 
-def run_host(root: Path, kubeconfig: Path) -> int:
-    """Run the simulated nodes and carve-controller until SIGTERM (the demo's node host)."""
+def run_host(root: Path, kubeconfig: Path, nodes: str = SIM) -> int:
+    """Run the demo's nodes (``real`` or ``sim``) and carve-controller until SIGTERM."""
     import logging
 
     from nodesim.stack import CarveStack
@@ -74,34 +136,46 @@ def run_host(root: Path, kubeconfig: Path) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
     stack = CarveStack(kubeconfig, root / "stack")
+    real: Any = None
     try:
         stack.install()
         stack.start_controller()
-        for spec in DEMO_NODES:
-            stack.add_node(spec)
-        _host_file(root).write_text(
-            json.dumps(
-                {
-                    "pid": os.getpid(),
-                    "ready": True,
-                    "nodes": {n.name: str(n.dir) for n in stack.nodes.values()},
-                    "controller_log": str(stack.controller_log),
-                },
-                indent=2,
-            )
-        )
+        info: dict[str, Any] = {"pid": os.getpid(), "kind": nodes}
+        if nodes == REAL:
+            from realnode.cluster import RealNodes
+            from realnode.node import RealNodeSpec
+
+            # Not detached: the node programs die with this process, and RealNodes' reaper
+            # removes containers, mounts and bridges if it is killed (`down`'s SIGKILL).
+            real = RealNodes(kubeconfig, stack.api)
+            info["real_root"] = str(real.root)
+            _host_file(root).write_text(json.dumps(info, indent=2))  # `down` finds the root
+            for spec in DEMO_NODES:
+                if stop.is_set():
+                    return 1
+                real.add_node(RealNodeSpec(spec.name, spec.gpus))
+            info["nodes"] = {n.name: str(n.layout.root) for n in real.nodes.values()}
+        else:
+            for spec in DEMO_NODES:
+                stack.add_node(spec)
+            info["nodes"] = {n.name: str(n.dir) for n in stack.nodes.values()}
+        info.update(ready=True, controller_log=str(stack.controller_log))
+        _host_file(root).write_text(json.dumps(info, indent=2))
         while not stop.wait(1.0):
             if not stack.controller_running():
                 logging.warning("carve-controller exited; restarting it")
                 stack.start_controller()
         return 0
     finally:
+        if real is not None:
+            for line in real.stop():
+                logging.info("real nodes: %s", line)
         stack.stop(delete_nodes=True)
         with contextlib.suppress(FileNotFoundError):
             _host_file(root).unlink()
 
 
-def _start_host(root: Path, kubeconfig: Path, timeout: float = 120.0) -> dict[str, Any]:
+def _start_host(root: Path, kubeconfig: Path, nodes: str, timeout: float) -> dict[str, Any]:
     with contextlib.suppress(FileNotFoundError):
         _host_file(root).unlink()
     log = (root / "node-host.log").open("ab")
@@ -113,6 +187,7 @@ def _start_host(root: Path, kubeconfig: Path, timeout: float = 120.0) -> dict[st
             "host",
             f"--dir={root}",
             f"--kubeconfig={kubeconfig}",
+            f"--nodes={nodes}",
         ],
         stdin=subprocess.DEVNULL,
         stdout=log,
@@ -129,17 +204,26 @@ def _start_host(root: Path, kubeconfig: Path, timeout: float = 120.0) -> dict[st
         except (FileNotFoundError, ValueError):
             pass
         if proc.poll() is not None or time.monotonic() > deadline:
+            kind = "real" if nodes == REAL else "simulated"
             raise RuntimeError(
-                "the simulated nodes did not come up; node host log "
+                f"the {kind} nodes did not come up; node host log "
                 f"{root / 'node-host.log'}:\n{tail_of(root / 'node-host.log', 30)}"
             )
         time.sleep(0.3)
 
 
+def _host_info(root: Path) -> dict[str, Any]:
+    try:
+        info: dict[str, Any] = json.loads(_host_file(root).read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+    return info
+
+
 def _host_pid(root: Path) -> int | None:
     try:
-        pid = int(json.loads(_host_file(root).read_text())["pid"])
-    except (FileNotFoundError, ValueError, KeyError):
+        pid = int(_host_info(root)["pid"])
+    except (KeyError, ValueError, TypeError):
         return None
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
@@ -153,17 +237,27 @@ def down(root: Path) -> list[str]:
     from devcluster.cluster import exclusive, stop_cluster_at
 
     stopped: list[str] = []
+    info = _host_info(root)
+    kind = "real" if info.get("kind") == REAL else "simulated"
     pid = _host_pid(root)
     if pid is not None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60  # three real nodes stop in well under that
         while _host_pid(root) == pid and time.monotonic() < deadline:
             time.sleep(0.2)
         if _host_pid(root) == pid:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
-        stopped.append("simulated nodes and carve-controller")
+        stopped.append(f"{kind} nodes and carve-controller")
+    real_root = info.get("real_root")
+    if real_root:
+        # A killed host leaves its real nodes to RealNodes' reaper: wait for it to finish.
+        deadline = time.monotonic() + 60
+        while Path(real_root).exists() and time.monotonic() < deadline:
+            time.sleep(0.3)
+        if pid is None and not Path(real_root).exists():
+            stopped.append("real nodes (cleaned up by their reaper)")
     with contextlib.suppress(FileNotFoundError):
         _host_file(root).unlink()
     cluster_dir = root / "cluster"
@@ -189,13 +283,35 @@ def _examples() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     return setup, pods
 
 
-def _apply(kubectl: Callable[..., subprocess.CompletedProcess[str]], docs: Sequence[Any]) -> str:
+def with_image(
+    docs: Iterable[Mapping[str, Any]], image: str
+) -> tuple[list[dict[str, Any]], set[str]]:
+    """Copies of ``docs`` whose pods' containers run ``image`` (pull policy IfNotPresent: the
+    real nodes reach no registry), and the images they named before. Nothing else changes."""
+    out: list[dict[str, Any]] = []
+    replaced: set[str] = set()
+    for doc in docs:
+        new = copy.deepcopy(dict(doc))
+        if new.get("kind") == "Pod":
+            spec = new.get("spec") or {}
+            for key in ("initContainers", "containers"):
+                for container in spec.get(key) or []:
+                    replaced.add(str(container.get("image")))
+                    container["image"] = image
+                    container["imagePullPolicy"] = "IfNotPresent"
+        out.append(new)
+    return out, replaced
+
+
+def _apply(kubectl: Kubectl, docs: Sequence[Any]) -> str:
     text = yaml.safe_dump_all(list(docs), sort_keys=False)
     done = kubectl("apply", "-n", EXAMPLES_NAMESPACE, "-f", "-", input=text)
     return done.stdout.strip()
 
 
-def run_demo(root: Path, *, timeout: float = 180.0) -> int:
+def run_demo(
+    root: Path, *, nodes: str = "auto", timeout: float = 180.0, host_timeout: float | None = None
+) -> int:
     from devcluster.binaries import BinariesUnavailableError, ensure_binaries, kubectl_path
     from devcluster.cluster import LocalCluster, api_client_for, exclusive, run_kubectl
 
@@ -203,6 +319,14 @@ def run_demo(root: Path, *, timeout: float = 180.0) -> int:
     root.mkdir(parents=True, exist_ok=True)
     _say("carve demo: MIG slices carved on demand, on a local Kubernetes v1.37 cluster")
     _say(f"(state in {root}; stop everything with `make demo-down`)")
+    try:
+        kind, why = choose_nodes(nodes)
+    except NodesUnavailableError as exc:
+        _say(f"cannot run the demo on real nodes: {exc}")
+        _say("(`make demo` falls back to simulated nodes; `make demo NODES=sim` forces them)")
+        return 2
+    real = kind == REAL
+    _say(f"Nodes: {why}")
     if _host_pid(root) is not None or (root / "cluster" / "cluster.json").exists():
         _step("Stopping the previous demo")
         for what in down(root):
@@ -228,16 +352,30 @@ def run_demo(root: Path, *, timeout: float = 180.0) -> int:
         info = cluster.start()
     kubeconfig = Path(info.kubeconfig)
 
-    _step("carve: DeviceClasses, admission gate, carve-controller, 3 simulated GPU nodes")
+    label = "real" if real else "simulated"
+    _step(f"carve: DeviceClasses, admission gate, carve-controller, 3 {label} GPU nodes")
     for spec in DEMO_NODES:
-        _say(f"  {spec.name}: {', '.join(spec.gpus)}  (cpu {spec.cpu}, memory {spec.memory})")
+        size = "" if real else f"  (cpu {spec.cpu}, memory {spec.memory})"
+        _say(f"  {spec.name}: {', '.join(spec.gpus)}{size}")
     try:
-        host = _start_host(root, kubeconfig)
+        host = _start_host(root, kubeconfig, kind, host_timeout or (300.0 if real else 120.0))
     except RuntimeError as exc:
         _say(str(exc))
         down(root)
+        if real:
+            _say("(`make demo NODES=sim` runs the demo on simulated nodes)")
         return 1
-    _say(f"  each node runs the real carve-kubelet-plugin on the NVML simulator ({root / 'stack'})")
+    api = api_client_for(kubeconfig)
+    if real:
+        _say(f"  {_capacity_line(api, DEMO_NODES[0].name)}")
+        _say("  each node: containerd + runc, the upstream kubelet v1.37 and the real")
+        _say("  carve-kubelet-plugin on the NVML simulator; its driver root gives every GPU")
+        _say(f"  container an nvidia-smi that lists its slices ({host.get('real_root')})")
+    else:
+        _say(
+            "  each node runs the real carve-kubelet-plugin on the NVML simulator "
+            f"({root / 'stack'})"
+        )
 
     kubectl_bin = kubectl_path()
     if kubectl_bin is None:
@@ -248,41 +386,87 @@ def run_demo(root: Path, *, timeout: float = 180.0) -> int:
 
     _step("Applying deploy/examples/ (claim templates and a claim first, then the pods)")
     setup, pods = _examples()
+    if real:
+        from realnode.images import TEST_IMAGE
+
+        pods, images = with_image(pods, TEST_IMAGE)
+        _say(
+            f"  image {', '.join(sorted(images))} -> {TEST_IMAGE} (local busybox; no registry "
+            "here): examples written for other drivers run here by changing only the image"
+        )
     _say(_indent(_apply(kubectl, setup)))
-    api = api_client_for(kubeconfig)
     _wait_gate(api, setup)
     _say(_indent(_apply(kubectl, pods)))
 
-    _step("Waiting for the pods: gated -> placed by carve-controller -> bound -> prepared")
+    done_phases = ("Running", "Succeeded") if real else ("Running",)
+    what = "prepared -> ran `nvidia-smi -L`" if real else "prepared"
+    _step(f"Waiting for the pods: gated -> placed by carve-controller -> bound -> {what}")
     names = [p["metadata"]["name"] for p in pods]
-    phases = _wait_running(kubectl, names, timeout)
-    done = kubectl("get", "pods", "-n", EXAMPLES_NAMESPACE, "-o", "wide")
-    _say(_indent(done.stdout.rstrip()))
-    if any(phases.get(n) != "Running" for n in names):
-        _say("  some pods are not running yet; see `kubectl describe pod` and the logs below")
-
     pod, entry = DESCRIBED_POD
-    claim = _claim_name(kubectl, pod, entry)
+    snapshot = _ClaimSnapshot(kubectl, api, pod, entry)
+    shown: dict[str, str] = {}
+    phases = _wait_pods(kubectl, names, timeout, done_phases, on_poll=snapshot.poll, shown=shown)
+    if real and any(phases.get(n) == "Running" for n in names):
+        # Their one command exits at once: wait for it, so the logs below are complete.
+        phases = _wait_pods(
+            kubectl, names, 30.0, ("Succeeded",), on_poll=snapshot.poll, shown=shown
+        )
+    listed = kubectl("get", "pods", "-n", EXAMPLES_NAMESPACE, "-o", "wide")
+    _say(_indent(listed.stdout.rstrip()))
+    if any(phases.get(n) not in done_phases for n in names):
+        _say(
+            f"  some pods are not {' or '.join(done_phases)}; "
+            "see `kubectl describe pod` and the logs below"
+        )
+
+    claim = snapshot.claim
     if claim:
         _step(f"kubectl describe resourceclaim {claim}   (pod {pod}: two 1g slices, one GPU)")
-        try:
-            described = kubectl("describe", "resourceclaim", claim, "-n", EXAMPLES_NAMESPACE)
-            _say(_indent(described.stdout))
-        except subprocess.CalledProcessError as exc:
-            _say(_indent(f"kubectl describe failed: {exc.stderr.strip() or exc}"))
+        live = snapshot.describe_now()
+        if live is not None:
+            _say(_indent(live))
+        elif snapshot.text:
+            _say(f"  (as it was while {pod} ran: the claim was released when the pod completed)")
+            _say(_indent(snapshot.text))
+        else:
+            _say(f"  the claim was released before it could be described (pod {pod} completed)")
 
-    _step("What the container runtime gets for that pod (CDI edits the node agent recorded)")
-    for node_dir in host.get("nodes", {}).values():
-        path = Path(node_dir) / "containers" / f"{EXAMPLES_NAMESPACE}_{pod}.json"
-        if path.exists():
-            edits = json.loads(path.read_text())["edits"]
-            for cdi in edits["cdiDeviceIDs"]:
-                _say(f"  CDI device   {cdi}")
-            for env in edits["env"]:
-                _say(f"  env          {env}")
-            _say(f"  device nodes {' '.join(edits['deviceNodes'])}")
+    if real:
+        _step("What each container saw: kubectl logs (nvidia-smi -L lists the pod's MIG slices)")
+        for name in names:
+            logs = kubectl("logs", name, "-n", EXAMPLES_NAMESPACE, check=False)
+            text = logs.stdout.rstrip() if logs.returncode == 0 else logs.stderr.strip()
+            _say(f"  {name}:")
+            _say(_indent(_indent(text or "(no output)")))
+            listed_slices = sum(1 for line in text.splitlines() if line.lstrip().startswith("MIG "))
+            if name == pod and 0 < listed_slices < snapshot.devices:
+                _say(
+                    f"    ({snapshot.devices} slices allocated, {listed_slices} listed: the "
+                    "container names the whole claim and gets every slice's device nodes, but"
+                )
+                _say(
+                    "     NVIDIA_VISIBLE_DEVICES is one variable that each request's CDI device"
+                    " sets, and the last one applied wins)"
+                )
+    else:
+        _step("What the container runtime gets for that pod (CDI edits the node agent recorded)")
+        for node_dir in host.get("nodes", {}).values():
+            path = Path(node_dir) / "containers" / f"{EXAMPLES_NAMESPACE}_{pod}.json"
+            if path.exists():
+                edits = json.loads(path.read_text())["edits"]
+                for cdi in edits["cdiDeviceIDs"]:
+                    _say(f"  CDI device   {cdi}")
+                for env in edits["env"]:
+                    _say(f"  env          {env}")
+                _say(f"  device nodes {' '.join(edits['deviceNodes'])}")
 
-    _step("carve status   (every GPU's memory slices, from ResourceSlices and ResourceClaims)")
+    status_note = "every GPU's memory slices, from ResourceSlices and ResourceClaims"
+    if real and all(phases.get(n) == "Succeeded" for n in names):
+        if _wait_released(api):
+            status_note = "the pods completed, so carve destroyed their slices: every GPU is free"
+        else:
+            status_note = "the pods completed; carve is still releasing some of their slices"
+    _step(f"carve status   ({status_note})")
     from carvecli.main import main as carve_main
 
     carve_main(["status", f"--kubeconfig={kubeconfig}"])
@@ -292,16 +476,69 @@ def run_demo(root: Path, *, timeout: float = 180.0) -> int:
     _say(f"  export KUBECONFIG={shlex.quote(str(kubeconfig))}")
     _say(f"  export PATH={shlex.quote(str(kubectl_bin.parent))}:$PATH   # kubectl 1.37")
     _say("  kubectl get pods,resourceclaims -o wide")
-    _say(f"  kubectl describe resourceclaim {claim or '<name>'}")
-    _say(f"  {venv_bin / 'carve'} status")
-    _say("  kubectl delete pod training-3g   # the slice is destroyed and its placement freed")
-    _say(f"Logs: {root / 'node-host.log'}, {host.get('controller_log')}, {cluster_dir / 'logs'}")
+    if real:
+        _say(f"  kubectl logs {pod}")
+        _say(f"  {venv_bin / 'carve'} status")
+        _say("  kubectl delete pod training-3g   # then run it again, on a new 3g slice:")
+        _say(
+            f"  sed 's#nvcr.io/.*#{TEST_IMAGE}#' deploy/examples/20-pods.yaml | kubectl apply -f -"
+        )
+    else:
+        _say(f"  kubectl describe resourceclaim {claim or '<name>'}")
+        _say(f"  {venv_bin / 'carve'} status")
+        _say("  kubectl delete pod training-3g   # the slice is destroyed and its placement freed")
+    logs_of = f"{host.get('real_root')}/n*/ (kubelet, containerd, plugin)" if real else ""
+    _say(
+        f"Logs: {root / 'node-host.log'}, {host.get('controller_log')}, {cluster_dir / 'logs'}"
+        + (f", {logs_of}" if logs_of else "")
+    )
     _say("Stop everything: make demo-down   (or: .venv/bin/python -m nodesim down)")
     return 0
 
 
 def _indent(text: str) -> str:
     return "\n".join(f"  {line}" for line in text.splitlines())
+
+
+def _capacity_line(api: Any, node: str) -> str:
+    """What the real kubelet reports: this machine's own cpu and memory, on every node."""
+    from kubeletplugin.claims import ApiError, KubeJson
+
+    try:
+        capacity = KubeJson(api).request("GET", f"/api/v1/nodes/{node}")["status"]["capacity"]
+    except (ApiError, KeyError):
+        return "cpu and memory: this machine's own (each kubelet reports the real capacity)"
+    return (
+        f"cpu {capacity.get('cpu')}, memory {_gib(str(capacity.get('memory')))} on each: this "
+        "machine's own (a real kubelet reports the real capacity)"
+    )
+
+
+def _gib(quantity: str) -> str:
+    """A kubelet memory quantity ("24683652Ki") in GiB, for people."""
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+    for suffix, factor in units.items():
+        if quantity.endswith(suffix) and quantity[: -len(suffix)].isdigit():
+            return f"{int(quantity[: -len(suffix)]) * factor / 2**30:.1f}Gi"
+    return quantity
+
+
+def _wait_released(api: Any, timeout: float = 30.0) -> bool:
+    """Until no ResourceClaim of the examples is allocated any more (True), or ``timeout``."""
+    from kubeletplugin.claims import ApiError, KubeJson
+
+    path = f"/apis/resource.k8s.io/v1/namespaces/{EXAMPLES_NAMESPACE}/resourceclaims"
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            items = KubeJson(api).request("GET", path).get("items") or []
+        except ApiError:
+            items = [{"status": {"allocation": "?"}}]
+        if not any((c.get("status") or {}).get("allocation") for c in items):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
 
 
 def _wait_gate(api: Any, setup: Sequence[dict[str, Any]], timeout: float = 30.0) -> None:
@@ -323,15 +560,27 @@ def _wait_gate(api: Any, setup: Sequence[dict[str, Any]], timeout: float = 30.0)
             time.sleep(0.2)
 
 
-def _wait_running(
-    kubectl: Callable[..., subprocess.CompletedProcess[str]], names: Sequence[str], timeout: float
+def _wait_pods(
+    kubectl: Kubectl,
+    names: Sequence[str],
+    timeout: float,
+    done_phases: Sequence[str] = ("Running",),
+    *,
+    on_poll: Callable[[Sequence[dict[str, Any]]], None] | None = None,
+    shown: dict[str, str] | None = None,
 ) -> dict[str, str]:
+    """Print each pod's phase as it changes (from the phases in ``shown``), until every pod is
+    in ``done_phases`` or Failed."""
+    settled = (*done_phases, "Failed")
     deadline = time.monotonic() + timeout
     phases: dict[str, str] = {}
-    shown: dict[str, str] = {}
+    shown = {} if shown is None else shown
     while time.monotonic() < deadline:
         out = kubectl("get", "pods", "-n", EXAMPLES_NAMESPACE, "-o", "json").stdout
-        for item in json.loads(out)["items"]:
+        items = json.loads(out)["items"]
+        if on_poll is not None:
+            on_poll(items)
+        for item in items:
             name = item["metadata"]["name"]
             phase = item["status"].get("phase", "?")
             if item["spec"].get("schedulingGates"):
@@ -341,14 +590,70 @@ def _wait_running(
                 node = item["spec"].get("nodeName") or "-"
                 _say(f"  {name:<16} {phase:<48} node {node}")
                 shown[name] = phase
-        if all(phases.get(n) == "Running" for n in names):
+        if all(phases.get(n) in settled for n in names):
             break
         time.sleep(0.5)
     return phases
 
 
-def _claim_name(
-    kubectl: Callable[..., subprocess.CompletedProcess[str]], pod: str, entry: str
-) -> str | None:
-    out = kubectl("get", "pod", pod, "-n", EXAMPLES_NAMESPACE, "-o", "json").stdout
-    return dict(claim_names(json.loads(out))).get(entry)
+class _ClaimSnapshot:
+    """`kubectl describe` of one pod's claim, taken whenever the allocated claim changes: on
+    real nodes the pod runs `nvidia-smi -L` and completes within seconds, and the claim is
+    released (and deleted) right after, so the demo keeps the last allocated view."""
+
+    def __init__(self, kubectl: Kubectl, api: Any, pod: str, entry: str) -> None:
+        from kubeletplugin.claims import KubeJson
+
+        self._kubectl = kubectl
+        self._api = KubeJson(api)
+        self.pod = pod
+        self.entry = entry
+        self.claim: str | None = None
+        self.text = ""
+        self.devices = 0  # how many devices the claim was allocated
+        self._version: str | None = None
+
+    def poll(self, pods: Sequence[Mapping[str, Any]]) -> None:
+        # The first name the pod's status gives is the claim the pod runs with: once that
+        # claim is deleted (its pod completed), kube-controller-manager may put a new name
+        # there, for a claim it deletes again.
+        for item in pods:
+            if item["metadata"]["name"] == self.pod and self.claim is None:
+                self.claim = dict(claim_names(item)).get(self.entry)
+        if self.claim is None:
+            return
+        obj = self._allocated()
+        if obj is None or obj["metadata"].get("resourceVersion") == self._version:
+            return
+        text = self._describe()
+        if text is not None:
+            self.text = text
+            self._version = obj["metadata"].get("resourceVersion")
+            results = ((obj["status"]["allocation"].get("devices") or {}).get("results")) or []
+            self.devices = len(results)
+
+    def describe_now(self) -> str | None:
+        """The claim described now, or None when it is no longer allocated."""
+        if self.claim is None or self._allocated() is None:
+            return None
+        return self._describe()
+
+    def _allocated(self) -> dict[str, Any] | None:
+        from kubeletplugin.claims import ApiError
+
+        path = (
+            f"/apis/resource.k8s.io/v1/namespaces/{EXAMPLES_NAMESPACE}/resourceclaims/{self.claim}"
+        )
+        try:
+            obj = self._api.request("GET", path)
+        except ApiError:
+            return None
+        return obj if (obj.get("status") or {}).get("allocation") else None
+
+    def _describe(self) -> str | None:
+        done = self._kubectl(
+            "describe", "resourceclaim", str(self.claim), "-n", EXAMPLES_NAMESPACE, check=False
+        )
+        if done.returncode != 0:
+            return None
+        return str(done.stdout)
