@@ -13,8 +13,10 @@ tests can use it: tests never import bench.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +25,7 @@ from typing import Any
 from devcluster import FEATURE_GATES, bin_dir, ensure_binaries
 from driver.catalog import GpuModel
 from driver.contract import DEFAULT_DRIVER_NAME
+from driver.naming import parse_device_name
 from driver.resourceslice import PublishedGpu, build_resource_slices
 
 NODE = "baseline-node"
@@ -175,3 +178,193 @@ def run_steps(
             )
         )
     return verdicts
+
+
+def device_claim(
+    name: str, spec: Mapping[str, Any], *, namespace: str = "default"
+) -> dict[str, Any]:
+    """A ResourceClaim with ``spec`` (the ``spec`` object a user writes)."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": dict(spec),
+    }
+
+
+MAX_REQUESTS_PER_CLAIM = 32
+"""resource.k8s.io/v1 DeviceRequestsMaxSize: requests one claim may hold."""
+
+
+def pin_claims(
+    devices: Sequence[str],
+    *,
+    node: str = NODE,
+    driver: str = DEFAULT_DRIVER_NAME,
+    prefix: str = "pin",
+) -> list[dict[str, Any]]:
+    """Claims that can only get exactly ``devices`` (carve device names on ``node``'s slices
+    from :func:`node_slices`): one request per device, its selector naming the GPU, profile
+    and placement. Allocating them rebuilds an allocated state without replaying the history
+    that led to it (the allocator reads only which devices are taken)."""
+    attr = f'device.attributes["{driver}"]'
+    requests = []
+    for i, name in enumerate(devices):
+        parsed = parse_device_name(name)
+        uuid = f"GPU-{node}-{parsed.minor}"
+        if parsed.profile_id is None:
+            cls, expr = GPU_CLASS, f'{attr}.type == "gpu" && {attr}.uuid == "{uuid}"'
+        else:
+            cls = MIG_CLASS
+            expr = (
+                f'{attr}.type == "mig" && {attr}.parentUUID == "{uuid}" && '
+                f"{attr}.profileId == {parsed.profile_id} && "
+                f"{attr}.placementStart == {parsed.placement_start}"
+            )
+        requests.append(
+            {
+                "name": f"p{i}",
+                "exactly": {"deviceClassName": cls, "selectors": [{"cel": {"expression": expr}}]},
+            }
+        )
+    return [
+        device_claim(
+            f"{prefix}-{n}",
+            {"devices": {"requests": requests[i : i + MAX_REQUESTS_PER_CLAIM]}},
+        )
+        for n, i in enumerate(range(0, len(requests), MAX_REQUESTS_PER_CLAIM))
+    ]
+
+
+def spec_key(spec: Mapping[str, Any]) -> str:
+    """A claim spec as a canonical string (the cache key of :class:`CachedAllocator`)."""
+    return json.dumps(spec, sort_keys=True, separators=(",", ":"))
+
+
+_StateKey = tuple[tuple[str, ...], frozenset[str], str]  # (GPU models, held devices, spec)
+
+
+@dataclass
+class AllocatorStats:
+    runs: int = 0  # dra-allocate processes
+    steps: int = 0
+    hits: int = 0
+    misses: int = 0
+    seconds: float = 0.0
+
+
+class CachedAllocator:
+    """kube-scheduler's allocator for one node at a time, remembered per allocated state.
+
+    ``allocate(models, held, spec)`` answers which devices the real allocator gives a claim
+    with ``spec`` on a node whose GPUs are ``models`` (minors 0..n-1) and whose devices
+    ``held`` are taken, or None when it finds none. The answer depends on nothing else (every
+    allocation builds a fresh allocator from the taken devices, as kube-scheduler does per pod),
+    so it is remembered. A miss runs dra-allocate once: :func:`pin_claims` rebuild the state,
+    then the asked spec and every spec in ``also`` are allocated and released in turn, so that
+    the next question about the same state is answered without a process.
+    """
+
+    def __init__(
+        self,
+        exe: Path | None = None,
+        *,
+        feature_gates: Mapping[str, bool] | None = FEATURE_GATES,
+        driver: str = DEFAULT_DRIVER_NAME,
+    ) -> None:
+        self.exe = exe if exe is not None else binary(build=False)
+        self.feature_gates = feature_gates
+        self.driver = driver
+        self.stats = AllocatorStats()
+        self._answers: dict[_StateKey, tuple[str, ...] | None] = {}
+        self._slices: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+
+    def _identity(self) -> str:
+        """What the answers depend on besides the question: the binary, its gates, the driver."""
+        digest = hashlib.sha256(self.exe.read_bytes()).hexdigest()
+        gates = "" if self.feature_gates is None else scheduler_gates_flag(self.feature_gates)
+        return f"{digest} {gates} {self.driver}"
+
+    def load(self, path: Path) -> int:
+        """Answers saved by :meth:`save` with the same binary, gates and driver; how many."""
+        if not path.exists():
+            return 0
+        data = json.loads(path.read_text())
+        if data.get("identity") != self._identity():
+            return 0
+        for models, held, key, devices in data["answers"]:
+            answer = tuple(devices) if devices is not None else None
+            self._answers[(tuple(models), frozenset(held), key)] = answer
+        return len(data["answers"])
+
+    def save(self, path: Path) -> None:
+        answers = [
+            [list(models), sorted(held), key, list(devices) if devices is not None else None]
+            for (models, held, key), devices in self._answers.items()
+        ]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"identity": self._identity(), "answers": answers}))
+        tmp.replace(path)
+
+    def allocate(
+        self,
+        models: Sequence[GpuModel],
+        held: frozenset[str],
+        spec: Mapping[str, Any],
+        also: Iterable[Mapping[str, Any]] = (),
+    ) -> tuple[str, ...] | None:
+        keys = tuple(m.key for m in models)
+        key = spec_key(spec)
+        hit = self._answers.get((keys, held, key), False)
+        if hit is not False:
+            self.stats.hits += 1
+            return hit
+        self.stats.misses += 1
+        specs = {key: spec}
+        for other in also:
+            k = spec_key(other)
+            if (keys, held, k) not in self._answers:
+                specs.setdefault(k, other)
+        self._run(models, keys, held, specs)
+        return self._answers[(keys, held, key)]
+
+    def _run(
+        self,
+        models: Sequence[GpuModel],
+        keys: tuple[str, ...],
+        held: frozenset[str],
+        specs: Mapping[str, Mapping[str, Any]],
+    ) -> None:
+        slices = self._slices.get(keys)
+        if slices is None:
+            slices = self._slices[keys] = node_slices(models, driver=self.driver)
+        ordered_held = sorted(held)
+        pins = pin_claims(ordered_held, driver=self.driver)
+        steps: list[dict[str, Any]] = [allocate(p) for p in pins]
+        names = list(specs)
+        for i, k in enumerate(names):
+            steps.append(allocate(device_claim(f"q-{i}", specs[k])))
+            steps.append(release(f"q-{i}"))
+        t0 = time.perf_counter()
+        verdicts = run_steps(
+            slices,
+            steps,
+            classes=device_classes(self.driver),
+            feature_gates=self.feature_gates,
+            exe=self.exe,
+        )
+        self.stats.seconds += time.perf_counter() - t0
+        self.stats.runs += 1
+        self.stats.steps += len(steps)
+        pinned = [d for v in verdicts[: len(pins)] for d in v.devices]
+        if sorted(pinned) != ordered_held or not all(v.allocated for v in verdicts[: len(pins)]):
+            raise RuntimeError(
+                f"{BINARY_NAME} did not rebuild the allocated state {ordered_held}: {pinned} "
+                f"({[v.message for v in verdicts[: len(pins)] if not v.allocated]})"
+            )
+        for i, k in enumerate(names):
+            v = verdicts[len(pins) + 2 * i]
+            if v.status == "error":
+                raise RuntimeError(f"{BINARY_NAME} failed on claim spec {k}: {v.message}")
+            self._answers[(keys, held, k)] = v.devices if v.allocated else None
