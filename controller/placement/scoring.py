@@ -18,6 +18,18 @@ packs GPUs; ties prefer GPUs and nodes already in use. Before the loss comes the
 utilisation band, so that a request several models can serve goes to the model with the most
 room (see docs/placement.md and ``python -m bench.packing``).
 
+Least waste (:class:`LeastWaste`) is best fit behind one more preference, measured on the
+public Alibaba GPU trace (``python -m bench.trace``, docs/benchmarks.md). A candidate's *waste*
+is the share of its GPU that the placement uses plus the share it leaves that no further copy
+of the same request could use (``size + free_after - size * admits_after[profile]``, over the
+GPU's memory units): a 4g on an empty 8-slice GPU wastes the whole GPU (a second 4g never fits
+beside it), a 2g on an empty 4-slice A30 only half. Candidates that waste more than one memory
+slice of an 8-slice GPU beyond the least wasteful candidate of the decision come last; among
+the rest best fit decides (band, loss, ...), so the band still keeps a scarce model for the
+requests only it can serve. Pods of one workload share a request shape, which is why the waste
+is measured against copies of the request itself. It changes single-device decisions only
+(multi-device solutions rank as in best fit).
+
 First fit (:class:`FirstFit`) is the peers' baseline, kept for the benchmark and for comparison:
 first GPU in (node, uuid) order, first placement in NVML order. :class:`Policy` is the public
 way to choose one; :func:`packing_policy` maps it to its implementation.
@@ -28,9 +40,10 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Iterator, Mapping
 from enum import StrEnum
+from fractions import Fraction
 from typing import Protocol
 
-from controller.model import ClusterModel, GpuRecord, Occupancy
+from controller.model import WHOLE_GPU, ClusterModel, GpuRecord, Occupancy
 from controller.placement.cache import BoundedCache
 from controller.placement.feasibility import occupancy_after
 from controller.placement.records import BucketOption, Candidate, DeviceSet, GpuOffer
@@ -42,6 +55,9 @@ PRESSURE_BANDS = 20
 
 class Policy(StrEnum):
     BEST_FIT = "best-fit"
+    LEAST_WASTE = "least-waste"
+    """Best fit after avoiding placements that strand part of their GPU for the request's
+    own shape; see the module docstring."""
     FIRST_FIT = "first-fit"
     """The peers' baseline: first GPU (node, then GPU order), first free placement in NVML
     order. Kept for the packing benchmark and for comparison, not for production."""
@@ -188,6 +204,59 @@ class FirstFit:
         return order
 
 
+WASTE_TOLERANCE = Fraction(1, 8)
+"""Waste (in GPUs) a candidate may exceed the decision's least wasteful candidate by and still
+be ranked by best fit: one memory slice of an 8-slice GPU."""
+
+
+class LeastWaste(BestFit):
+    """Best fit among the candidates within :data:`WASTE_TOLERANCE` of the least waste."""
+
+    def __init__(self, model: ClusterModel) -> None:
+        super().__init__(model)
+        self._waste: BoundedCache[tuple[Geometry, Occupancy, int], Fraction] = BoundedCache()
+
+    def bucket_rank(
+        self, gpu: GpuRecord, occupancy: Occupancy, busy: bool, best: Candidate
+    ) -> tuple[object, ...]:
+        """(waste, then best fit's rank); :meth:`offers` turns the waste into within or
+        beyond the tolerance once every bucket's waste is known."""
+        waste = self.waste(gpu.geometry, best.after, best.profile_id)
+        return (waste, *super().bucket_rank(gpu, occupancy, busy, best))
+
+    def offers(self, options: list[BucketOption]) -> Iterator[GpuOffer]:
+        if options:
+            wastes = [_waste_of(o) for o in options]
+            limit = min(wastes) + WASTE_TOLERANCE
+            options = [
+                o._replace(rank=(w > limit, *o.rank[1:]))
+                for o, w in zip(options, wastes, strict=True)
+            ]
+        return super().offers(options)
+
+    def waste(self, geometry: Geometry, after: Occupancy, profile_id: int) -> Fraction:
+        """Share of the GPU the placement uses plus what no further copy of it can use."""
+        key = (geometry, after, profile_id)
+        hit = self._waste.get(key)
+        if hit is not None:
+            return hit
+        units = geometry.model.memory_units
+        if after.blocked or profile_id == WHOLE_GPU:
+            value = Fraction(1)
+        else:
+            size = geometry.model.profile_by_id(profile_id).size
+            free = units - after.state.occupied.bit_count()
+            again = geometry.admits(after.state).get(profile_id, 0)
+            value = Fraction(size + free - size * again, units)
+        return self._waste.put(key, value)
+
+
+def _waste_of(option: BucketOption) -> Fraction:
+    waste = option.rank[0]
+    assert isinstance(waste, Fraction)
+    return waste
+
+
 def _offers_of(option: BucketOption) -> Iterator[GpuOffer]:
     for node, uuid in option.members:
         yield GpuOffer(node, uuid, option.profile_id, option.start, option.loss)
@@ -197,6 +266,8 @@ def packing_policy(policy: Policy, model: ClusterModel) -> PackingPolicy:
     """The implementation behind a :class:`Policy` value."""
     if policy is Policy.FIRST_FIT:
         return FirstFit()
+    if policy is Policy.LEAST_WASTE:
+        return LeastWaste(model)
     return BestFit(model)
 
 
