@@ -72,11 +72,15 @@ def test_two_containers_get_one_slice_each_as_their_requests_say(env: RealEnv) -
     containers = [
         {"name": "ca", "resources": {"claims": [{"name": "mig", "request": "a"}]}},
         {"name": "cb", "resources": {"claims": [{"name": "mig", "request": "b"}]}},
+        {"name": "call", "resources": {"claims": [{"name": "mig"}]}},
     ]
-    env.pod("p", {"mig": {"resourceClaimName": "pair"}}, node=NODE_H, containers=containers)
-    env.wait_phase("p", "Succeeded", timeout=90)
-    claim = env.claim_of("p", "mig")
-    by_request = {r["request"]: r["device"] for r in env.results(claim)}
+    env.pod(
+        "p", {"mig": {"resourceClaimName": "pair"}}, node=NODE_H, containers=containers, sleep=3
+    )
+    env.wait_phase("p", "Running", timeout=90)
+    # Read now: once the pod is done the controller releases the claim's allocation.
+    by_request = {r["request"]: r["device"] for r in env.results(env.claim_of("p", "mig"))}
+    env.wait_phase("p", "Succeeded", timeout=60)
     seen = {}
     for container, req in (("ca", "a"), ("cb", "b")):
         report = parse_report(env.logs("p", container))
@@ -84,6 +88,10 @@ def test_two_containers_get_one_slice_each_as_their_requests_say(env: RealEnv) -
         assert "," not in seen[req], seen  # one slice per container
         assert len(smi_uuids(report["smi"])) == 2  # its GPU and its one MIG device
     assert seen["a"] != seen["b"]
+    # A container naming the whole claim has both slices' device nodes, and nvidia-smi lists
+    # what the container can open: both slices, under their one GPU.
+    both = parse_report(env.logs("p", "call"))
+    assert sorted(smi_uuids(both["smi"])[1:]) == sorted(seen.values()), both["smi"]
     assert "1g10gb" in by_request["a"] and "2g20gb" in by_request["b"]
     env.delete_pod("p")
     env.wait_gone("p")

@@ -60,6 +60,7 @@ _warned: set[str] = set()  # dev roots already reported as left without nodes (l
 class SmiMig:
     profile: str  # as nvidia-smi names it: "1g.10gb", or "1c.2g.20gb" for a smaller CI
     uuid: str
+    cap_minor: int = -1  # its compute instance's nvidia-caps access node; -1: unknown
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class SmiGpu:
     uuid: str
     name: str
     migs: tuple[SmiMig, ...] = ()
+    minor: int = -1  # /dev/nvidia<minor>; -1: unknown
 
 
 def library_dir() -> str:
@@ -90,14 +92,17 @@ _SCRIPT = r"""#!/bin/sh
 # Written by carve's NVML simulator (driver/nvml/sim/driverfiles.py) and replaced (new file, then
 # rename) whenever a GPU or compute instance is created or destroyed; a container's bind mount
 # keeps the file it was created with. Simulated: -L/--list-gpus, --version, and the header of a
-# bare `nvidia-smi`. The devices shown are those NVIDIA_VISIBLE_DEVICES names (GPU or MIG UUIDs
-# or GPU indices, comma separated; all, none, void), numbered as a container sees them.
-# POSIX sh only: it runs inside busybox containers.
+# bare `nvidia-smi`. Inside a container (where /dev/nvidiactl exists) the devices shown are those
+# whose device nodes the container has, as the real driver decides: a GPU by /dev/nvidia<minor>,
+# a MIG device by its compute instance's /dev/nvidia-caps/nvidia-cap<N>. Elsewhere they are those
+# NVIDIA_VISIBLE_DEVICES names (GPU or MIG UUIDs or GPU indices, comma separated; all, none,
+# void). Either way numbered as a container sees them. POSIX sh only: it runs inside busybox.
 
 DRIVER_VERSION='@@VERSION@@'
 CUDA_VERSION='@@CUDA@@'
-# G <NVML index> <GPU UUID> <name> / M <NVML index of its GPU> <profile> <MIG UUID>
+# G <NVML index> <minor> <GPU UUID> <name> / M <NVML index of its GPU> <cap minor> <profile> <MIG>
 TABLE='@@TABLE@@'
+DEV=${CARVE_SIM_DEV_DIR:-/dev}
 
 in_list() {
     # in_list ",a,b," word...: is any word an element of the list?
@@ -110,26 +115,38 @@ in_list() {
 }
 
 list_gpus() {
+    by_nodes=
+    [ -e "$DEV/nvidiactl" ] && by_nodes=1
     visible=${NVIDIA_VISIBLE_DEVICES-all}
     case $visible in
     '' | none | void)
-        echo "No devices were found"
-        return 6
+        if [ -z "$by_nodes" ]; then
+            echo "No devices were found"
+            return 6
+        fi
         ;;
     esac
     visible=",$visible,"
     shown=0
-    while read -r kind index uuid name; do
+    while read -r kind index minor uuid name; do
         [ "$kind" = G ] || continue
         whole=
-        if [ "$visible" = ",all," ] || in_list "$visible" "$uuid" "$index"; then
+        gpu_node=
+        if [ -n "$by_nodes" ]; then
+            [ -e "$DEV/nvidia$minor" ] && gpu_node=1
+        elif [ "$visible" = ",all," ] || in_list "$visible" "$uuid" "$index"; then
             whole=1
         fi
         migs=
         count=0
-        while read -r mkind parent profile mig; do
+        while read -r mkind parent cap profile mig; do
             [ "$mkind" = M ] && [ "$parent" = "$index" ] || continue
-            if [ -n "$whole" ] || in_list "$visible" "$mig"; then
+            if [ -n "$by_nodes" ]; then
+                [ -n "$gpu_node" ] && [ -e "$DEV/nvidia-caps/nvidia-cap$cap" ] || continue
+                migs="$migs$(printf '  MIG %-12sDevice %2d: (UUID: %s)' "$profile" "$count" "$mig")
+"
+                count=$((count + 1))
+            elif [ -n "$whole" ] || in_list "$visible" "$mig"; then
                 migs="$migs$(printf '  MIG %-12sDevice %2d: (UUID: %s)' "$profile" "$count" "$mig")
 "
                 count=$((count + 1))
@@ -137,7 +154,7 @@ list_gpus() {
         done <<EOF
 $TABLE
 EOF
-        if [ -n "$whole" ] || [ "$count" -gt 0 ]; then
+        if [ -n "$whole" ] || [ -n "$gpu_node" ] || [ "$count" -gt 0 ]; then
             printf 'GPU %d: %s (UUID: %s)\n%s' "$shown" "$name" "$uuid" "$migs"
             shown=$((shown + 1))
         fi
@@ -184,8 +201,8 @@ def nvidia_smi_script(version: str, cuda_version: str, gpus: Sequence[SmiGpu]) -
     """The stand-in's text for a node with `gpus` (NVML index order)."""
     rows = []
     for index, gpu in enumerate(gpus):
-        rows.append(f"G {index} {_safe(gpu.uuid)} {_safe(gpu.name)}")
-        rows.extend(f"M {index} {_safe(m.profile)} {_safe(m.uuid)}" for m in gpu.migs)
+        rows.append(f"G {index} {gpu.minor} {_safe(gpu.uuid)} {_safe(gpu.name)}")
+        rows.extend(f"M {index} {m.cap_minor} {_safe(m.profile)} {_safe(m.uuid)}" for m in gpu.migs)
     return (
         _SCRIPT.replace("@@MARKER@@", MARKER)
         .replace("@@VERSION@@", _safe(version))

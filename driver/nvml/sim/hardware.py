@@ -440,8 +440,16 @@ def _smi_gpus(config: SimConfig, state: HwState) -> list[driverfiles.SmiGpu]:
             name = prof.name if prof is not None else f"profile-{gi.profile_id}"
             for ci in gi.cis:
                 small = prof is not None and ci.size != prof.slices
-                migs.append(driverfiles.SmiMig(f"{ci.size}c.{name}" if small else name, ci.uuid))
-        gpus.append(driverfiles.SmiGpu(gpu.uuid, sim_gpu.model.product_name, tuple(migs)))
+                migs.append(
+                    driverfiles.SmiMig(
+                        f"{ci.size}c.{name}" if small else name,
+                        ci.uuid,
+                        ci_cap_minor(gpu.minor, gi.id, ci.id),
+                    )
+                )
+        gpus.append(
+            driverfiles.SmiGpu(gpu.uuid, sim_gpu.model.product_name, tuple(migs), gpu.minor)
+        )
     return gpus
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -289,3 +290,44 @@ def test_listing_matches_the_chosen_devices(chosen: list[tuple[int, int]]) -> No
 def test_table_refuses_text_that_would_break_the_script() -> None:
     with pytest.raises(SimConfigError, match="cannot put"):
         driverfiles.nvidia_smi_script("1.0", "13.0", [driverfiles.SmiGpu("GPU-1", "it's")])
+
+
+# --- inside a container: the device nodes decide, as with the real driver ---------------------
+
+_NODE_GPUS = [
+    driverfiles.SmiGpu(
+        gpu.uuid,
+        gpu.name,
+        tuple(driverfiles.SmiMig(m.profile, m.uuid, 100 * g + i) for i, m in enumerate(gpu.migs)),
+        minor=g,
+    )
+    for g, gpu in enumerate(_GPUS)
+]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(chosen=st.lists(st.sampled_from(_ALL_MIGS), unique=True, min_size=1))
+def test_in_a_container_the_device_nodes_decide(chosen: list[tuple[int, int]]) -> None:
+    """A container that names a whole claim of two requests gets every slice's nodes but only
+    one request's NVIDIA_VISIBLE_DEVICES; what it can open is what it has, and is listed."""
+    with tempfile.TemporaryDirectory() as d:
+        dev = Path(d) / "dev"
+        (dev / "nvidia-caps").mkdir(parents=True)
+        (dev / "nvidiactl").touch()
+        for g, m in chosen:
+            (dev / f"nvidia{g}").touch()
+            (dev / "nvidia-caps" / f"nvidia-cap{100 * g + m}").touch()
+        script = Path(d) / "nvidia-smi"
+        script.write_text(driverfiles.nvidia_smi_script("580.105.08", "13.0", _NODE_GPUS))
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "CARVE_SIM_DEV_DIR": str(dev),
+            "NVIDIA_VISIBLE_DEVICES": _NODE_GPUS[chosen[0][0]].migs[chosen[0][1]].uuid,
+        }
+        out = subprocess.run(
+            ["/bin/sh", str(script), "-L"], check=False, env=env, capture_output=True, text=True
+        )
+    listed = re.findall(r"UUID: (MIG-[0-9a-f-]+)", out.stdout)
+    assert out.returncode == 0
+    assert sorted(listed) == sorted(_NODE_GPUS[g].migs[m].uuid for g, m in chosen)
+    assert out.stdout.count("GPU ") == len({g for g, _ in chosen})
