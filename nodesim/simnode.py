@@ -61,6 +61,36 @@ class SimNodeSpec:
             raise ValueError(f"node {self.name}: latency must be 'zero' or 'realistic'")
 
 
+def plugin_argv(
+    *,
+    node_name: str,
+    driver: str,
+    kubeconfig: Path,
+    registry_dir: Path,
+    plugins_dir: Path,
+    cdi_dir: Path,
+    sim_config: Path,
+    http_address: str = "127.0.0.1:0",
+    extra: tuple[str, ...] = (),
+) -> list[str]:
+    """The command line of carve's plugin on simulated GPUs, for simulated and real nodes alike
+    (``extra`` flags come last, so they win)."""
+    return [
+        *console_script("carve-kubelet-plugin", "kubeletplugin.main"),
+        f"--node-name={node_name}",
+        f"--driver-name={driver}",
+        f"--kubeconfig={kubeconfig}",
+        f"--registry-dir={registry_dir}",
+        f"--plugins-dir={plugins_dir}",
+        f"--cdi-root={cdi_dir}",
+        f"--simulate={sim_config}",
+        f"--http-address={http_address}",
+        "--resync-period=10s",
+        "--log-format=text",
+        *extra,
+    ]
+
+
 class SimNode:
     """Start with `start()`; `kill_plugin()` / `start_plugin()` model a crashing node agent."""
 
@@ -156,19 +186,15 @@ class SimNode:
     def start_plugin(self) -> None:
         if self._plugin is not None and self._plugin.exit_code() is None:
             raise RuntimeError(f"node {self.name}: the plugin is already running")
-        argv = [
-            *console_script("carve-kubelet-plugin", "kubeletplugin.main"),
-            f"--node-name={self.name}",
-            f"--driver-name={self.driver}",
-            f"--kubeconfig={self.kubeconfig}",
-            f"--registry-dir={self.registry_dir}",
-            f"--plugins-dir={self.plugins_dir}",
-            f"--cdi-root={self.cdi_dir}",
-            f"--simulate={self.sim_config}",
-            "--http-address=127.0.0.1:0",
-            "--resync-period=10s",
-            "--log-format=text",
-        ]
+        argv = plugin_argv(
+            node_name=self.name,
+            driver=self.driver,
+            kubeconfig=self.kubeconfig,
+            registry_dir=self.registry_dir,
+            plugins_dir=self.plugins_dir,
+            cdi_dir=self.cdi_dir,
+            sim_config=self.sim_config,
+        )
         self._plugin = ManagedProcess(
             f"carve-kubelet-plugin[{self.name}]",
             argv,

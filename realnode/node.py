@@ -29,11 +29,12 @@ from typing import Any
 
 import yaml
 
-from devcluster.processes import ManagedProcess, console_script, tail_of
+from devcluster.processes import ManagedProcess, tail_of
 from driver import catalog
 from driver.contract import DEFAULT_DRIVER_NAME
 from kubeletplugin.claims import ApiError, KubeJson
 from nodesim.invariants import NodeHardware, node_hardware
+from nodesim.simnode import plugin_argv
 from realnode import cleanup, configs, images
 from realnode.binaries import NodeBinaries
 from realnode.layout import NodeLayout
@@ -213,23 +214,22 @@ class RealNode:
             raise RuntimeError(f"node {self.name}: the plugin is already running")
         lay = self.layout
         self._plugin_port = _free_port()
-        argv = [
-            *console_script("carve-kubelet-plugin", "kubeletplugin.main"),
-            f"--node-name={self.name}",
-            f"--driver-name={self.driver}",
-            f"--kubeconfig={self.kubeconfig}",
-            f"--registry-dir={lay.registry_dir}",
-            f"--plugins-dir={lay.plugins_dir}",
-            f"--cdi-root={lay.cdi_dir}",
-            f"--simulate={lay.sim_config}",
-            f"--driver-root={lay.driver_root}",
-            f"--dev-root={lay.dev_root}",
-            f"--http-address=127.0.0.1:{self._plugin_port}",
-            "--resync-period=10s",
-            "--log-format=text",
-            *self.plugin_args,
-            *extra,
-        ]
+        argv = plugin_argv(
+            node_name=self.name,
+            driver=self.driver,
+            kubeconfig=self.kubeconfig,
+            registry_dir=lay.registry_dir,
+            plugins_dir=lay.plugins_dir,
+            cdi_dir=lay.cdi_dir,
+            sim_config=lay.sim_config,
+            http_address=f"127.0.0.1:{self._plugin_port}",
+            extra=(
+                f"--driver-root={lay.driver_root}",
+                f"--dev-root={lay.dev_root}",
+                *self.plugin_args,
+                *extra,
+            ),
+        )
         self._plugin = ManagedProcess(
             f"carve-kubelet-plugin[{self.name}]",
             argv,

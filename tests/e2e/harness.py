@@ -371,12 +371,16 @@ def environment_for(
     stack: CarveStack,
     request: Any,
     namespace_labels: Mapping[str, str] = GATED_NAMESPACES,
+    *,
+    env: E2E | None = None,
 ) -> Iterator[E2E]:
-    """A fixture body: one E2E for the requesting test, torn down after it; problems found by
-    the teardown fail the test only if nothing else did (the first failure is the real one)."""
+    """A fixture body: one E2E (or the given ``env``) for the requesting test, torn down after
+    it; problems found by the teardown fail the test only if nothing else did (the first failure
+    is the real one)."""
     import pytest
 
-    env = E2E(stack, request.node.name, namespace_labels)
+    if env is None:
+        env = E2E(stack, request.node.name, namespace_labels)
     failed_before = request.session.testsfailed
     try:
         yield env

@@ -20,6 +20,7 @@ from nodesim.stack import CarveStack
 from realnode.binaries import NodeBinariesUnavailableError, ensure_node_binaries
 from realnode.cluster import RealNodes
 from realnode.node import RealNodeSpec
+from tests.e2e.harness import environment_for
 from tests.realnode.harness import REAL_GROUP, REAL_GROUP_LABEL, REAL_NAMESPACES, RealEnv
 
 # One GPU each, so that a test knows where its slice lands; two models, two nodes.
@@ -70,10 +71,4 @@ def env(
 ) -> Iterator[RealEnv]:
     stack, real = carve_real
     environment = RealEnv(stack, real, request.node.name)
-    failed_before = request.session.testsfailed
-    try:
-        yield environment
-    finally:
-        problems = environment.teardown()
-    if problems and request.session.testsfailed == failed_before:
-        pytest.fail("teardown found problems:\n" + "\n".join(problems))
+    yield from environment_for(stack, request, env=environment)
