@@ -1,0 +1,115 @@
+{{/*
+Names derived from .Values.driverName, the same way driver/contract.py derives them, so the
+chart, the controller and the kubelet plugin agree on every class, gate and finalizer name.
+*/}}
+
+{{/* The whole-GPU class: a leading "mig." label becomes "gpu.", otherwise "gpu." is prefixed. */}}
+{{- define "carve.gpuClass" -}}
+{{- if and (hasPrefix "mig." .Values.driverName) (gt (len .Values.driverName) 4) -}}
+gpu.{{ trimPrefix "mig." .Values.driverName }}
+{{- else -}}
+gpu.{{ .Values.driverName }}
+{{- end -}}
+{{- end -}}
+
+{{/* The MIG class is the driver name itself. */}}
+{{- define "carve.migClass" -}}
+{{ .Values.driverName }}
+{{- end -}}
+
+{{/*
+Suffix of cluster-scoped object names: empty for the default driver name, "-<driver with dots
+as dashes>" otherwise, so an install under another driver name can share a cluster with a
+default one (namespaced objects are told apart by their namespace).
+*/}}
+{{- define "carve.suffix" -}}
+{{- if ne .Values.driverName "mig.carve.dev" -}}
+-{{ .Values.driverName | replace "." "-" }}
+{{- end -}}
+{{- end -}}
+
+{{- define "carve.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{/* Labels on every object. */}}
+{{- define "carve.labels" -}}
+app.kubernetes.io/part-of: carve
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{/* Leader election: "auto" turns it on exactly when more than one replica runs. */}}
+{{- define "carve.controller.leaderElect" -}}
+{{- $mode := toString .Values.controller.leaderElection.enabled -}}
+{{- if eq $mode "auto" -}}
+{{ gt (int .Values.controller.replicas) 1 }}
+{{- else -}}
+{{ $mode }}
+{{- end -}}
+{{- end -}}
+
+{{/* The HTTP address of both components (/metrics, /healthz, /readyz). */}}
+{{- define "carve.httpAddress" -}}
+:{{ .Values.metrics.port }}
+{{- end -}}
+
+{{/*
+The controller's settings (the environment twins of its flags, deploy/README.md), held in a
+ConfigMap; their checksum is a pod-template annotation, so any change rolls the Deployment.
+*/}}
+{{- define "carve.controller.env" -}}
+CARVE_DRIVER_NAME: {{ .Values.driverName | quote }}
+CARVE_DEVICE_CLASSES: {{ printf "%s,%s" (include "carve.migClass" .) (include "carve.gpuClass" .) | quote }}
+CARVE_NATIVE_FALLBACK_AFTER: {{ .Values.controller.nativeFallbackAfter | quote }}
+CARVE_LEADER_ELECT: {{ include "carve.controller.leaderElect" . | quote }}
+CARVE_LEASE_NAME: "carve-controller"
+CARVE_HTTP_ADDRESS: {{ include "carve.httpAddress" . | quote }}
+CARVE_LOG_FORMAT: {{ .Values.logging.format | quote }}
+CARVE_LOG_LEVEL: {{ .Values.logging.level | quote }}
+{{- end -}}
+
+{{/* The kubelet plugin's settings, as for the controller. */}}
+{{- define "carve.plugin.env" -}}
+{{- $kubelet := trimSuffix "/" .Values.plugin.kubeletDir -}}
+CARVE_DRIVER_NAME: {{ .Values.driverName | quote }}
+CARVE_FOREIGN_INSTANCES: {{ .Values.plugin.foreignInstances | quote }}
+CARVE_REGISTRY_DIR: {{ printf "%s/plugins_registry" $kubelet | quote }}
+CARVE_PLUGINS_DIR: {{ printf "%s/plugins" $kubelet | quote }}
+CARVE_CDI_ROOT: {{ .Values.plugin.cdiDir | quote }}
+CARVE_DRIVER_ROOT: {{ .Values.plugin.driverRoot | quote }}
+CARVE_DEV_ROOT: {{ .Values.plugin.devRoot | quote }}
+CARVE_RESYNC_PERIOD: {{ .Values.plugin.resyncPeriod | quote }}
+CARVE_CLEANUP_ON_EXIT: {{ .Values.plugin.cleanupOnExit | toString | quote }}
+CARVE_HTTP_ADDRESS: {{ include "carve.httpAddress" . | quote }}
+CARVE_LOG_FORMAT: {{ .Values.logging.format | quote }}
+CARVE_LOG_LEVEL: {{ .Values.logging.level | quote }}
+{{- end -}}
+
+{{/*
+The simulator's config as the plugin reads it: the state file on the host (so it outlives the
+pod, as a GPU's state outlives its driver) and a UUID seed that the init container appends per
+node (every node reads the same ConfigMap).
+*/}}
+{{- define "carve.simulator.config" -}}
+{{ toYaml .Values.plugin.simulate.config }}
+state: {{ printf "%s/state.json" (trimSuffix "/" .Values.plugin.simulate.stateDir) }}
+{{- end -}}
+
+{{/*
+Checks that values.schema.json cannot say readably; each message names the value and the fix.
+*/}}
+{{- define "carve.validate" -}}
+{{- $dns := "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$" -}}
+{{- if not (regexMatch $dns .Values.driverName) -}}
+{{- fail (printf "driverName %q is not a DNS subdomain of at most 63 characters (lower-case letters, digits and '-', in labels separated by dots, e.g. mig.carve.dev)" .Values.driverName) -}}
+{{- end -}}
+{{- $sim := .Values.plugin.simulate.config -}}
+{{- if or (hasKey $sim "state") (hasKey $sim "uuid_seed") -}}
+{{- fail "plugin.simulate.config must not set state or uuid_seed: the chart puts the state file in plugin.simulate.stateDir on the host and seeds each node's UUIDs with the node name" -}}
+{{- end -}}
+{{- if and (eq (toString .Values.controller.leaderElection.enabled) "false") (gt (int .Values.controller.replicas) 1) -}}
+{{- fail (printf "controller.replicas=%v needs leader election: set controller.leaderElection.enabled to auto or true, or run one replica" .Values.controller.replicas) -}}
+{{- end -}}
+{{- end -}}
