@@ -1,0 +1,326 @@
+"""The chart rendered by the real helm, without a cluster: lint, the schema's messages, the
+names that follow the driver name, the settings each component parses, and the plain
+manifests that must be exactly what the chart renders (one source of truth)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+import controller.main as controller_main
+import kubeletplugin.main as plugin_main
+from driver.contract import Contract
+from nodesim.stack import INSTALL_MANIFESTS, MANIFESTS, render_manifest
+from tests.deploy.conftest import CHART, REPO, Helm, by_kind, one
+
+RENAMED = Contract("mig.example.com")
+CLUSTER_SCOPED = {
+    "Namespace",
+    "DeviceClass",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "MutatingAdmissionPolicy",
+    "MutatingAdmissionPolicyBinding",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+}
+
+
+def test_plain_manifests_are_what_the_chart_renders(helm: Helm) -> None:
+    done = subprocess.run(
+        [sys.executable, str(REPO / "hack" / "render_manifests.py"), "--check"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CARVE_HELM": str(helm.binary)},
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [
+        (),
+        (f"driverName={RENAMED.driver}",),
+        (
+            "plugin.simulate.enabled=true",
+            "plugin.driverRoot=/run/nvidia/driver",
+            "deviceClasses.profiles={1g.10gb,3g.40gb}",
+            "metrics.serviceMonitor.enabled=true",
+            "controller.replicas=1",
+        ),
+    ],
+    ids=["defaults", "renamed", "everything-on"],
+)
+def test_lint_is_clean(helm: Helm, sets: tuple[str, ...]) -> None:
+    args = ["lint", "--strict", str(CHART)]
+    for s in sets:
+        args += ["--set", s]
+    out = helm.run(*args).stdout
+    assert "0 chart(s) failed" in out, out
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (
+            "driverName=Mig_Carve",
+            'driverName "Mig_Carve" is not a DNS subdomain of at most 63 characters',
+        ),
+        ("driverName=" + "a" * 64, "at '/driverName': maxLength: got 64, want 63"),
+        (
+            "plugin.foreignInstances=destroy",
+            "at '/plugin/foreignInstances': value must be one of 'adopt', 'leave', 'refuse-gpu'",
+        ),
+        ("controller.replicas=-1", "at '/controller/replicas': minimum: got -1, want 0"),
+        ("contoller.replicas=2", "additional properties 'contoller' not allowed"),
+        ("plugin.driverRoot=run/nvidia/driver", "at '/plugin/driverRoot': 'run/nvidia/driver'"),
+        ("plugin.resyncPeriod=soon", "at '/plugin/resyncPeriod': 'soon' does not match"),
+        ("logging.level=verbose", "at '/logging/level': value must be one of 'debug'"),
+        ("metrics.port=70000", "at '/metrics/port': maximum: got 70,000, want 65,535"),
+        (
+            "controller.leaderElection.enabled=false",
+            "controller.replicas=2 needs leader election",
+        ),
+        (
+            "plugin.simulate.config.uuid_seed=x",
+            "plugin.simulate.config must not set state or uuid_seed",
+        ),
+    ],
+)
+def test_bad_values_are_refused_with_a_readable_message(
+    helm: Helm, value: str, message: str
+) -> None:
+    done = helm.run("template", "carve", str(CHART), "--set", value, check=False)
+    assert done.returncode != 0
+    assert message in done.stderr, done.stderr
+
+
+def test_the_renamed_chart_renders_what_the_test_tooling_installs(helm: Helm) -> None:
+    """nodesim's render_manifest renames the plain files for another driver name; the chart's
+    driverName value must give the same objects, so the e2e suites test what ships."""
+    chart = helm.template(f"driverName={RENAMED.driver}", "namespace.create=true")
+    for name in INSTALL_MANIFESTS:
+        tooling = render_manifest((MANIFESTS / name).read_text(), RENAMED)
+        wanted = [d for d in yaml.safe_load_all(tooling) if d]
+        keys = {(d["kind"], d["metadata"]["name"]) for d in wanted}
+        got = [d for d in chart if (d["kind"], d["metadata"]["name"]) in keys]
+        assert sorted(map(_canonical, got)) == sorted(map(_canonical, wanted)), name
+
+
+def test_every_name_follows_the_driver_name(helm: Helm) -> None:
+    docs = helm.template(
+        f"driverName={RENAMED.driver}",
+        "namespace.create=true",
+        "deviceClasses.profiles={1g.10gb}",
+        "metrics.serviceMonitor.enabled=true",
+        "plugin.simulate.enabled=true",
+    )
+    assert "carve.dev" not in json.dumps(docs)
+    classes = {d["metadata"]["name"] for d in by_kind(docs, "DeviceClass")}
+    assert classes == {RENAMED.mig_class, RENAMED.gpu_class, "mig-1g-10gb.mig.example.com"}
+    for doc in docs:
+        if doc["kind"] in CLUSTER_SCOPED - {"Namespace", "DeviceClass"}:
+            assert "-mig-example-com" in doc["metadata"]["name"], doc["metadata"]
+    gate = json.dumps(by_kind(docs, "MutatingAdmissionPolicy"))
+    assert RENAMED.scheduling_gate in gate and RENAMED.profile_class_suffix in gate
+    plugin_role = one(docs, "ClusterRole", "carve-kubelet-plugin-mig-example-com")
+    driver_rule = [r for r in plugin_role["rules"] if "resourceclaims/driver" in r["resources"]]
+    assert driver_rule[0]["resourceNames"] == [RENAMED.driver]
+    for binding in by_kind(docs, "MutatingAdmissionPolicyBinding"):
+        assert binding["spec"]["policyName"] == binding["metadata"]["name"]
+
+
+def test_the_default_names_are_the_contracts(helm: Helm) -> None:
+    default = Contract()
+    docs = helm.template()
+    classes = {d["metadata"]["name"] for d in by_kind(docs, "DeviceClass")}
+    assert classes == set(default.default_classes)
+    assert default.scheduling_gate in json.dumps(by_kind(docs, "MutatingAdmissionPolicy"))
+    assert not by_kind(docs, "Namespace")  # helm install --create-namespace makes it
+    assert not by_kind(docs, "ServiceMonitor")
+    policy = one(docs, "ValidatingAdmissionPolicy")
+    assert "system:serviceaccount:carve-system:carve-kubelet-plugin" in json.dumps(policy)
+
+
+def _env_of(docs: list[dict[str, Any]], workload: str, **field_refs: str) -> dict[str, str]:
+    """The environment the workload's main container starts with (ConfigMaps resolved)."""
+    pod = one(docs, workload)["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    env: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        env.update(one(docs, "ConfigMap", source["configMapRef"]["name"])["data"])
+    for var in container.get("env", []):
+        if "value" in var:
+            env[var["name"]] = var["value"]
+        else:
+            env[var["name"]] = field_refs[var["valueFrom"]["fieldRef"]["fieldPath"]]
+    return env
+
+
+def _container(docs: list[dict[str, Any]], workload: str) -> dict[str, Any]:
+    [container] = one(docs, workload)["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def test_the_components_accept_the_settings_the_chart_gives_them(helm: Helm) -> None:
+    docs = helm.template(
+        "controller.nativeFallbackAfter=10m",
+        "logging.format=text",
+        "logging.level=debug",
+        "metrics.port=9090",
+        "plugin.kubeletDir=/data/kubelet/",
+        "plugin.cdiDir=/etc/cdi",
+        "plugin.foreignInstances=refuse-gpu",
+        "plugin.driverRoot=/run/nvidia/driver",
+        "plugin.simulate.enabled=true",
+    )
+    pod_fields = {"metadata.name": "carve-controller-abc", "metadata.namespace": "carve-system"}
+    c_env = _env_of(docs, "Deployment", **pod_fields)
+    c_opts = controller_main.parse_options(_container(docs, "Deployment").get("args", []), c_env)
+    assert c_opts.driver_name == "mig.carve.dev"
+    assert c_opts.device_classes == Contract().default_classes
+    assert c_opts.native_fallback_after == 600.0
+    assert c_opts.lease is not None and c_opts.lease.namespace == "carve-system"
+    assert c_opts.lease.identity == "carve-controller-abc"
+    assert (c_opts.http_address, c_opts.log_format, c_opts.log_level) == (":9090", "text", "DEBUG")
+
+    p_env = _env_of(docs, "DaemonSet", **{"spec.nodeName": "gpu-1"})
+    p_args = _container(docs, "DaemonSet")["args"]
+    p_opts = plugin_main.parse_options(p_args, p_env)
+    assert p_opts.node_name == "gpu-1"
+    assert p_opts.registry_dir == Path("/data/kubelet/plugins_registry")
+    assert p_opts.plugins_dir == Path("/data/kubelet/plugins")
+    assert p_opts.checkpoint_dir == Path("/data/kubelet/plugins/mig.carve.dev")
+    assert p_opts.cdi_root == Path("/etc/cdi")
+    assert p_opts.driver_root == Path("/run/nvidia/driver")
+    assert p_opts.foreign_instances == "refuse-gpu"
+    assert p_opts.simulate == Path("/run/carve-simulator/config.yaml")
+    assert not p_opts.cleanup_on_exit
+
+
+def test_defaults_parse_too(helm: Helm) -> None:
+    docs = helm.template()
+    c_env = _env_of(docs, "Deployment", **{"metadata.name": "c", "metadata.namespace": "n"})
+    assert controller_main.parse_options([], c_env).lease is not None
+    p_opts = plugin_main.parse_options([], _env_of(docs, "DaemonSet", **{"spec.nodeName": "n"}))
+    assert p_opts.simulate is None and p_opts.driver_root == Path("/")
+
+
+def _mounts(docs: list[dict[str, Any]]) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Volume name -> (mount path in the plugin container, the mount), for hostPath volumes."""
+    pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+    return {name: (path, mounts[name]) for name, path in host.items()}
+
+
+def test_host_paths_are_mounted_where_the_host_has_them(helm: Helm) -> None:
+    default = _mounts(helm.template())
+    assert set(default) == {"plugins-registry", "plugins", "cdi", "dev"}
+    docs = helm.template(
+        "plugin.kubeletDir=/data/kubelet",
+        "plugin.cdiDir=/etc/cdi",
+        "plugin.driverRoot=/run/nvidia/driver",
+        "plugin.devRoot=/run/nvidia/driver",
+    )
+    mounts = _mounts(docs)
+    assert set(mounts) == {"plugins-registry", "plugins", "cdi", "dev", "driver-root"}
+    for host_path, mount in mounts.values():
+        assert mount["mountPath"] == host_path
+    assert mounts["plugins"][0] == "/data/kubelet/plugins"
+    assert mounts["plugins"][1]["mountPropagation"] == "Bidirectional"
+    assert mounts["driver-root"][1]["readOnly"] is True
+    assert mounts["driver-root"][1]["mountPropagation"] == "HostToContainer"
+
+
+def test_simulation_mode_keeps_the_state_on_the_host(helm: Helm) -> None:
+    docs = helm.template("plugin.simulate.enabled=true", "plugin.simulate.stateDir=/srv/sim")
+    config = yaml.safe_load(one(docs, "ConfigMap", "carve-simulator")["data"]["config.yaml"])
+    assert config["state"] == "/srv/sim/state.json"
+    assert config["gpus"] == ["A100-SXM4-40GB"]
+    assert _mounts(docs)["simulator-state"][0] == "/srv/sim"
+    pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    [init] = pod["initContainers"]
+    assert "uuid_seed" in init["command"][-1] and "$NODE_NAME" in init["command"][-1]
+    default = {d["metadata"]["name"] for d in by_kind(helm.template(), "ConfigMap")}
+    assert default == {"carve-controller", "carve-kubelet-plugin"}
+
+
+@pytest.mark.parametrize(
+    ("sets", "leader", "strategy"),
+    [
+        ((), "true", None),
+        (("controller.replicas=1",), "false", "Recreate"),
+        (("controller.replicas=0",), "false", "Recreate"),
+        (("controller.replicas=1", "controller.leaderElection.enabled=true"), "true", None),
+        (("controller.replicas=3",), "true", None),
+    ],
+)
+def test_leader_election_follows_the_replicas(
+    helm: Helm, sets: tuple[str, ...], leader: str, strategy: str | None
+) -> None:
+    docs = helm.template(*sets)
+    assert one(docs, "ConfigMap", "carve-controller")["data"]["CARVE_LEADER_ELECT"] == leader
+    deployment = one(docs, "Deployment")
+    assert deployment["spec"].get("strategy", {}).get("type") == strategy
+
+
+def _checksums(docs: list[dict[str, Any]]) -> Mapping[str, str]:
+    return {
+        kind: one(docs, kind)["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+        for kind in ("Deployment", "DaemonSet")
+    }
+
+
+@pytest.mark.parametrize(
+    ("value", "rolls"),
+    [
+        ("logging.level=debug", {"Deployment", "DaemonSet"}),
+        ("controller.nativeFallbackAfter=5m", {"Deployment"}),
+        ("plugin.foreignInstances=adopt", {"DaemonSet"}),
+        ("plugin.simulate.config.options.latency=zero", set()),  # simulation mode is off
+        ("image.tag=0.2.0", set()),  # the image is in the pod template itself
+    ],
+)
+def test_a_settings_change_changes_the_pod_templates_checksum(
+    helm: Helm, value: str, rolls: set[str]
+) -> None:
+    before, after = _checksums(helm.template()), _checksums(helm.template(value))
+    assert {kind for kind in before if before[kind] != after[kind]} == rolls
+
+
+def test_a_simulator_config_change_rolls_the_plugins(helm: Helm) -> None:
+    on = "plugin.simulate.enabled=true"
+    before = _checksums(helm.template(on))
+    after = _checksums(helm.template(on, "plugin.simulate.config.options.latency=zero"))
+    assert before["DaemonSet"] != after["DaemonSet"]
+    assert before["Deployment"] == after["Deployment"]
+
+
+def test_optional_parts(helm: Helm) -> None:
+    docs = helm.template(
+        "metrics.serviceMonitor.enabled=true",
+        "metrics.serviceMonitor.labels.release=prometheus",
+        "admissionGate.namespaceSelector.matchLabels.carve=on",
+    )
+    monitors = by_kind(docs, "ServiceMonitor")
+    assert {m["metadata"]["name"] for m in monitors} == {"carve-controller", "carve-kubelet-plugin"}
+    assert all(m["metadata"]["labels"]["release"] == "prometheus" for m in monitors)
+    for binding in by_kind(docs, "MutatingAdmissionPolicyBinding"):
+        selector = binding["spec"]["matchResources"]["namespaceSelector"]
+        assert selector == {"matchLabels": {"carve": "on"}}
+    off = helm.template("admissionGate.enabled=false", "deviceClasses.enabled=false")
+    assert not by_kind(off, "MutatingAdmissionPolicy") and not by_kind(off, "DeviceClass")
+
+
+def _canonical(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, sort_keys=True)
