@@ -1,0 +1,229 @@
+"""Public-trace packing benchmark: carve's policies against kube-scheduler's own allocator.
+
+    python -m bench.trace                                  # the three trace variants, full cluster
+    python -m bench.trace --nodes 60 --load 1.2            # a CI-sized slice
+    python -m bench.trace --trace PATH --trace PATH2       # any task list of the same format
+    python -m bench.trace --mode timeline --nodes 100 --speedup 80
+
+The trace is the Alibaba GPU cluster trace of Weng et al., "Beware of Fragmentation:
+Scheduling GPU-Sharing Workloads with Fragmentation Gradient Descent" (USENIX ATC '23),
+cluster-trace-gpu-v2023; its mapping onto MIG-capable catalogue models is stated in
+tests/bench/alibaba.py and printed with every table. The replay (tests/bench/replay.py) gives
+every policy the same cluster and the same jobs; the baseline is the real structured
+allocator of kube-scheduler v1.37.2 (dra-allocate, built by hack/k8s/build.sh).
+
+Columns:
+
+- placed: fraction of the jobs placed on arrival (no queue: a job that does not fit is
+  dropped); share: placed GPU share / offered GPU share (a job's share is its size on an
+  8-slice GPU, 1/8 per memory slice, or its number of whole GPUs, whichever model it lands on);
+- util: occupied memory slices as a share of each GPU, averaged over GPUs, at the end of a
+  saturation run (the average after warm-up in a timeline run);
+- frag: jobs refused while the cluster's free GPU share (on the models the job may use)
+  covered the job: refusals caused by where free space lies, not by how much there is;
+- /fluid, /LP: placed share as a fraction of the fluid bound (every memory slice usable, no
+  geometry) and of the configuration-LP bound (MIG geometry per GPU, cpu and memory per GPU
+  model; tests/bench/bounds.py); saturation runs only;
+- dec/s, p99 ms: decisions per second and the 99th percentile of one decision (for the
+  baseline this includes dra-allocate processes, so it is not comparable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+from controller.placement.scoring import Policy
+from tests.bench.alibaba import (
+    CITATION,
+    DEFAULT_TASKS,
+    MAPPING_TEXT,
+    NODE_FILE,
+    TRACE_DIR,
+    load_nodes,
+    load_tasks,
+)
+from tests.bench.bounds import configuration_bound
+from tests.bench.replay import (
+    Figures,
+    build_jobs,
+    build_model,
+    carve,
+    cluster_gpus,
+    fluid_bound,
+    real,
+    replay,
+    select_nodes,
+)
+from tests.support.real_allocator import CachedAllocator
+
+DEFAULT_VARIANTS = (
+    DEFAULT_TASKS,
+    "openb_pod_list_gpushare100.csv",
+    "openb_pod_list_multigpu30.csv",
+)
+DEFAULT_CACHE = Path.home() / ".cache" / "carve" / "bench" / "dra-allocate-answers.json"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.trace",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--trace",
+        action="append",
+        type=Path,
+        help="a task list (openb_pod_list_*.csv format); repeatable; default: the three "
+        f"variants in {TRACE_DIR}",
+    )
+    parser.add_argument("--node-file", type=Path, default=TRACE_DIR / NODE_FILE)
+    parser.add_argument("--nodes", type=int, help="nodes, spread over the node list (default all)")
+    parser.add_argument("--limit-tasks", type=int, help="at most this many jobs per trace")
+    parser.add_argument("--mode", choices=("saturation", "timeline"), default="saturation")
+    parser.add_argument(
+        "--load",
+        type=float,
+        default=1.2,
+        help="saturation: offered GPU share / cluster GPUs (default 1.2)",
+    )
+    parser.add_argument(
+        "--speedup",
+        type=float,
+        default=1.0,
+        help="timeline: arrival gaps divided by this, lifetimes kept (default 1)",
+    )
+    parser.add_argument(
+        "--policies",
+        default=",".join(p.value for p in Policy),
+        help="carve packing policies to run (default: all)",
+    )
+    parser.add_argument(
+        "--no-baseline", action="store_true", help="skip kube-scheduler's allocator"
+    )
+    parser.add_argument(
+        "--allocator-cache",
+        type=Path,
+        default=DEFAULT_CACHE,
+        help="where the allocator's answers are kept between runs (they depend only on the "
+        "dra-allocate binary, its gates and the question); '' for none",
+    )
+    parser.add_argument("--series", type=Path, help="write utilisation over time as CSV here")
+    args = parser.parse_args(argv)
+
+    traces = args.trace or [TRACE_DIR / v for v in DEFAULT_VARIANTS]
+    nodes = select_nodes(load_nodes(args.node_file), args.nodes)
+    policies = [Policy(p) for p in args.policies.split(",") if p]
+    allocator = None
+    cache = Path(args.allocator_cache) if str(args.allocator_cache) else None
+    if not args.no_baseline:
+        allocator = CachedAllocator()
+        if cache is not None:
+            loaded = allocator.load(cache)
+            if loaded:
+                print(f"allocator answers: {loaded} loaded from {cache}")
+
+    print(f"trace: {CITATION}")
+    print(f"mapping: {MAPPING_TEXT}")
+    models: dict[str, int] = {}
+    for n in nodes:
+        models[n.model] = models.get(n.model, 0) + n.gpus
+    print(
+        f"cluster: {len(nodes)} nodes, {cluster_gpus(nodes)} GPUs "
+        f"({', '.join(f'{k} {v}' for k, v in sorted(models.items()))}); mode {args.mode}, "
+        + (f"load {args.load}" if args.mode == "saturation" else f"speedup {args.speedup}")
+    )
+    print(f"run: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, {os.cpu_count()} CPUs")
+    rows: list[Row] = []
+    series_lines = ["trace,policy,jobs_seen,utilization"]
+    for path in traces:
+        tasks = load_tasks(path)
+        jobs = build_jobs(
+            tasks,
+            nodes,
+            mode=args.mode,
+            load=args.load,
+            limit=args.limit_tasks,
+            speedup=args.speedup,
+        )
+        offered = sum(j.request.share for j in jobs)
+        print(
+            f"\n{path.name}: {len(tasks)} tasks, {len(jobs)} jobs, offered GPU share "
+            f"{offered:.1f} ({offered / cluster_gpus(nodes):.2f} x the cluster's GPUs)"
+        )
+        fluid = lp = None
+        if args.mode == "saturation":
+            t0 = time.perf_counter()
+            bound = fluid_bound(nodes, jobs)
+            lp_bound = configuration_bound(nodes, jobs)
+            fluid, lp = bound.share, lp_bound.share
+            print(
+                f"  bounds: fluid {bound.share:.1f} GPUs ({bound.jobs} jobs), configuration LP "
+                f"{lp_bound.share:.1f} GPUs ({lp_bound.jobs:.0f} jobs), "
+                f"{time.perf_counter() - t0:.1f}s"
+            )
+        makers = [carve(p) for p in policies]
+        if allocator is not None:
+            makers.append(real(allocator))
+        for make in makers:
+            t0 = time.perf_counter()
+            figures = replay(build_model(nodes), jobs, make)
+            rows.append((path.name, figures, fluid, lp))
+            line = f"  {figures.name}: {time.perf_counter() - t0:.1f}s"
+            print(line + (f"; {figures.notes}" if figures.notes else ""))
+            series_lines.extend(
+                f"{path.name},{figures.name},{n},{u:.4f}" for n, u in figures.series
+            )
+            if allocator is not None and cache is not None:
+                allocator.save(cache)
+        _print_variant(rows[-len(makers) :])
+    print("\nsummary")
+    _print_table(rows)
+    if args.series:
+        args.series.write_text("\n".join(series_lines) + "\n")
+    return 0
+
+
+Row = tuple[str, Figures, float | None, float | None]  # trace, figures, fluid and LP bounds
+
+
+def _print_variant(rows: Sequence[Row]) -> None:
+    _print_table(rows, indent="  ")
+    by_name = {f.name: f for _, f, _, _ in rows}
+    base = by_name.get("kube-scheduler allocator")
+    if base is not None and base.share_placed:
+        for name, f in by_name.items():
+            if f is not base:
+                print(
+                    f"  {name} / allocator: placed share x{f.share_placed / base.share_placed:.4f}"
+                    f", jobs x{f.placed / base.placed:.4f}"
+                )
+
+
+def _print_table(rows: Sequence[Row], indent: str = "") -> None:
+    print(
+        f"{indent}{'trace':<32} {'policy':<26} {'placed':>7} {'share':>7} {'util':>7} "
+        f"{'frag':>6} {'/fluid':>7} {'/LP':>7} {'dec/s':>8} {'p99 ms':>8}"
+    )
+    for trace, f, fluid, lp in rows:
+        rate = f.jobs / f.seconds if f.seconds else 0.0
+        print(
+            f"{indent}{trace:<32} {f.name:<26} {f.placed_fraction:>7.3f} {f.share_fraction:>7.3f} "
+            f"{f.utilization:>7.3f} {f.frag_failures:>6} "
+            f"{_ratio(f.share_placed, fluid):>7} {_ratio(f.share_placed, lp):>7} "
+            f"{rate:>8.0f} {f.p99_ms:>8.2f}"
+        )
+
+
+def _ratio(value: float, bound: float | None) -> str:
+    return f"{value / bound:.3f}" if bound else "-"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
