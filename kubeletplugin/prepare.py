@@ -625,23 +625,37 @@ class Preparer:
 
         The kubelet unprepares every claim it prepared, but not one whose object was removed
         behind its back (finalizers stripped by hand, kubelet state lost); without this its
-        instance would stay carved forever. Only a definite answer counts: the claim is absent,
-        or its name now belongs to another UID. A read error leaves everything as it is.
+        instance would stay carved forever. The same holds for a claim that is no longer
+        allocated to this node: the controller freed it because the node was lost (deleted or
+        out of service), and it may since be unallocated or allocated elsewhere. Only a definite
+        answer counts: the claim is absent, its name belongs to another UID, or its allocation
+        names none of this node's devices. A read error leaves everything as it is.
         """
         for record in list(self.checkpoint().claims.values()):
             ctx = {"claim": f"{record.namespace}/{record.name}", "claimUID": record.uid}
             try:
                 if record.state is ClaimState.PREPARE_COMPLETED:
                     claim = self._claims.get(record.namespace, record.name)
-                    if claim is not None and claim.uid == record.uid:
+                    why = self._not_ours_any_more(claim, record.uid)
+                    if not why:
                         continue
-                    log.warning("releasing claim that no longer exists in the API", extra=ctx)
+                    log.warning("releasing claim that %s", why, extra=ctx)
                 with self._lock(self._claim_locks, record.uid):
                     current = self.checkpoint().claims.get(record.uid)
                     if current is not None and current.state is record.state:
                         self._teardown(current, ctx)
             except Exception as e:
                 log.warning("housekeeping of claim failed", extra={**ctx, "error": str(e)})
+
+    def _not_ours_any_more(self, claim: ClaimView | None, uid: str) -> str:
+        """Why a prepared claim no longer belongs on this node ("" when it still does)."""
+        if claim is None or claim.uid != uid:
+            return "no longer exists in the API"
+        if not claim.allocated:
+            return "is no longer allocated (its node was given up as lost)"
+        if not any(r.pool == self._s.pool_name for r in claim.results_for(self._s.driver_name)):
+            return "is now allocated to another node (this node was given up as lost)"
+        return ""
 
     def _record_foreign(self) -> None:
         cp = self.checkpoint()
