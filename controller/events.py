@@ -121,4 +121,10 @@ class KubeRecorder:
             patch = {"series": {"count": count, "lastObservedTime": _micro(now)}}
             self._api.patch_namespaced_event(name, ns, patch)
         except Exception as exc:
+            if getattr(exc, "status", None) == 403 and "NamespaceTerminating" in str(
+                getattr(exc, "body", "") or ""
+            ):
+                # Nobody will read it: the namespace and the object are going away.
+                _log.debug("not recording event %s in terminating namespace %s", reason, ns)
+                return
             _log.warning("could not record event %s on %s/%s: %s", reason, ns, name, exc)

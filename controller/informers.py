@@ -53,8 +53,11 @@ class Informer:
         handler: Handler,
         on_synced: Callable[[Kind], None],
         config: InformerConfig | None = None,
+        *,
+        transform: Callable[[Obj], Obj] | None = None,
     ) -> None:
         self.kind = kind
+        self._transform = transform
         self._list_call = list_call
         self._handler = handler
         self._on_synced = on_synced
@@ -95,8 +98,9 @@ class Informer:
                 break
         kind_name = str(self.kind)
         fresh = {}
-        for item in items:
-            item.setdefault("kind", kind_name)
+        for raw in items:
+            raw.setdefault("kind", kind_name)
+            item = raw if self._transform is None else self._transform(raw)
             fresh[key_of(item)] = item
         self._replace(fresh)
         self.relists += 1
@@ -161,6 +165,8 @@ class Informer:
         if type_ == "BOOKMARK":
             return new_rv
         obj.setdefault("kind", str(self.kind))
+        if self._transform is not None:
+            obj = self._transform(obj)
         key = key_of(obj)
         with self._lock:
             if type_ == "DELETED":
@@ -242,7 +248,8 @@ def standard_informers(
     on_synced: Callable[[Kind], None],
     config: InformerConfig | None = None,
 ) -> list[Informer]:
-    """The five collections the controller watches, all cluster-wide."""
+    """The five collections the controller watches, all cluster-wide. Nodes are kept trimmed
+    to what the controller reads (`controller.nodeloss.trim_node`)."""
     calls: dict[Kind, Callable[..., Any]] = {
         Kind.POD: core_api.list_pod_for_all_namespaces,
         Kind.NODE: core_api.list_node,
@@ -250,4 +257,10 @@ def standard_informers(
         Kind.SLICE: resource_api.list_resource_slice,
         Kind.CLASS: resource_api.list_device_class,
     }
-    return [Informer(k, call, handler, on_synced, config) for k, call in calls.items()]
+    from controller.nodeloss import trim_node
+
+    transforms = {Kind.NODE: trim_node}
+    return [
+        Informer(k, call, handler, on_synced, config, transform=transforms.get(k))
+        for k, call in calls.items()
+    ]

@@ -60,6 +60,24 @@ NATIVE_FALLBACK_AFTER: Flag[float | None] = Flag(
     example="10m",
     metavar="DURATION",
 )
+
+
+def _loss_grace(text: str) -> float:
+    if text.strip().startswith("-"):
+        raise ValueError("must be 0 (signal off) or a positive duration")
+    return flags.parse_duration(text)
+
+
+NODE_LOSS_GRACE: Flag[float] = Flag(
+    "node-loss-grace",
+    "a node NotReady/unreachable this long counts as lost: no new placements there and its "
+    "unbound pods are placed elsewhere (0 turns this signal off; deleted and out-of-service "
+    "nodes are lost at once)",
+    "5m",
+    _loss_grace,
+    example="5m",
+    metavar="DURATION",
+)
 LEADER_ELECT = flags.switch("leader-elect", "run leader election", default=True)
 LEASE_NAME: Flag[str] = Flag(
     "lease-name", "Lease object name", "carve-controller", flags.nonempty, example="carve"
@@ -99,6 +117,7 @@ def command_line() -> flags.CommandLine:
             flags.DRIVER_NAME,
             DEVICE_CLASSES,
             NATIVE_FALLBACK_AFTER,
+            NODE_LOSS_GRACE,
             LEADER_ELECT,
             LEASE_NAME,
             LEASE_NAMESPACE,
@@ -135,6 +154,7 @@ class ControllerOptions:
     log_format: str
     log_level: str
     deprecations: tuple[str, ...] = ()
+    node_loss_grace: float | None = 300.0  # None: the NotReady signal is off
 
 
 def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ControllerOptions:
@@ -169,6 +189,7 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
         log_format=got[flags.LOG_FORMAT],
         log_level=got[flags.LOG_LEVEL],
         deprecations=got.deprecations,
+        node_loss_grace=got[NODE_LOSS_GRACE] or None,
     )
 
 
@@ -219,6 +240,7 @@ class Controller:
             classes=CarveClasses.of(contract, opts.device_classes),
             native_fallback_after=opts.native_fallback_after,
             retry_interval=opts.retry_interval,
+            node_loss_grace=opts.node_loss_grace,
         )
         self.elector: LeaderElector | None = None
         if opts.lease is not None:

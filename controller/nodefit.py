@@ -18,6 +18,8 @@ from typing import Any
 
 from driver.cel import parse_kubernetes_quantity
 
+OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"
+
 # ---------------------------------------------------------------------------------------------
 # Values
 
@@ -97,6 +99,7 @@ class NodeInfo:
     taints: tuple[Taint, ...] = ()
     unschedulable: bool = False
     ready: bool = True
+    out_of_service: bool = False  # taint node.kubernetes.io/out-of-service: the node is lost
 
     def label(self, key: str) -> str | None:
         for k, v in self.labels:
@@ -118,6 +121,7 @@ class PodNeeds:
 class MisfitReason(StrEnum):
     UNKNOWN = "no Node object"
     NOT_READY = "node is not Ready"
+    OUT_OF_SERVICE = "node is out of service (lost)"
     UNSCHEDULABLE = "node is cordoned"
     TAINT = "untolerated taint"
     NODE_SELECTOR = "node does not match the pod's nodeSelector"
@@ -148,7 +152,13 @@ class PodSpecError(ValueError):
 
 
 def check_node(needs: PodNeeds, node: NodeInfo, in_use: Resources) -> NodeMisfit | None:
-    """None when the pod fits; otherwise the first reason it does not, in scheduler order."""
+    """None when the pod fits; otherwise the first reason it does not, in scheduler order.
+
+    An out-of-service node is refused whatever the pod tolerates: carve treats its instances as
+    destroyed (controller/nodeloss.py), so nothing new may land there until the taint goes.
+    """
+    if node.out_of_service:
+        return NodeMisfit(node.name, MisfitReason.OUT_OF_SERVICE)
     if not node.ready:
         return NodeMisfit(node.name, MisfitReason.NOT_READY)
     if node.unschedulable:
@@ -351,4 +361,5 @@ def parse_node(node: Mapping[str, Any]) -> NodeInfo:
         taints=tuple(taints),
         unschedulable=bool(spec.get("unschedulable", False)),
         ready=ready,
+        out_of_service=any(t.key == OUT_OF_SERVICE_TAINT for t in taints),
     )

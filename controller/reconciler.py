@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from controller.nodeloss import NodeLoss, allocated_node, node_loss, not_ready_deadline
 from controller.status import (
     ClaimAllocation,
     ClaimWriter,
@@ -357,6 +358,7 @@ class ReconcilerConfig:
     max_replans: int = 3
     claims_grace: float = 30.0
     event_interval: float = 300.0
+    node_loss_grace: float | None = 300.0  # NotReady this long = lost; None/0: signal off
 
     def __post_init__(self) -> None:
         if self.classes is None:
@@ -408,6 +410,15 @@ class Reconciler:
         self._replans: dict[str, tuple[int, float]] = {}
         self._users: dict[str, set[str]] = {}  # claim key -> keys of live pods using it
         self._uses: dict[str, set[str]] = {}  # pod key -> claim keys it uses
+        # Lost nodes (controller/nodeloss.py): the last verdict per node that claims are
+        # allocated to, when to look again (a NotReady node's grace ends), which claims this
+        # controller cleared because of a loss (their pods are re-planned, not "rejected"), and
+        # the last loss message told per claim (told once, not every pass).
+        self._lost: dict[str, NodeLoss] = {}
+        self._nodes_changed = True
+        self._next_loss_check: dt.datetime | None = None
+        self._lost_cleared: dict[str, NodeLoss] = {}
+        self._loss_told: dict[str, str] = {}
 
     # -- input (any thread) ----------------------------------------------------------------------
 
@@ -447,6 +458,8 @@ class Reconciler:
             if type_ is EventType.DELETED or _allocation_dropped(old, obj):
                 self._wake_all(capacity=True)
         else:
+            if kind is Kind.NODE:
+                self._nodes_changed = True
             self._wake_all(capacity=kind is not Kind.CLASS, classes=kind is Kind.CLASS)
 
     def _on_pod(self, key: str, pod: Obj, type_: EventType) -> None:
@@ -532,6 +545,7 @@ class Reconciler:
             return
         if not self._is_leader():
             return
+        self._node_pass()
         self._release_pass()
         self._place_pass()
 
@@ -548,12 +562,18 @@ class Reconciler:
 
     def _release_pass(self) -> None:
         dirty, self._dirty_claims = self._dirty_claims, set()
+        now = self._wall()
         for key in sorted(dirty):
             claim = self.stores[Kind.CLAIM].get(key)
             if claim is None:
+                self._loss_told.pop(key, None)
                 continue
-            action = release_action(claim, self._live_consumers(claim), self._cfg.contract)
+            loss = self._claim_loss(claim, now)
             try:
+                if loss is not None:
+                    self._release_lost(claim, loss)
+                    continue
+                action = release_action(claim, self._live_consumers(claim), self._cfg.contract)
                 self._release(claim, action)
             except (WriteSkippedError, ObjectGoneError) as exc:
                 _log.info("release of claim %s skipped: %s", key, exc)
@@ -581,6 +601,167 @@ class Reconciler:
             self._store_claim(fresh)
             _log.info("removed controller finalizer from claim %s", key, extra={"claim": key})
 
+    # -- lost nodes ----------------------------------------------------------------------------
+
+    def _loss_of(self, node: str, now: dt.datetime) -> NodeLoss | None:
+        return node_loss(node, self.stores[Kind.NODE].get(node), now, self._cfg.node_loss_grace)
+
+    def _claim_loss(self, claim: Obj, now: dt.datetime) -> NodeLoss | None:
+        node = allocated_node(claim)
+        return None if node is None else self._loss_of(node, now)
+
+    def _node_pass(self) -> None:
+        """Notice nodes that became lost (a Node event, or a NotReady node's grace ran out)
+        and queue every claim allocated there for `_release_lost`."""
+        now = self._wall()
+        due = self._next_loss_check is not None and now >= self._next_loss_check
+        if not (self._nodes_changed or due):
+            return
+        self._nodes_changed = False
+        self._next_loss_check = None
+        by_node: dict[str, list[str]] = {}
+        for key, claim in self.stores[Kind.CLAIM].items():
+            node = allocated_node(claim)
+            if node is not None:
+                by_node.setdefault(node, []).append(key)
+        lost: dict[str, NodeLoss] = {}
+        for node, keys in sorted(by_node.items()):
+            loss = self._loss_of(node, now)
+            if loss is None:
+                obj = self.stores[Kind.NODE].get(node)
+                deadline = not_ready_deadline(obj, self._cfg.node_loss_grace) if obj else None
+                if deadline is not None:
+                    deadline += dt.timedelta(seconds=1)
+                    if self._next_loss_check is None or deadline < self._next_loss_check:
+                        self._next_loss_check = deadline
+                continue
+            lost[node] = loss
+            before = self._lost.get(node)
+            if before is None or before.signal is not loss.signal:
+                _log.warning(
+                    "%s; %d claim(s) allocated there",
+                    loss.describe(),
+                    len(keys),
+                    extra={"node": node},
+                )
+                self._dirty_claims.update(keys)
+        for node in sorted(self._lost.keys() - lost.keys()):
+            _log.info("node %s is no longer lost", node, extra={"node": node})
+        self._lost = lost
+
+    def _blocks_loss_release(self, pod: Obj, loss: NodeLoss) -> bool:
+        """Whether a live pod that uses a claim on a lost node may still be using its instance.
+
+        Pods not yet bound never ran there. A pod bound to the lost node stops counting on a
+        strong signal (the node is gone or out of service, its workloads stopped, exactly what
+        Kubernetes assumes for non-graceful node shutdown), even while it still shows as
+        Running or Terminating; on NotReady alone it keeps counting, terminating or not.
+        """
+        bound = (pod.get("spec") or {}).get("nodeName")
+        if not bound:
+            return False
+        return not (loss.strong and bound == loss.node)
+
+    def _release_lost(self, claim: Obj, loss: NodeLoss) -> None:
+        """A claim allocated to a lost node: free what can be freed safely, say what and why.
+
+        1. The node finalizer (the node prepared the claim) is removed on a strong signal only,
+           once no pod that may still run there uses the claim.
+        2. Then the allocation is cleared as soon as nothing reserves the claim (kube-controller-
+           manager drops deleted pods from `reservedFor`), which frees the placement in the
+           model; pods not yet bound are placed again elsewhere, so the controller's finalizer
+           stays while such a pod waits.
+        """
+        key = key_of(claim)
+        contract = self._cfg.contract
+        node_fin = contract.node_finalizer(loss.node)
+        pods = self.stores[Kind.POD]
+        users = [pods[p] for p in sorted(self._users.get(key, ())) if p in pods]
+        blocking = [key_of(p) for p in users if self._blocks_loss_release(p, loss)]
+        movable = [
+            key_of(p)
+            for p in users
+            if not (p.get("spec") or {}).get("nodeName")
+            and not p.get("metadata", {}).get("deletionTimestamp")
+        ]
+        prepared = has_finalizer(claim, node_fin)
+        if blocking:
+            if prepared:
+                self._tell_loss(
+                    claim,
+                    f"{loss.describe()}; the claim keeps its placement while pod "
+                    f"{', '.join(blocking)} may still run there",
+                )
+            return
+        if prepared:
+            if not loss.strong:
+                self._tell_loss(
+                    claim,
+                    f"{loss.describe()}; no new placements go there, but its MIG instance may "
+                    "still exist, so the claim keeps its placement until the node is Ready "
+                    "again, is deleted, or is tainted node.kubernetes.io/out-of-service",
+                )
+                return
+            claim = self._writer.remove_node_finalizer(claim, node_fin)
+            self._store_claim(claim)
+            self._recorder.event(
+                claim,
+                Kind.CLAIM,
+                "Warning",
+                "NodeLost",
+                f"{loss.describe()}: its MIG instance counts as destroyed; "
+                f"removed the node finalizer {node_fin}",
+            )
+            _log.warning(
+                "claim %s: removed node finalizer %s (%s)",
+                key,
+                node_fin,
+                loss.detail,
+                extra={"claim": key, "node": loss.node},
+            )
+        if not has_finalizer(claim, self._cfg.finalizer) or node_finalizers(claim, contract):
+            return  # not ours to clear, or another node's instance is still there
+        if claim.get("status", {}).get("reservedFor"):
+            return  # kube-controller-manager drops deleted pods; the claim event brings us back
+        deleting = bool(claim.get("metadata", {}).get("deletionTimestamp"))
+        if is_allocated(claim):
+            claim = self._writer.clear_allocation(claim)
+            self._store_claim(claim)
+            self._lost_cleared[key] = loss
+            then = (
+                f"; pod {', '.join(movable)} will be placed on another node"
+                if movable and not deleting
+                else ""
+            )
+            self._recorder.event(
+                claim,
+                Kind.CLAIM,
+                "Warning",
+                "NodeLost",
+                f"{loss.describe()}: allocation cleared, its placement is free{then}",
+            )
+            _log.info(
+                "claim %s: allocation on lost node %s cleared",
+                key,
+                loss.node,
+                extra={"claim": key, "node": loss.node},
+            )
+        if deleting or not movable:
+            self._store_claim(self._writer.remove_finalizer(claim))
+            self._lost_cleared.pop(key, None)
+        self._loss_told.pop(key, None)
+
+    def _tell_loss(self, claim: Obj, message: str) -> None:
+        key = key_of(claim)
+        if self._loss_told.get(key) == message:
+            return
+        self._loss_told[key] = message
+        self._recorder.event(claim, Kind.CLAIM, "Warning", "NodeLost", message)
+
+    def _on_lost_node(self, claims: Sequence[Obj]) -> bool:
+        now = self._wall()
+        return any(self._claim_loss(c, now) is not None for c in claims)
+
     def _store_claim(self, claim: Obj) -> None:
         """Feed a claim we just wrote into the store and model before any further decision."""
         key = key_of(claim)
@@ -589,6 +770,8 @@ class Reconciler:
             return
         self.stores[Kind.CLAIM][key] = claim
         self._planner.observe(Kind.CLAIM, claim)
+        if is_allocated(claim):
+            self._lost_cleared.pop(key, None)
         if _allocation_dropped(old, claim):
             self._wake_all(capacity=True)
 
@@ -627,6 +810,10 @@ class Reconciler:
                 continue
             if state.retry_at > now or state.permanent:
                 continue
+            if w.kind is WorkKind.UNGATE and self._on_lost_node(w.claims):
+                # Allocated on a node that is lost: `_release_lost` clears it (at once, or once
+                # nothing reserves it) and the pod is placed again, still gated.
+                continue
             if not self._is_leader():
                 return
             try:
@@ -657,6 +844,19 @@ class Reconciler:
         `max_replans` rounds the pod is left to kube-scheduler's own allocator.
         """
         key = key_of(pod)
+        losses = [self._lost_cleared.pop(key_of(c), None) for c in claims]
+        lost = [loss for loss in losses if loss is not None]
+        if lost:
+            # Not kube-scheduler's doing: the node went away before the pod was bound there.
+            self._recorder.event(
+                pod,
+                Kind.POD,
+                "Warning",
+                "NodeLost",
+                f"{lost[0].describe()} before this pod was bound there; placing its claims again",
+            )
+            self._place(pod, state, claims)
+            return
         rounds, not_before = self._replans.get(key, (0, 0.0))
         if now < not_before:
             state.retry_at = not_before

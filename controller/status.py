@@ -69,6 +69,10 @@ class ClaimWriter(Protocol):
 
     def remove_finalizer(self, claim: Obj) -> Obj: ...
 
+    def remove_node_finalizer(self, claim: Obj, finalizer: str) -> Obj:
+        """Remove a lost node's finalizer on its behalf (controller/nodeloss.py)."""
+        ...
+
     def remove_gate(self, pod: Obj) -> Obj: ...
 
     def set_pod_condition(self, pod: Obj, status: bool, reason: str, message: str) -> None: ...
@@ -299,6 +303,20 @@ class KubeClaimWriter:
             if not has_finalizer(cur, self._finalizer):
                 return None
             kept = [f for f in cur["metadata"]["finalizers"] if f != self._finalizer]
+            return {"metadata": {"finalizers": kept}}
+
+        return self._rmw(claim, self._get_claim, self._patch_claim, mutate)
+
+    def remove_node_finalizer(self, claim: Obj, finalizer: str) -> Obj:
+        """Drop ``finalizer`` (a lost node's ``<driver>/node-<node>``) from the claim; only the
+        finalizers list is patched, guarded by the resourceVersion like every write."""
+        if not self._contract.is_node_finalizer(finalizer):
+            raise ValueError(f"{finalizer!r} is not a node finalizer of {self._contract.driver}")
+
+        def mutate(cur: Obj) -> Obj | None:
+            if not has_finalizer(cur, finalizer):
+                return None
+            kept = [f for f in cur["metadata"]["finalizers"] if f != finalizer]
             return {"metadata": {"finalizers": kept}}
 
         return self._rmw(claim, self._get_claim, self._patch_claim, mutate)

@@ -228,6 +228,13 @@ class MemoryWriter:
         ]
         return self.put(cur)
 
+    def remove_node_finalizer(self, claim: Obj, finalizer: str) -> Obj:
+        cur = self._call("remove_node_finalizer", claim)
+        cur["metadata"]["finalizers"] = [
+            f for f in cur["metadata"].get("finalizers", []) if f != finalizer
+        ]
+        return self.put(cur)
+
     def remove_gate(self, pod: Obj) -> Obj:
         cur = self._call("remove_gate", pod)
         cur["spec"]["schedulingGates"] = [
