@@ -15,6 +15,8 @@ choice (never the real / or /dev):
   file it was created with, and containers are created after the claim was prepared, so each
   sees the MIG devices that existed when it started: nothing simulator-specific is needed in
   the CDI code, which mounts ``usr/bin/nvidia-smi`` like any driver binary.
+- the driver root also gets ``usr/bin/nvidia-cuda-mps-control``, a stand-in for the MPS control
+  daemon and its client that speaks the real one's control protocol (``mpscontrol``).
 - the dev root gets ``dev/nvidiactl``, ``dev/nvidia<minor>``, ``dev/nvidia-uvm(-tools)`` and
   ``dev/nvidia-caps/nvidia-cap<N>`` for every live GPU and compute instance (removed with it),
   with the majors of the simulator's /proc/devices. Creating device nodes needs root; otherwise
@@ -37,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from driver.nvml.sim.config import SimConfigError
+from driver.nvml.sim.mpscontrol import MPS_CONTROL, mps_control_script
 
 log = logging.getLogger("driver.nvml.sim")
 
@@ -285,6 +288,8 @@ def populate_driver_root(root: Path, version: str) -> None:
     _claim(firmware, root)
     _write_if_changed(firmware, f"{MARKER}: GSP firmware {version}\n", 0o644)
     _claim(root / NVIDIA_SMI, root)
+    _claim(root / MPS_CONTROL, root)
+    _write_if_changed(root / MPS_CONTROL, mps_control_script(MARKER), 0o755)
 
 
 def write_nvidia_smi(root: Path, script: str) -> bool:

@@ -66,7 +66,8 @@ def test_driver_root_has_the_simulated_driver(make_sim: SimFactory, tmp_path: Pa
     smi = root / "usr/bin/nvidia-smi"
     assert smi.read_text().startswith("#!/bin/sh\n")
     assert stat.S_IMODE(smi.stat().st_mode) == 0o755
-    # The plugin's discovery sees a driver of the simulated version, nvidia-smi included.
+    # The plugin's discovery sees a driver of the simulated version, nvidia-smi and the MPS
+    # control stand-in included.
     files = discover(root, hook_dirs=())
     assert files.version == VERSION
     assert sorted(m.container_path for m in files.mounts) == sorted(
@@ -74,6 +75,7 @@ def test_driver_root_has_the_simulated_driver(make_sim: SimFactory, tmp_path: Pa
             f"/{driverfiles.library_dir()}/libnvidia-ml.so.{VERSION}",
             f"/{driverfiles.library_dir()}/libcuda.so.{VERSION}",
             "/usr/bin/nvidia-smi",
+            "/usr/bin/nvidia-cuda-mps-control",
             f"/lib/firmware/nvidia/{VERSION}/gsp_ga10x.bin",
         ]
     )

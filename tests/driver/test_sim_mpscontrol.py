@@ -1,0 +1,119 @@
+"""The simulator's nvidia-cuda-mps-control stand-in speaks the documented control protocol."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from driver.nvml.sim import driverfiles
+from driver.nvml.sim.mpscontrol import CONTROL_LOG, MPS_CONTROL, PID_FILE
+
+
+@pytest.fixture
+def mps(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
+    root = tmp_path / "driver"
+    driverfiles.populate_driver_root(root, "580.65.06")
+    env = {
+        **os.environ,
+        "CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "pipe"),
+        "CUDA_MPS_LOG_DIRECTORY": str(tmp_path / "log"),
+        "CUDA_VISIBLE_DEVICES": "MIG-1234",
+    }
+    yield root / MPS_CONTROL, env
+    pid_file = tmp_path / "pipe" / PID_FILE
+    if pid_file.exists():  # a test that failed half-way: never leave a daemon behind
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(pid_file.read_text()), 9)
+
+
+def _client(binary: Path, env: dict[str, str], commands: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(binary)],
+        check=False,
+        input=commands,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def test_daemon_answers_records_and_quits(mps: tuple[Path, dict[str, str]]) -> None:
+    binary, env = mps
+    pipe, logdir = Path(env["CUDA_MPS_PIPE_DIRECTORY"]), Path(env["CUDA_MPS_LOG_DIRECTORY"])
+    started = subprocess.run(
+        [str(binary), "-d"],
+        check=False,
+        env=env,
+        timeout=10,
+        start_new_session=True,
+        capture_output=True,
+    )
+    assert started.returncode == 0, started.stderr
+    pid = int((pipe / PID_FILE).read_text())
+    assert _alive(pid)
+    assert (pipe / "control").is_fifo()
+
+    out = _client(
+        binary,
+        env,
+        "get_default_active_thread_percentage\n"
+        "set_default_active_thread_percentage 40\n"
+        "set_default_device_pinned_mem_limit 0 2048M\n"
+        "get_server_list\n",
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["100.0", "40.0"]
+    again = _client(
+        binary, env, "get_default_active_thread_percentage\nget_default_device_pinned_mem_limit 0\n"
+    )
+    assert again.stdout.split() == ["40.0", "2048M"]
+    bad = _client(binary, env, "set_default_active_thread_percentage lots\nfrobnicate\n")
+    assert bad.returncode == 1
+    assert "Invalid percentage lots" in bad.stdout and "Unknown command: frobnicate" in bad.stdout
+
+    second = subprocess.run(
+        [str(binary), "-d"], check=False, env=env, timeout=10, capture_output=True
+    )
+    assert second.returncode == 1 and b"already running" in second.stderr
+
+    assert _client(binary, env, "quit\n").returncode == 0
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid)
+    assert not (pipe / PID_FILE).exists() and not (pipe / "control").exists()
+    log = (logdir / CONTROL_LOG).read_text()
+    assert "CUDA_VISIBLE_DEVICES=MIG-1234" in log
+    assert "CMD set_default_active_thread_percentage 40" in log
+    assert "CMD set_default_device_pinned_mem_limit 0 2048M" in log
+    assert "CMD quit" in log
+    assert list(pipe.glob("reply.*")) == []
+
+
+def test_client_without_daemon_says_so(mps: tuple[Path, dict[str, str]]) -> None:
+    binary, env = mps
+    out = _client(binary, env, "get_server_list\n")
+    assert out.returncode == 1
+    assert "Cannot find MPS control daemon process" in out.stderr
+
+
+def test_stand_in_is_written_with_the_marker(tmp_path: Path) -> None:
+    driverfiles.populate_driver_root(tmp_path, "580.65.06")
+    script = tmp_path / MPS_CONTROL
+    assert script.stat().st_mode & 0o111
+    assert driverfiles.MARKER in script.read_text()[:256]
