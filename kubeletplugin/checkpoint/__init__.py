@@ -8,7 +8,8 @@ work it announces:
 
 PREPARE_STARTED carries the intended GPU, profile and placement of every device, so a restart can
 find and roll back an instance that was created but never recorded. PREPARE_COMPLETED adds the
-GPU-instance and compute-instance IDs, MIG UUIDs and CDI IDs.
+GPU-instance and compute-instance IDs, MIG UUIDs and CDI IDs. A claim with MPS sharing also
+records its MPS control daemon (directories first, then its pid once it answers).
 
 Layout of the package: `model` holds the types the plugin works with (frozen dataclasses, no
 notion of files); each on-disk format version is one codec module (`v1`); `versions` lists the
@@ -41,6 +42,7 @@ from kubeletplugin.checkpoint.model import (
     ClaimState,
     DeviceRecord,
     ForeignInstance,
+    MpsDaemon,
 )
 from kubeletplugin.checkpoint.store import FILE_NAME, CheckpointStore
 from kubeletplugin.checkpoint.versions import (
@@ -69,6 +71,7 @@ __all__ = [
     "DeviceRecord",
     "ForeignInstance",
     "Formats",
+    "MpsDaemon",
     "decode",
     "encode",
 ]

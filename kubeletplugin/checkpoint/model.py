@@ -47,6 +47,20 @@ class DeviceRecord:
 
 
 @dataclass(frozen=True)
+class MpsDaemon:
+    """The MPS control daemon a claim with MPS sharing runs on its slices.
+
+    Recorded (pid None) before the daemon is started, so that a crash in between still leaves
+    its directories to be found and its daemon to be told to quit; the pid once it answers.
+    """
+
+    pipe_dir: str
+    log_dir: str
+    visible_devices: tuple[str, ...]  # CUDA_VISIBLE_DEVICES: the MIG UUIDs it serves
+    pid: int | None = None
+
+
+@dataclass(frozen=True)
 class ClaimRecord:
     """A claim this node has started to prepare and not yet finished unpreparing."""
 
@@ -57,6 +71,7 @@ class ClaimRecord:
     devices: tuple[DeviceRecord, ...]
     finalizer_added: bool = False
     updated_at: float = 0.0
+    mps: MpsDaemon | None = None
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from typing import Literal, TypedDict, TypeGuard
+from typing import Literal, NotRequired, TypedDict, TypeGuard
 
 from kubeletplugin.checkpoint.codec import CheckpointError, Codec
 from kubeletplugin.checkpoint.model import (
@@ -26,6 +26,7 @@ from kubeletplugin.checkpoint.model import (
     ClaimState,
     DeviceRecord,
     ForeignInstance,
+    MpsDaemon,
 )
 
 VERSION: Literal[1] = 1
@@ -59,6 +60,13 @@ class DeviceV1(TypedDict):
     adopted: bool
 
 
+class MpsV1(TypedDict):
+    pipeDir: str
+    logDir: str
+    visibleDevices: list[str]
+    pid: int | None
+
+
 class ClaimV1(TypedDict):
     uid: str
     namespace: str
@@ -67,6 +75,10 @@ class ClaimV1(TypedDict):
     devices: list[DeviceV1]
     finalizerAdded: bool
     updatedAt: float
+    # Added after 0.1.0 without a new version: written only for a claim with MPS sharing, so a
+    # checkpoint without MPS is byte for byte what 0.1.0 wrote, and 0.1.0 (which reads keys by
+    # name and ignores others; the checksum covers whatever `data` holds) still reads the file.
+    mps: NotRequired[MpsV1]
 
 
 class ForeignV1(TypedDict):
@@ -112,7 +124,7 @@ def _device_out(d: DeviceRecord) -> DeviceV1:
 
 
 def _claim_out(r: ClaimRecord) -> ClaimV1:
-    return {
+    out: ClaimV1 = {
         "uid": r.uid,
         "namespace": r.namespace,
         "name": r.name,
@@ -121,6 +133,14 @@ def _claim_out(r: ClaimRecord) -> ClaimV1:
         "finalizerAdded": r.finalizer_added,
         "updatedAt": r.updated_at,
     }
+    if r.mps is not None:
+        out["mps"] = {
+            "pipeDir": r.mps.pipe_dir,
+            "logDir": r.mps.log_dir,
+            "visibleDevices": list(r.mps.visible_devices),
+            "pid": r.mps.pid,
+        }
+    return out
 
 
 def _foreign_out(f: ForeignInstance) -> ForeignV1:
@@ -242,6 +262,10 @@ class _Fields:
     def objects(self, key: str) -> list[_Fields]:
         return [_Fields(v, f"{self.where}.{key}[{i}]") for i, v in enumerate(self._list(key))]
 
+    def optional_object(self, key: str) -> _Fields | None:
+        value = self._obj.get(key)
+        return None if value is None else _Fields(value, f"{self.where}.{key}")
+
     def mapping(self, key: str) -> dict[str, _Fields]:
         value = self._obj.get(key)
         if value is None:
@@ -274,6 +298,18 @@ def _device_in(f: _Fields) -> DeviceRecord:
     )
 
 
+def _mps_in(f: _Fields) -> MpsDaemon | None:
+    obj = f.optional_object("mps")
+    if obj is None:
+        return None
+    return MpsDaemon(
+        pipe_dir=obj.text("pipeDir"),
+        log_dir=obj.text("logDir"),
+        visible_devices=obj.texts("visibleDevices"),
+        pid=obj.optional_integer("pid"),
+    )
+
+
 def _claim_in(f: _Fields) -> ClaimRecord:
     state = f.text("state")
     if state not in _STATES:
@@ -288,6 +324,7 @@ def _claim_in(f: _Fields) -> ClaimRecord:
         devices=tuple(_device_in(d) for d in f.objects("devices")),
         finalizer_added=f.flag("finalizerAdded"),
         updated_at=f.seconds("updatedAt"),
+        mps=_mps_in(f),
     )
 
 

@@ -35,6 +35,7 @@ from kubeletplugin.checkpoint import (
     DeviceRecord,
     ForeignInstance,
     Formats,
+    MpsDaemon,
     decode,
     encode,
     v1,
@@ -321,6 +322,13 @@ _devices = st.builds(
     cdi_ids=st.lists(_text, max_size=3).map(tuple),
     adopted=st.booleans(),
 )
+_mps = st.builds(
+    MpsDaemon,
+    pipe_dir=_text,
+    log_dir=_text,
+    visible_devices=st.lists(_text, max_size=3).map(tuple),
+    pid=_maybe_int,
+)
 _claims = st.builds(
     ClaimRecord,
     uid=_text,
@@ -330,6 +338,7 @@ _claims = st.builds(
     devices=st.lists(_devices, max_size=3).map(tuple),
     finalizer_added=st.booleans(),
     updated_at=_seconds,
+    mps=st.none() | _mps,
 )
 _foreign = st.builds(
     ForeignInstance,
