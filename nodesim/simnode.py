@@ -113,16 +113,20 @@ class SimNode:
         self._heartbeater = heartbeater
         self._detached = detached
         self._plugin: ManagedProcess | None = None
-        self.kubelet = KubeletSim(self.registry_dir, timeout=45.0)
-        self.agent = NodeAgent(
-            api_client,
-            self.kubelet,
+        self.kubelet, self.agent = self._new_kubelet()
+
+    def _new_kubelet(self) -> tuple[KubeletSim, NodeAgent]:
+        kubelet = KubeletSim(self.registry_dir, timeout=45.0)
+        agent = NodeAgent(
+            self._api_client,
+            kubelet,
             AgentSettings(
-                node_name=spec.name,
+                node_name=self.spec.name,
                 cdi_roots=(self.cdi_dir,),
                 containers_dir=self.containers_dir,
             ),
         )
+        return kubelet, agent
 
     # -- paths ---------------------------------------------------------------------------------
 
@@ -159,20 +163,54 @@ class SimNode:
     def start(self, timeout: float = 60.0) -> SimNode:
         self.dir.mkdir(parents=True, exist_ok=True)
         self._write_sim_config()
-        labels = {GPU_COUNT_LABEL: str(len(self.spec.gpus)), **self.spec.labels}
-        self._heartbeater.add(
-            FakeNode(
-                name=self.spec.name,
-                cpu=self.spec.cpu,
-                memory=self.spec.memory,
-                pods=self.spec.pods,
-                labels=labels,
-            )
-        )
+        self._heartbeater.add(self._fake_node())
         self.start_plugin()
         self.agent.start()
         self.wait_plugin_ready(timeout)
         return self
+
+    def _fake_node(self) -> FakeNode:
+        labels = {GPU_COUNT_LABEL: str(len(self.spec.gpus)), **self.spec.labels}
+        return FakeNode(
+            name=self.spec.name,
+            cpu=self.spec.cpu,
+            memory=self.spec.memory,
+            pods=self.spec.pods,
+            labels=labels,
+        )
+
+    def lose(self, *, delete: bool = True) -> None:
+        """The machine dies: its kubelet side stops, its plugin is killed (SIGKILL, nothing
+        cleaned up), its heartbeat stops and, with ``delete``, its Node object is removed (as
+        a cloud provider or an admin does). Directory, simulated GPUs (with whatever instances
+        they hold) and the plugin's checkpoint stay, for `come_back`."""
+        self.agent.stop()
+        self.kill_plugin()
+        self.kubelet.close()
+        self._heartbeater.forget(self.name)
+        if delete:
+            delete_node(self._api_client, self.name)
+
+    def come_back(self, timeout: float = 60.0) -> None:
+        """The same machine boots again after `lose`: same directory and GPU state, a fresh
+        kubelet side, its Node object re-created if it was deleted (else heartbeated again),
+        and its plugin started; returns once the kubelet side has registered the plugin."""
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        self.kubelet, self.agent = self._new_kubelet()
+        try:
+            existing = client.CoreV1Api(self._api_client).read_node(self.name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            self._heartbeater.add(self._fake_node())
+        else:
+            assert existing.metadata is not None
+            self._heartbeater.adopt(self.name, str(existing.metadata.uid))
+        self.start_plugin()
+        self.agent.start()
+        self.wait_plugin_ready(timeout)
 
     def _write_sim_config(self) -> None:
         data: dict[str, Any] = {
