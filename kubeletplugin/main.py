@@ -251,6 +251,7 @@ class NodePlugin:
         from kubeletplugin.claims import KubernetesClaimClient
         from kubeletplugin.metrics import PluginMetrics
         from kubeletplugin.migbackend import open_backend
+        from kubeletplugin.mps import MpsControl, find_binary
         from kubeletplugin.prepare import ForeignPolicy, Preparer, PreparerSettings
 
         self.opts = opts
@@ -274,6 +275,10 @@ class NodePlugin:
             common_nodes=self.node.common_device_nodes(),
             shared_edits=self.driver_files.spec_edits() if self.driver_files else None,
             dev_root=opts.dev_root,
+            mps=MpsControl(
+                find_binary(self.driver_files.root) if self.driver_files else None,
+                opts.plugins_dir / opts.driver_name / "mps",
+            ),
         )
         self.publisher: SlicePublisher = self._publisher()
         self.server: PluginServer = self._server()

@@ -8,6 +8,11 @@ Per claim, every step is announced in the checkpoint before it touches the GPU:
     unprepare:  UNPREPARE_STARTED -> per device: [GPU lock] destroy CI then GI -> remove CDI spec
                 -> remove node finalizer -> drop record
 
+With MPS sharing (kubeletplugin.mps), prepare records the MPS daemon's directories, starts it on
+the carved slices and records its pid once it answers, all before the CDI spec; unprepare stops
+it (quit, then kill) before it destroys a slice. Start-up keeps a prepared claim's daemon if it
+answers and restarts it otherwise; housekeeping does the same for a daemon that died.
+
 A failure inside prepare tears down what this attempt built (the same path unprepare takes), so
 the kubelet's retry starts clean. After a crash, `reconcile()` does the same for every claim left
 in PREPARE_STARTED or UNPREPARE_STARTED, so nothing leaks and nothing is carved twice. MIG
@@ -43,7 +48,7 @@ from driver.cdi import (
     mig_device_nodes,
     whole_gpu_device_nodes,
 )
-from driver.config import ConfigError, resolve_config
+from driver.config import ConfigError, MpsConfig, SharingStrategy, resolve_config
 from driver.contract import Contract
 from driver.naming import parse_device_name
 from driver.nvml.errors import InstanceMismatch, PlacementTaken
@@ -55,10 +60,12 @@ from kubeletplugin.checkpoint import (
     ClaimState,
     DeviceRecord,
     ForeignInstance,
+    MpsDaemon,
 )
 from kubeletplugin.claims import ClaimClient, ClaimGoneError, ClaimView, describe_results
 from kubeletplugin.draservice import ClaimRef, PreparedDevice, PrepareResult
 from kubeletplugin.metrics import PluginMetrics
+from kubeletplugin.mps import MpsControl, MpsError, commands_for
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +121,7 @@ class _Planned:
     profile: ProfileSpec | None
     placement: Placement | None
     env: Mapping[str, str]
+    mps: MpsConfig | None = None  # MPS sharing asked for this device
 
     def record(self) -> DeviceRecord:
         return DeviceRecord(
@@ -153,6 +161,7 @@ class Preparer:
         shared_edits: SpecEdits | None = None,
         dev_root: Path = Path("/"),
         clock: Callable[[], float] = time.monotonic,
+        mps: MpsControl | None = None,
     ) -> None:
         """`common_nodes` go to every device (e.g. /dev/nvidia-uvm, whose major is dynamic).
         `shared_edits` go once into every claim's spec: the driver's files and hooks
@@ -162,6 +171,7 @@ class Preparer:
         self._common_nodes = tuple(common_nodes)
         self._shared = shared_edits or SpecEdits()
         self._dev_root = dev_root
+        self._mps = mps
         self._backend = backend
         self._claims = claims
         self._store = store
@@ -279,8 +289,11 @@ class Preparer:
             record = self._put(replace(record, finalizer_added=True))
             for i, p in enumerate(plan):
                 record = self._carve(p, record, i, ref)
+            record = self._start_mps(plan, record, ctx)
             cdi_ids = self._cdi.write(
-                ref.uid, self._cdi_devices(plan, record.devices), self._shared
+                ref.uid,
+                self._cdi_devices(plan, record.devices, record.mps),
+                self._spec_edits(record),
             )
             done = tuple(
                 replace(d, cdi_ids=(c,)) for d, c in zip(record.devices, cdi_ids, strict=True)
@@ -375,8 +388,95 @@ class Preparer:
                 cfg = resolve_config(claim.config, self._s.driver_name, r.request)
             except ConfigError as e:
                 raise ClaimError("bad-config", f"invalid opaque config: {e}") from e
-            plan.append(_Planned(r, gpu, profile, placement, cfg.container_env()))
+            mps = cfg.sharing.mps if cfg.sharing.strategy is SharingStrategy.MPS else None
+            if mps is not None:
+                self._check_mps(r.device, profile, mps)
+            plan.append(_Planned(r, gpu, profile, placement, cfg.container_env(), mps))
+        configs = {p.mps for p in plan if p.mps is not None}
+        if len(configs) > 1:
+            raise ClaimError(
+                "mps-config",
+                "the claim's requests ask for different MPS settings; one MPS control daemon "
+                "serves a claim, so give its requests one mpsConfig",
+            )
         return plan
+
+    def _check_mps(self, device: str, profile: ProfileSpec | None, mps: MpsConfig) -> None:
+        """MPS settings the node cannot apply, refused before anything is carved."""
+        if profile is None:
+            raise ClaimError(
+                "mps-whole-gpu",
+                f"device {device}: MPS sharing is supported on MIG slices only, not on a whole "
+                "GPU (carve may leave a whole GPU in MIG mode, where CUDA and so an MPS server "
+                "cannot use it); request a MIG slice, or use strategy TimeSlicing",
+            )
+        limit = mps.default_pinned_device_memory_limit_bytes
+        if limit is not None and limit > profile.memory_mib * 2**20:
+            raise ClaimError(
+                "mps-config",
+                f"device {device}: mpsConfig.defaultPinnedDeviceMemoryLimit {limit // 2**20}Mi "
+                f"is more than the {profile.name} slice's memory ({profile.memory_mib}Mi)",
+            )
+        if self._mps is None or not self._mps.available:
+            raise ClaimError(
+                "mps-unavailable",
+                f"device {device}: MPS sharing asked for, but this node's plugin has no "
+                "nvidia-cuda-mps-control (not in the driver root, or no --driver-root given)",
+            )
+
+    # -- MPS ----------------------------------------------------------------------------------
+
+    def _start_mps(
+        self, plan: Sequence[_Planned], record: ClaimRecord, ctx: Mapping[str, object]
+    ) -> ClaimRecord:
+        """Record, start and configure the claim's MPS daemon; PREPARE_COMPLETED waits for it."""
+        config = next((p.mps for p in plan if p.mps is not None), None)
+        if config is None or self._mps is None:
+            return record
+        uuids = [
+            d.mig_uuid or d.gpu_uuid for p, d in zip(plan, record.devices, strict=True) if p.mps
+        ]
+        intent = self._mps.intent(record.uid, uuids)
+        record = self._put(replace(record, mps=intent))
+        try:
+            running = self._mps.start(intent, commands_for(config, len(uuids)))
+        except MpsError as e:
+            raise ClaimError("mps-start-failed", f"starting the MPS control daemon: {e}") from e
+        log.info(
+            "MPS control daemon started",
+            extra={**ctx, "pid": running.pid, "devices": uuids, "pipeDir": running.pipe_dir},
+        )
+        return self._put(replace(record, mps=running))
+
+    def _spec_edits(self, record: ClaimRecord) -> SpecEdits:
+        if record.mps is None or self._mps is None:
+            return self._shared
+        mount = self._mps.mount(record.mps)
+        kept = tuple(m for m in self._shared.mounts if m.container_path != mount.container_path)
+        return SpecEdits((*kept, mount), self._shared.hooks)
+
+    def _ensure_mps(self, record: ClaimRecord, ctx: Mapping[str, object], why: str) -> None:
+        """Keep a prepared claim's daemon if it answers, else start it again and say so."""
+        if record.mps is None or self._mps is None:
+            return
+        if self._mps.answering(record.mps):
+            pid = self._mps.pid_of(record.mps)
+            if pid != record.mps.pid:
+                self._put(replace(record, mps=replace(record.mps, pid=pid)))
+            return
+        self.metrics.errors.labels(operation="reconcile", reason="mps-down").inc()
+        log.warning(
+            "MPS control daemon of a prepared claim is not running; restarting it",
+            extra={**ctx, "pid": record.mps.pid, "when": why},
+        )
+        self._mps.stop(record.mps, forget=False)  # a wedged one; its saved settings stay
+        try:
+            running = self._mps.start(replace(record.mps, pid=None))
+        except MpsError as e:
+            log.error("MPS control daemon could not be restarted", extra={**ctx, "error": str(e)})
+            return
+        log.warning("MPS control daemon restarted", extra={**ctx, "pid": running.pid})
+        self._put(replace(record, mps=running))
 
     def _carve(self, p: _Planned, record: ClaimRecord, i: int, ref: ClaimRef) -> ClaimRecord:
         """Carve device `i` of `record`; the new ids are checkpointed before the GPU lock is
@@ -479,7 +579,10 @@ class Preparer:
             )
 
     def _cdi_devices(
-        self, plan: Sequence[_Planned], records: Sequence[DeviceRecord]
+        self,
+        plan: Sequence[_Planned],
+        records: Sequence[DeviceRecord],
+        mps: MpsDaemon | None = None,
     ) -> list[CdiDevice]:
         # The kubelet hands a container the CDI devices of the requests it names
         # (`resources.claims[].request`), all of them when it names none. One environment
@@ -492,6 +595,8 @@ class Preparer:
         out: list[CdiDevice] = []
         for p, r in zip(plan, records, strict=True):
             env = {**p.env, "NVIDIA_VISIBLE_DEVICES": ",".join(by_request[p.result.request])}
+            if mps is not None and self._mps is not None and p.mps is not None:
+                env.update(self._mps.container_env())
             if r.is_mig:
                 assert r.gi_id is not None and r.ci_id is not None
                 gi_minor, ci_minor = self._backend.cap_minors(r.gpu_minor, r.gi_id, r.ci_id)
@@ -535,6 +640,17 @@ class Preparer:
     def _teardown(self, record: ClaimRecord, ctx: Mapping[str, object]) -> None:
         """Destroy the claim's instances, spec and finalizer, then forget the claim."""
         record = self._put(replace(record, state=ClaimState.UNPREPARE_STARTED))
+        if record.mps is not None:
+            # Before any slice goes: the daemon serves them. Its record stays until it is gone.
+            if self._mps is None:
+                raise ClaimError(
+                    "mps-unavailable",
+                    "the claim's MPS control daemon cannot be stopped: this plugin has no "
+                    "nvidia-cuda-mps-control (start it with the same --driver-root)",
+                )
+            self._mps.stop(record.mps)
+            log.info("MPS control daemon stopped", extra={**ctx, "pid": record.mps.pid})
+            record = self._put(replace(record, mps=None))
         for i, d in enumerate(record.devices):
             if not d.is_mig:
                 continue
@@ -602,6 +718,7 @@ class Preparer:
         for record in list(self.checkpoint().claims.values()):
             ctx = {"claim": f"{record.namespace}/{record.name}", "claimUID": record.uid}
             if record.state is ClaimState.PREPARE_COMPLETED:
+                self._ensure_mps(record, ctx, "start-up")
                 continue
             log.warning(
                 "finishing interrupted operation",
@@ -638,6 +755,10 @@ class Preparer:
                     claim = self._claims.get(record.namespace, record.name)
                     why = self._not_ours_any_more(claim, record.uid)
                     if not why:
+                        with self._lock(self._claim_locks, record.uid):
+                            current = self.checkpoint().claims.get(record.uid)
+                            if current is not None and current.state is record.state:
+                                self._ensure_mps(current, ctx, "housekeeping")
                         continue
                     log.warning("releasing claim that %s", why, extra=ctx)
                 with self._lock(self._claim_locks, record.uid):

@@ -166,24 +166,25 @@ def test_bad_claims_fail_individually_with_specific_messages(node: Node) -> None
 
 
 def test_opaque_config_lands_in_cdi_env(node: Node) -> None:
+    # (MPS config needs the MPS control daemon; its env is in test_prepare_mps.py.)
     params = {
         "apiVersion": API_VERSION,
         "kind": "MigDeviceConfig",
-        "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 25}},
+        "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
     }
     ref = node.claims.add(
         "cfg",
         [mig(node.backend, 0, 19, 0)],
         config=[
             {"source": "FromClass", "opaque": {"driver": DRIVER, "parameters": {
-                **params, "sharing": {"strategy": "TimeSlicing"}}}},
+                **params, "sharing": {"strategy": "None"}}}},
             {"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": params}},
         ],
     )  # fmt: skip
     res = node.p.prepare([ref])[ref.uid]
     env = cdi.resolve([node.cdi_root], res.devices[0].cdi_device_ids).env
-    assert "CARVE_SHARING_STRATEGY=MPS" in env
-    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25" in env
+    assert "CARVE_SHARING_STRATEGY=TimeSlicing" in env
+    assert "CARVE_TIME_SLICE_INTERVAL=Long" in env
 
 
 def test_a_request_with_a_count_sees_all_its_slices(node: Node) -> None:

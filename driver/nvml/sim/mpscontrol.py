@@ -102,10 +102,18 @@ daemon_loop() {
     exit 0
 }
 
+running() {
+    # running PID: alive and not a zombie waiting to be reaped
+    kill -0 "$1" 2>/dev/null || return 1
+    [ -r "/proc/$1/stat" ] || return 0
+    case $(sed 's/.*) //' "/proc/$1/stat") in Z* | X*) return 1 ;; esac
+    return 0
+}
+
 start_daemon() {
     mkdir -p "$PIPE" "$LOGDIR" || exit 1
     if [ -f "$PIPE/nvidia-cuda-mps-control.pid" ] &&
-        kill -0 "$(cat "$PIPE/nvidia-cuda-mps-control.pid")" 2>/dev/null; then
+        running "$(cat "$PIPE/nvidia-cuda-mps-control.pid")"; then
         echo "An instance of this daemon is already running" >&2
         exit 1
     fi

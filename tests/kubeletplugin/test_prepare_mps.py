@@ -1,0 +1,214 @@
+"""MPS sharing in the prepare state machine: one control daemon per claim (issue 16).
+
+The simulator's driver root carries the nvidia-cuda-mps-control stand-in; the plugin's own
+discovery and MPS code drive it exactly as they would drive the real daemon.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from driver import cdi
+from driver.cdi import CdiWriter
+from driver.driverroot import discover
+from driver.nvml import sim
+from driver.nvml.sim.mpscontrol import CONTROL_LOG
+from kubeletplugin.checkpoint import CheckpointStore, ClaimState
+from kubeletplugin.migbackend import NodeHardware
+from kubeletplugin.mps import MpsControl, _alive, find_binary
+from kubeletplugin.prepare import Preparer, PreparerSettings
+from tests.kubeletplugin.node_harness import DRIVER, NODE, Node, mig, open_node, whole
+
+H100 = "H100-SXM5-80GB"
+
+
+def mps_config(**mps: Any) -> list[dict[str, Any]]:
+    return [
+        {
+            "source": "FromClaim",
+            "requests": [],
+            "opaque": {
+                "driver": DRIVER,
+                "parameters": {
+                    "apiVersion": "mig.carve.dev/v1alpha1",
+                    "kind": "MigDeviceConfig",
+                    "sharing": {"strategy": "MPS", "mpsConfig": mps},
+                },
+            },
+        }
+    ]
+
+
+def _preparer(n: Node, tmp_path: Path) -> Preparer:
+    files = discover(tmp_path / "driver", version=n.backend.gpus()[0].driver_version, hook_dirs=())
+    return Preparer(
+        settings=PreparerSettings(DRIVER, NODE, NODE),
+        backend=n.backend,
+        claims=n.claims,
+        store=CheckpointStore(n.checkpoint_dir),
+        cdi=CdiWriter(n.cdi_root, vendor=DRIVER),
+        common_nodes=NodeHardware(n.backend, sim.sim_proc_root()).common_device_nodes(),
+        shared_edits=files.spec_edits(),
+        dev_root=tmp_path / "devroot",
+        mps=MpsControl(
+            find_binary(tmp_path / "driver"), tmp_path / "plugins" / DRIVER / "mps", timeout=30
+        ),
+    )
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Node]:
+    n = open_node(tmp_path, [H100])
+    sim.sim_node_files(tmp_path / "driver", tmp_path / "devroot")
+    n.preparer = _preparer(n, tmp_path)
+    n.p.reconcile()
+    yield n
+    for rec in n.p.checkpoint().claims.values():  # never leave a daemon behind a failed test
+        if rec.mps is not None and rec.mps.pid is not None and _alive(rec.mps.pid):
+            os.kill(rec.mps.pid, signal.SIGKILL)
+    n.p.close()
+    n.backend.close()
+    sim.configure(None)
+
+
+def _wait_dead(pid: int) -> bool:
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not _alive(pid)
+
+
+def test_prepare_starts_one_configured_daemon_and_unprepare_stops_it(
+    node: Node, tmp_path: Path
+) -> None:
+    dev = mig(node.backend, 0, 19, 3)
+    ref = node.claims.add(
+        "shared",
+        [dev],
+        config=mps_config(defaultActiveThreadPercentage=40, defaultPinnedDeviceMemoryLimit="4Gi"),
+    )
+    assert node.p.prepare([ref])[ref.uid].error == ""
+
+    rec = node.p.checkpoint().claims[ref.uid]
+    assert rec.state is ClaimState.PREPARE_COMPLETED
+    assert rec.mps is not None and rec.mps.pid is not None and _alive(rec.mps.pid)
+    mig_uuid = rec.devices[0].mig_uuid
+    assert rec.mps.visible_devices == (mig_uuid,)
+    top = tmp_path / "plugins" / DRIVER / "mps" / ref.uid
+    assert rec.mps.pipe_dir == str(top / "pipe")
+    log = (top / "log" / CONTROL_LOG).read_text()
+    assert f"CUDA_VISIBLE_DEVICES={mig_uuid}" in log
+    assert "CMD set_default_active_thread_percentage 40" in log
+    assert "CMD set_default_device_pinned_mem_limit 0 4096M" in log
+
+    spec = cdi.load_spec(node.cdi_root / f"{DRIVER}-claim_{ref.uid}.json")
+    mounts = {m["containerPath"]: m for m in spec["containerEdits"]["mounts"]}
+    assert mounts["/tmp/nvidia-mps"]["hostPath"] == str(top / "pipe")
+    assert "ro" not in mounts["/tmp/nvidia-mps"]["options"]
+    (device,) = spec["devices"]
+    assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in device["containerEdits"]["env"]
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=40" in device["containerEdits"]["env"]
+    assert "CARVE_SHARING_STRATEGY=MPS" in device["containerEdits"]["env"]
+
+    # Asked again (the kubelet retries): the same daemon, nothing new started.
+    assert node.p.prepare([ref])[ref.uid].error == ""
+    assert node.p.checkpoint().claims[ref.uid].mps == rec.mps
+
+    assert node.p.unprepare([ref])[ref.uid] == ""
+    assert _wait_dead(rec.mps.pid)
+    assert not top.exists()
+    assert ref.uid not in node.p.checkpoint().claims
+    assert list(node.backend.instances(rec.devices[0].gpu_uuid)) == []
+
+
+def test_a_restart_keeps_an_answering_daemon_and_restarts_a_dead_one(
+    node: Node, tmp_path: Path
+) -> None:
+    ref = node.claims.add(
+        "c", [mig(node.backend, 0, 19, 0)], config=mps_config(defaultActiveThreadPercentage=25)
+    )
+    assert node.p.prepare([ref])[ref.uid].error == ""
+    first = node.p.checkpoint().claims[ref.uid].mps
+    assert first is not None and first.pid is not None
+
+    # The plugin restarts: a new Preparer on the same checkpoint keeps the daemon.
+    node.p.close()
+    node.preparer = _preparer(node, tmp_path)
+    node.p.reconcile()
+    assert node.p.checkpoint().claims[ref.uid].mps == first
+    assert _alive(first.pid)
+
+    # The daemon dies: the next start-up starts it again with the same settings.
+    os.kill(first.pid, signal.SIGKILL)
+    assert _wait_dead(first.pid)
+    node.p.close()
+    node.preparer = _preparer(node, tmp_path)
+    node.p.reconcile()
+    again = node.p.checkpoint().claims[ref.uid].mps
+    assert again is not None and again.pid is not None and again.pid != first.pid
+    assert _alive(again.pid)
+    log = (Path(again.log_dir) / CONTROL_LOG).read_text()
+    assert log.count("CMD set_default_active_thread_percentage 25") == 2
+
+    # Housekeeping does the same while the plugin runs.
+    os.kill(again.pid, signal.SIGKILL)
+    assert _wait_dead(again.pid)
+    node.p.retry_pending()
+    third = node.p.checkpoint().claims[ref.uid].mps
+    assert third is not None and third.pid not in (None, again.pid)
+
+    assert node.p.unprepare([ref])[ref.uid] == ""
+    assert third.pid is not None and _wait_dead(third.pid)
+
+
+def test_a_crash_before_the_pid_was_recorded_leaves_no_orphan(node: Node, tmp_path: Path) -> None:
+    ref = node.claims.add("c", [mig(node.backend, 0, 19, 1)], config=mps_config())
+    assert node.p.prepare([ref])[ref.uid].error == ""
+    rec = node.p.checkpoint().claims[ref.uid]
+    assert rec.mps is not None and rec.mps.pid is not None
+    pid = rec.mps.pid
+    # As if the plugin died after starting the daemon, before the prepare completed.
+    node.p._put(replace(rec, state=ClaimState.PREPARE_STARTED, mps=replace(rec.mps, pid=None)))
+    node.p.close()
+    node.preparer = _preparer(node, tmp_path)
+    node.p.reconcile()
+    assert ref.uid not in node.p.checkpoint().claims
+    assert _wait_dead(pid)  # found through its pid file and told to quit
+
+
+def test_bad_mps_settings_are_refused_before_carving(node: Node) -> None:
+    too_big = node.claims.add(
+        "big",
+        [mig(node.backend, 0, 19, 2)],
+        config=mps_config(defaultPinnedDeviceMemoryLimit="20Gi"),
+    )
+    err = node.p.prepare([too_big])[too_big.uid].error
+    assert "defaultPinnedDeviceMemoryLimit 20480Mi is more than the 1g.10gb slice's memory" in err
+    gpu = whole(0)
+    on_gpu = node.claims.add("gpu", [gpu], config=mps_config())
+    err = node.p.prepare([on_gpu])[on_gpu.uid].error
+    assert "MPS sharing is supported on MIG slices only, not on a whole GPU" in err
+    uuid = node.backend.gpus()[0].uuid
+    assert not node.backend.mig_enabled(uuid) or not list(node.backend.instances(uuid))
+    assert node.p.checkpoint().claims == {}
+
+
+def test_without_the_binary_mps_claims_are_refused(node: Node, tmp_path: Path) -> None:
+    node.p.close()
+    node.preparer = replace_mps(_preparer(node, tmp_path), None)
+    ref = node.claims.add("c", [mig(node.backend, 0, 19, 4)], config=mps_config())
+    err = node.p.prepare([ref])[ref.uid].error
+    assert "no nvidia-cuda-mps-control" in err
+
+
+def replace_mps(p: Preparer, binary: Path | None) -> Preparer:
+    p._mps = MpsControl(binary, Path("/nonexistent"))
+    return p
