@@ -1,9 +1,9 @@
-"""Packing benchmark: carve's best fit against the peers' first fit on one seeded trace.
+"""Packing benchmark: carve's policies against the peers' first fit on one seeded trace.
 
     python -m bench.packing                # defaults: packing on 64 nodes, timing on 1000 x 8
     python -m bench.packing --help
 
-Both policies see exactly the same arrivals (pods asking for one MIG profile by name, on a mix
+Every policy sees exactly the same arrivals (pods asking for one MIG profile by name, on a mix
 of GPU models) and departures (a pod leaves after its lifetime, if it was placed). Figures:
 
 - placed: fraction of arrivals that got a slice at arrival time (no queueing, so the number
@@ -19,6 +19,15 @@ of GPU models) and departures (a pod leaves after its lifetime, if it was placed
 
 The synthetic GPUs and claims come from tests/support/cluster_builders.py, the builders the
 controller tests use, so the benchmark packs exactly what the tests check.
+
+``--real-baseline`` adds kube-scheduler's own structured allocator (dra-allocate, see
+bench/trace.py and tests/bench/replay.py) to the packing runs: the same arrivals and
+departures, each claim asking for the profile by name on the models that have it, devices
+chosen by the allocator on the first node (in name order) where they fit. It runs one
+dra-allocate process per new node state, so it takes minutes.
+
+The public-trace benchmark (Alibaba GPU trace, carve against the real allocator, with bounds)
+is ``python -m bench.trace``.
 """
 
 from __future__ import annotations
@@ -281,6 +290,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--timing-fill", type=float, default=0.85, help="utilization the timing cluster starts at"
     )
     parser.add_argument("--models", default=",".join(DEFAULT_MODELS))
+    parser.add_argument(
+        "--real-baseline",
+        action="store_true",
+        help="also run kube-scheduler's allocator (dra-allocate) on the packing runs",
+    )
     args = parser.parse_args(argv)
 
     models = [gpu_model(k) for k in args.models.split(",")]
@@ -300,10 +314,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         trace = make_trace(args.seed, args.arrivals, units(args.nodes), load, DEFAULT_MIX)
         results = []
-        for policy in (Policy.BEST_FIT, Policy.FIRST_FIT):
+        for policy in (Policy.BEST_FIT, Policy.LEAST_WASTE, Policy.FIRST_FIT):
             cluster = build_cluster(args.nodes, args.gpus_per_node, models)
             results.append(run_trace(cluster, policy, trace))
         _print_table(results, timing=False)
+        if args.real_baseline:
+            _print_real(build_cluster(args.nodes, args.gpus_per_node, models), trace)
 
     print(
         f"timing: {args.timing_nodes} nodes x {args.gpus_per_node} GPUs prefilled to "
@@ -314,7 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.seed + 1, args.timing_arrivals, units(args.timing_nodes), 1.0, DEFAULT_MIX
     )
     results = []
-    for policy in (Policy.BEST_FIT, Policy.FIRST_FIT):
+    for policy in (Policy.BEST_FIT, Policy.LEAST_WASTE, Policy.FIRST_FIT):
         t0 = time.perf_counter()
         cluster = build_cluster(args.timing_nodes, args.gpus_per_node, models)
         live = prefill(cluster, args.seed, args.timing_fill, DEFAULT_MIX)
@@ -355,6 +371,35 @@ def _multi_device_ms(model: ClusterModel, policy: Policy, tries: int = 15) -> fl
         engine.place(request)
         times.append(time.perf_counter() - t0)
     return statistics.median(times) * 1000
+
+
+def _print_real(model: ClusterModel, trace: Sequence[Arrival], *, warmup: float = 0.2) -> None:
+    """The same trace through kube-scheduler's allocator (tests.bench.replay.RealScheduler)."""
+    from tests.bench.alibaba import MappedRequest, claim_spec
+    from tests.bench.replay import Job, real, replay
+    from tests.support.real_allocator import CachedAllocator
+
+    by_name: dict[str, list[str]] = {}
+    for gm in {r.inventory.model for r in model.gpus.values()}:
+        for p in gm.profiles:
+            by_name.setdefault(p.name, []).append(gm.key)
+    sizes = _profile_units(model)  # as run_trace counts placed units
+    needs = PodNeeds(Resources(1000, 2**30, 1))
+    jobs = []
+    for a in trace:
+        served = tuple(sorted(by_name.get(a.profile, ())))
+        request = MappedRequest(
+            False, 1, served, tuple((k, a.profile) for k in served), float(sizes[a.profile])
+        )
+        spec = claim_spec(request)
+        jobs.append(Job(a.pod, None, request, spec, needs, a.time, a.time + a.lifetime))
+    t0 = time.perf_counter()
+    f = replay(model, jobs, real(CachedAllocator()), warmup=warmup, samples=len(jobs), lookahead=1)
+    print(
+        f"  {'allocator':<10} {f.placed_fraction:>8.3f} {f.share_fraction:>12.3f} "
+        f"{f.utilization:>7.3f} {f.fragmentation:>7.3f}   (kube-scheduler's allocator, "
+        f"{time.perf_counter() - t0:.0f}s: {f.notes}; util is per GPU, frag at the end)"
+    )
 
 
 def _print_table(results: Sequence[Figures], *, timing: bool) -> None:
