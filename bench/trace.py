@@ -51,6 +51,7 @@ from tests.bench.alibaba import (
 from tests.bench.bounds import configuration_bound
 from tests.bench.replay import (
     Figures,
+    Job,
     build_jobs,
     build_model,
     carve,
@@ -144,19 +145,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     series_lines = ["trace,policy,jobs_seen,utilization"]
     for path in traces:
         tasks = load_tasks(path)
-        jobs = build_jobs(
-            tasks,
-            nodes,
-            mode=args.mode,
-            load=args.load,
-            limit=args.limit_tasks,
-            speedup=args.speedup,
-        )
+        try:
+            jobs = build_jobs(
+                tasks,
+                nodes,
+                mode=args.mode,
+                load=args.load,
+                limit=args.limit_tasks,
+                speedup=args.speedup,
+            )
+        except ValueError as exc:
+            print(f"\n{path.name}: skipped ({exc})")
+            continue
         offered = sum(j.request.share for j in jobs)
-        print(
-            f"\n{path.name}: {len(tasks)} tasks, {len(jobs)} jobs, offered GPU share "
-            f"{offered:.1f} ({offered / cluster_gpus(nodes):.2f} x the cluster's GPUs)"
-        )
+        if args.mode == "saturation":
+            load = f"{offered:.1f} ({offered / cluster_gpus(nodes):.2f} x the cluster's GPUs)"
+        else:
+            load = _concurrency(jobs, cluster_gpus(nodes))
+        print(f"\n{path.name}: {len(tasks)} tasks, {len(jobs)} jobs, offered GPU share {load}")
         fluid = lp = None
         if args.mode == "saturation":
             t0 = time.perf_counter()
@@ -188,6 +194,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.series:
         args.series.write_text("\n".join(series_lines) + "\n")
     return 0
+
+
+def _concurrency(jobs: Sequence[Job], gpus: int) -> str:
+    """Offered GPU share alive at once in a timeline run: time average and peak."""
+    events = sorted(
+        [(j.arrival, j.request.share) for j in jobs]
+        + [(j.departure if j.departure is not None else j.arrival, -j.request.share) for j in jobs]
+    )
+    if not events:
+        return "0"
+    alive = peak = area = 0.0
+    last = events[0][0]
+    for t, delta in events:
+        area += alive * (t - last)
+        last = t
+        alive += delta
+        peak = max(peak, alive)
+    span = events[-1][0] - events[0][0]
+    mean = area / span if span else 0.0
+    return (
+        f"alive {mean:.1f} on average ({mean / gpus:.2f} x GPUs), "
+        f"peak {peak:.1f} ({peak / gpus:.2f} x)"
+    )
 
 
 Row = tuple[str, Figures, float | None, float | None]  # trace, figures, fluid and LP bounds
