@@ -11,14 +11,19 @@ placement only once `reservedFor` is empty and no such finalizer remains.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
-from collections.abc import Mapping, Sequence
+import logging
+import uuid as uuidlib
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from driver.allocation import AllocatedDevice, AllocationFormatError, parse_allocation
 from driver.config import OpaqueConfigEntry
 from process.rmw import MERGE_PATCH, ObjectGoneError, Target, WriteSkippedError, read_modify_write
+
+log = logging.getLogger(__name__)
 
 
 class ClaimFormatError(ValueError):
@@ -207,6 +212,97 @@ class KubernetesClaimClient:
 
     def remove_finalizer(self, namespace: str, name: str, uid: str, finalizer: str) -> None:
         self._update_finalizers(namespace, name, uid, finalizer, add=False)
+
+
+class ClaimEvents(Protocol):
+    """Events on claims, for `kubectl describe resourceclaim`; best effort, never raises."""
+
+    def event(
+        self, namespace: str, name: str, uid: str, *, type_: str, reason: str, message: str
+    ) -> None:
+        """Post an Event about the claim; a failure is logged, not raised."""
+
+
+def plugin_component(driver: str) -> str:
+    """The reporting controller of the node plugin's events: ``<driver>/kubelet-plugin``."""
+    return f"{driver}/kubelet-plugin"
+
+
+def claim_event_body(
+    namespace: str,
+    name: str,
+    uid: str,
+    *,
+    type_: str,
+    reason: str,
+    message: str,
+    driver: str,
+    node: str,
+    now: dt.datetime,
+) -> dict[str, Any]:
+    """An events.k8s.io/v1 Event about a ResourceClaim, reported by this node's plugin.
+
+    events.k8s.io (not core/v1) because that is the API the plugin's ClusterRole grants
+    ``create`` on; ``kubectl describe`` shows both."""
+    return {
+        "apiVersion": "events.k8s.io/v1",
+        "kind": "Event",
+        "metadata": {"name": f"{name}.{uuidlib.uuid4().hex[:16]}"[:253], "namespace": namespace},
+        "eventTime": now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "reportingController": plugin_component(driver),
+        "reportingInstance": f"{plugin_component(driver)}-{node}"[:128],
+        "action": "Prepare",
+        "reason": reason,
+        "note": message[:1024],
+        "type": type_,
+        "regarding": {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "namespace": namespace,
+            "name": name,
+            "uid": uid,
+        },
+    }
+
+
+class KubernetesClaimEvents:
+    """ClaimEvents over the apiserver (events.k8s.io/v1)."""
+
+    def __init__(
+        self,
+        api: KubeJson,
+        *,
+        driver: str,
+        node: str,
+        clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+    ) -> None:
+        self._api = api
+        self._driver = driver
+        self._node = node
+        self._clock = clock
+
+    def event(
+        self, namespace: str, name: str, uid: str, *, type_: str, reason: str, message: str
+    ) -> None:
+        body = claim_event_body(
+            namespace,
+            name,
+            uid,
+            type_=type_,
+            reason=reason,
+            message=message,
+            driver=self._driver,
+            node=self._node,
+            now=self._clock(),
+        )
+        path = f"/apis/events.k8s.io/v1/namespaces/{namespace}/events"
+        try:
+            self._api.request("POST", path, body=body)
+        except Exception as e:
+            log.warning(
+                "could not post event on claim",
+                extra={"claim": f"{namespace}/{name}", "reason": reason, "error": str(e)},
+            )
 
 
 def describe_results(results: Sequence[AllocatedDevice]) -> str:

@@ -248,7 +248,7 @@ class NodePlugin:
     ) -> None:
         from driver.cdi import CdiWriter
         from kubeletplugin.checkpoint import CheckpointStore
-        from kubeletplugin.claims import KubernetesClaimClient
+        from kubeletplugin.claims import KubernetesClaimClient, KubernetesClaimEvents
         from kubeletplugin.metrics import PluginMetrics
         from kubeletplugin.migbackend import open_backend
         from kubeletplugin.mps import MpsControl, find_binary
@@ -279,6 +279,7 @@ class NodePlugin:
                 find_binary(self.driver_files.root) if self.driver_files else None,
                 opts.plugins_dir / opts.driver_name / "mps",
             ),
+            events=KubernetesClaimEvents(api, driver=opts.driver_name, node=opts.node_name),
         )
         self.publisher: SlicePublisher = self._publisher()
         self.server: PluginServer = self._server()
@@ -357,7 +358,12 @@ class NodePlugin:
             opts.registry_dir,
             opts.plugins_dir,
             self.preparer,
-            self.node.health_source(opts.driver_name, opts.node_name, self.preparer.refused_gpus),
+            self.node.health_source(
+                opts.driver_name,
+                opts.node_name,
+                self.preparer.refused_gpus,
+                self.preparer.mps_down_devices,
+            ),
         )
 
     def _ops(self) -> OpsServer:

@@ -72,10 +72,16 @@ class NodeHardware:
         )
 
     def health_source(
-        self, driver: str, node_name: str, refused: Callable[[], Mapping[str, str]]
+        self,
+        driver: str,
+        node_name: str,
+        refused: Callable[[], Mapping[str, str]],
+        mps_down: Callable[[], Mapping[str, str]] = dict,
     ) -> Callable[[], list[tuple[str, str, bool, str]]]:
         """Device health for the kubelet: every published device healthy, except those of a
-        GPU the agent refuses (foreign instances under policy refuse-gpu), with the reason."""
+        GPU the agent refuses (foreign instances under policy refuse-gpu, `refused` by GPU
+        UUID) and those whose claim's MPS control daemon is down (`mps_down` by device name),
+        with the reasons."""
         minors = {g.uuid: g.minor for g in self.mig.gpus()}
         devices = [
             (s["spec"]["pool"]["name"], d["name"])
@@ -87,10 +93,11 @@ class NodeHardware:
 
         def source() -> list[tuple[str, str, bool, str]]:
             bad = {minors[u]: why for u, why in refused().items() if u in minors}
+            down = mps_down()
             out = []
             for pool, name in devices:
-                why = bad.get(parse_device_name(name).minor)
-                out.append((pool, name, why is None, why or ""))
+                whys = [w for w in (bad.get(parse_device_name(name).minor), down.get(name)) if w]
+                out.append((pool, name, not whys, "; ".join(whys)))
             return out
 
         return source

@@ -11,7 +11,9 @@ Per claim, every step is announced in the checkpoint before it touches the GPU:
 With MPS sharing (kubeletplugin.mps), prepare records the MPS daemon's directories, starts it on
 the carved slices and records its pid once it answers, all before the CDI spec; unprepare stops
 it (quit, then kill) before it destroys a slice. Start-up keeps a prepared claim's daemon if it
-answers and restarts it otherwise; housekeeping does the same for a daemon that died.
+answers and restarts it otherwise; housekeeping does the same for a daemon that died. A daemon
+found dead marks the claim's devices unhealthy (`mps_down_devices`, merged into the kubelet's
+health stream) until a later check finds it answering, and posts an Event on the claim.
 
 A failure inside prepare tears down what this attempt built (the same path unprepare takes), so
 the kubelet's retry starts clean. After a crash, `reconcile()` does the same for every claim left
@@ -62,7 +64,13 @@ from kubeletplugin.checkpoint import (
     ForeignInstance,
     MpsDaemon,
 )
-from kubeletplugin.claims import ClaimClient, ClaimGoneError, ClaimView, describe_results
+from kubeletplugin.claims import (
+    ClaimClient,
+    ClaimEvents,
+    ClaimGoneError,
+    ClaimView,
+    describe_results,
+)
 from kubeletplugin.draservice import ClaimRef, PreparedDevice, PrepareResult
 from kubeletplugin.metrics import PluginMetrics
 from kubeletplugin.mps import MpsControl, MpsError, commands_for
@@ -162,6 +170,7 @@ class Preparer:
         dev_root: Path = Path("/"),
         clock: Callable[[], float] = time.monotonic,
         mps: MpsControl | None = None,
+        events: ClaimEvents | None = None,
     ) -> None:
         """`common_nodes` go to every device (e.g. /dev/nvidia-uvm, whose major is dynamic).
         `shared_edits` go once into every claim's spec: the driver's files and hooks
@@ -172,6 +181,9 @@ class Preparer:
         self._shared = shared_edits or SpecEdits()
         self._dev_root = dev_root
         self._mps = mps
+        self._events = events
+        # claim uid -> (its MPS devices' names, why): daemons found dead, not yet seen answering
+        self._mps_down: dict[str, tuple[tuple[str, ...], str]] = {}
         self._backend = backend
         self._claims = claims
         self._store = store
@@ -198,6 +210,17 @@ class Preparer:
 
     def refused_gpus(self) -> Mapping[str, str]:
         return dict(self._refused)
+
+    def mps_down_devices(self) -> Mapping[str, str]:
+        """Device name -> why, for the devices of claims whose MPS daemon was found dead and has
+        not been seen answering since (a claim unprepared meanwhile no longer counts)."""
+        claims = self.checkpoint().claims
+        return {
+            name: why
+            for uid, (names, why) in list(self._mps_down.items())
+            if uid in claims
+            for name in names
+        }
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -456,27 +479,73 @@ class Preparer:
         return SpecEdits((*kept, mount), self._shared.hooks)
 
     def _ensure_mps(self, record: ClaimRecord, ctx: Mapping[str, object], why: str) -> None:
-        """Keep a prepared claim's daemon if it answers, else start it again and say so."""
+        """Keep a prepared claim's daemon if it answers, else start it again and say so: in
+        the log, the errors metric, the claim's devices' health and an Event on the claim."""
         if record.mps is None or self._mps is None:
             return
         if self._mps.answering(record.mps):
             pid = self._mps.pid_of(record.mps)
             if pid != record.mps.pid:
                 self._put(replace(record, mps=replace(record.mps, pid=pid)))
+            if self._mps_down.pop(record.uid, None) is not None:
+                log.info("MPS control daemon answers again", extra={**ctx, "pid": pid})
             return
         self.metrics.errors.labels(operation="reconcile", reason="mps-down").inc()
         log.warning(
             "MPS control daemon of a prepared claim is not running; restarting it",
             extra={**ctx, "pid": record.mps.pid, "when": why},
         )
+        served = set(record.mps.visible_devices)
+        names = tuple(d.device_name for d in record.devices if (d.mig_uuid or d.gpu_uuid) in served)
+        claim = f"{record.namespace}/{record.name}"
+        self._mps_down[record.uid] = (
+            names,
+            f"MPS control daemon of claim {claim} is down (restarting)",
+        )
         self._mps.stop(record.mps, forget=False)  # a wedged one; its saved settings stay
+        node = self._s.node_name
         try:
             running = self._mps.start(replace(record.mps, pid=None))
         except MpsError as e:
             log.error("MPS control daemon could not be restarted", extra={**ctx, "error": str(e)})
+            self._mps_down[record.uid] = (
+                names,
+                f"MPS control daemon of claim {claim} is down (restart failed: {e})",
+            )
+            self._event(
+                record,
+                "MPSDaemonDown",
+                f"MPS control daemon on node {node} was found dead ({why}) and could not be "
+                f"restarted: {e}",
+            )
             return
         log.warning("MPS control daemon restarted", extra={**ctx, "pid": running.pid})
         self._put(replace(record, mps=running))
+        self._event(
+            record,
+            "MPSDaemonRestarted",
+            f"MPS control daemon on node {node} was found dead ({why}) and restarted "
+            f"(pid {running.pid}); processes that used the old one must reconnect",
+        )
+
+    def _event(self, record: ClaimRecord, reason: str, message: str) -> None:
+        """A Warning Event on the claim; best effort."""
+        if self._events is None:
+            return
+        try:
+            self._events.event(
+                record.namespace,
+                record.name,
+                record.uid,
+                type_="Warning",
+                reason=reason,
+                message=message,
+            )
+        except Exception as e:
+            log.warning(
+                "could not post event on claim",
+                extra={"claim": f"{record.namespace}/{record.name}", "error": str(e)},
+            )
 
     def _carve(self, p: _Planned, record: ClaimRecord, i: int, ref: ClaimRef) -> ClaimRecord:
         """Carve device `i` of `record`; the new ids are checkpointed before the GPU lock is

@@ -127,6 +127,29 @@ class FakeClaims:
 
 
 @dataclass
+class FakeKubeJson:
+    """The plugin's KubeJson, capturing each request (method, path, body); `fail` makes every
+    request raise, as an unreachable apiserver or a missing RBAC grant would."""
+
+    requests: list[tuple[str, str, Any]] = field(default_factory=list)
+    fail: Exception | None = None
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        query: Sequence[tuple[str, str]] = (),
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        if self.fail is not None:
+            raise self.fail
+        self.requests.append((method, path, body))
+        return dict(body) if isinstance(body, Mapping) else {}
+
+
+@dataclass
 class Node:
     """A simulated GPU node with a preparer; `restart()` builds a fresh preparer as a new
     process would (same NVML state, checkpoint and CDI directory)."""
