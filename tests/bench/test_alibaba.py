@@ -20,6 +20,7 @@ from tests.bench.alibaba import (
     NODE_FILE,
     REFERENCE_MODEL,
     TRACE_DIR,
+    TRACE_REQUIRED,
     TraceNode,
     TraceTask,
     claim_spec,
@@ -31,7 +32,8 @@ from tests.bench.alibaba import (
 from tests.bench.replay import CLASSES, build_jobs, build_model, cluster_gpus, select_nodes
 
 needs_trace = pytest.mark.skipif(
-    not (TRACE_DIR / NODE_FILE).exists(), reason=f"trace not found in {TRACE_DIR}"
+    not (TRACE_DIR / NODE_FILE).exists() and not TRACE_REQUIRED,
+    reason=f"trace not found in {TRACE_DIR} (set CARVE_TRACE_DIR)",
 )
 MODELS = sorted(set(MODEL_MAP.values()))
 
