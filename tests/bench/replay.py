@@ -28,6 +28,7 @@ Two ways to run a trace (:func:`build_jobs`):
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import heapq
 import itertools
@@ -174,13 +175,13 @@ def build_jobs(
 # Schedulers
 
 
-class Scheduler:
+class Scheduler(abc.ABC):
     """Places one job on the model (and records it there), or says it cannot."""
 
     name = ""
 
-    def place(self, model: ClusterModel, job: Job) -> bool:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def place(self, model: ClusterModel, job: Job) -> bool: ...
 
 
 class CarveScheduler(Scheduler):
