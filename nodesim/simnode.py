@@ -51,14 +51,46 @@ class SimNodeSpec:
     latency: str = "zero"  # simulator latency preset: "zero" or "realistic"
 
     def __post_init__(self) -> None:
-        unknown = [g for g in self.gpus if g not in catalog.CATALOG]
-        if unknown:
-            raise ValueError(
-                f"node {self.name}: unknown GPU model(s) {unknown}; catalog keys are "
-                f"{', '.join(sorted(catalog.CATALOG))}"
-            )
+        check_gpu_keys(self.name, self.gpus)
         if self.latency not in ("zero", "realistic"):
             raise ValueError(f"node {self.name}: latency must be 'zero' or 'realistic'")
+
+
+def check_gpu_keys(node: str, gpus: tuple[str, ...]) -> None:
+    """A node's GPUs must be catalog keys; the message lists them."""
+    unknown = [g for g in gpus if g not in catalog.CATALOG]
+    if unknown:
+        raise ValueError(
+            f"node {node}: unknown GPU model(s) {unknown}; catalog keys are "
+            f"{', '.join(sorted(catalog.CATALOG))}"
+        )
+
+
+def write_sim_config(path: Path, node: str, gpus: tuple[str, ...], latency: str) -> None:
+    """The NVML simulator config of one node (simulated or real): its GPUs by catalog key."""
+    data: dict[str, Any] = {
+        "state": "sim/state.json",
+        "uuid_seed": node,  # GPU UUIDs must differ between nodes
+        "gpus": list(gpus),
+        "options": {"latency": latency, "ampere_reset": "auto"},
+    }
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def read_hardware(sim_config: Path) -> dict[str, Any]:
+    """The simulator's state for a node (GPUs, GPU and compute instances), read under the
+    simulator's own lock so a half-written state is never seen."""
+    from driver.nvml.sim.config import load_config_file
+    from driver.nvml.sim.hardware import StateStore
+
+    with StateStore(load_config_file(sim_config)).transaction() as state:
+        return state.to_json()
+
+
+def hardware_view(node: str, gpus: tuple[str, ...], sim_config: Path) -> NodeHardware:
+    """A node's GPU instances as invariant-checker slots."""
+    models = [catalog.gpu_model(k) for k in gpus]
+    return node_hardware(node, models, read_hardware(sim_config))
 
 
 def plugin_argv(
@@ -213,13 +245,7 @@ class SimNode:
         self.wait_plugin_ready(timeout)
 
     def _write_sim_config(self) -> None:
-        data: dict[str, Any] = {
-            "state": "sim/state.json",
-            "uuid_seed": self.spec.name,  # GPU UUIDs must differ between nodes
-            "gpus": list(self.spec.gpus),
-            "options": {"latency": self.spec.latency, "ampere_reset": "auto"},
-        }
-        self.sim_config.write_text(yaml.safe_dump(data, sort_keys=False))
+        write_sim_config(self.sim_config, self.spec.name, self.spec.gpus, self.spec.latency)
 
     def start_plugin(self) -> None:
         if self._plugin is not None and self._plugin.exit_code() is None:
@@ -278,18 +304,10 @@ class SimNode:
     # -- inspection ----------------------------------------------------------------------------
 
     def hardware(self) -> dict[str, Any]:
-        """The simulator's state for this node (GPUs, GPU and compute instances), read under
-        the simulator's own lock so a half-written state is never seen."""
-        from driver.nvml.sim.config import load_config_file
-        from driver.nvml.sim.hardware import StateStore
-
-        with StateStore(load_config_file(self.sim_config)).transaction() as state:
-            return state.to_json()
+        return read_hardware(self.sim_config)
 
     def hardware_view(self) -> NodeHardware:
-        """The node's GPU instances as invariant-checker slots."""
-        models = [catalog.gpu_model(k) for k in self.spec.gpus]
-        return node_hardware(self.name, models, self.hardware())
+        return hardware_view(self.name, self.spec.gpus, self.sim_config)
 
     def plugin_log_tail(self, lines: int = 40) -> str:
         return tail_of(self.plugin_log, lines)

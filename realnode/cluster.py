@@ -11,7 +11,6 @@ import contextlib
 import logging
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Sequence
@@ -22,7 +21,7 @@ from driver.contract import DEFAULT_DRIVER_NAME
 from realnode import cleanup, images, reaper
 from realnode.binaries import NodeBinaries, ensure_node_binaries
 from realnode.layout import NodeLayout, node_ip
-from realnode.node import RealNode, RealNodeSpec
+from realnode.node import RealNode, RealNodeSpec, free_ports
 
 _log = logging.getLogger(__name__)
 
@@ -60,7 +59,7 @@ class RealNodes:
 
     def add_node(self, spec: RealNodeSpec, *, plugin_args: Sequence[str] = ()) -> RealNode:
         index = self._claim_index()
-        port, healthz = _free_ports(2)
+        port, healthz = free_ports(2)
         layout = NodeLayout(
             name=spec.name,
             index=index,
@@ -113,16 +112,3 @@ class RealNodes:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._reaper.wait(timeout=5)
         return done
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            sockets.append(s)
-        return [int(s.getsockname()[1]) for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()

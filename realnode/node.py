@@ -30,11 +30,16 @@ from typing import Any
 import yaml
 
 from devcluster.processes import ManagedProcess, tail_of
-from driver import catalog
 from driver.contract import DEFAULT_DRIVER_NAME
 from kubeletplugin.claims import ApiError, KubeJson
-from nodesim.invariants import NodeHardware, node_hardware
-from nodesim.simnode import plugin_argv
+from nodesim.invariants import NodeHardware
+from nodesim.simnode import (
+    check_gpu_keys,
+    hardware_view,
+    plugin_argv,
+    read_hardware,
+    write_sim_config,
+)
 from realnode import cleanup, configs, images
 from realnode.binaries import NodeBinaries
 from realnode.layout import NodeLayout
@@ -58,12 +63,7 @@ class RealNodeSpec:
     latency: str = "zero"
 
     def __post_init__(self) -> None:
-        unknown = [g for g in self.gpus if g not in catalog.CATALOG]
-        if unknown:
-            raise ValueError(
-                f"node {self.name}: unknown GPU model(s) {unknown}; catalog keys are "
-                f"{', '.join(sorted(catalog.CATALOG))}"
-            )
+        check_gpu_keys(self.name, self.gpus)
 
 
 class RealNode:
@@ -131,13 +131,7 @@ class RealNode:
         shutil.copyfile(self.kubeconfig, lay.kubelet_kubeconfig)
         lay.kubelet_kubeconfig.chmod(0o600)
         _make_cgroup_root(lay.cgroup_root)
-        sim = {
-            "state": "sim/state.json",
-            "uuid_seed": self.name,  # GPU UUIDs must differ between nodes
-            "gpus": list(self.spec.gpus),
-            "options": {"latency": self.spec.latency, "ampere_reset": "auto"},
-        }
-        lay.sim_config.write_text(yaml.safe_dump(sim, sort_keys=False))
+        write_sim_config(lay.sim_config, self.name, self.spec.gpus, self.spec.latency)
         lay.state_file.write_text(
             json.dumps(
                 {
@@ -213,7 +207,7 @@ class RealNode:
         if self._plugin is not None and self._plugin.exit_code() is None:
             raise RuntimeError(f"node {self.name}: the plugin is already running")
         lay = self.layout
-        self._plugin_port = _free_port()
+        (self._plugin_port,) = free_ports(1)
         argv = plugin_argv(
             node_name=self.name,
             driver=self.driver,
@@ -264,17 +258,11 @@ class RealNode:
     # -- inspection ----------------------------------------------------------------------------
 
     def hardware(self) -> dict[str, Any]:
-        """The simulator's state for this node, read under the simulator's own lock."""
-        from driver.nvml.sim.config import load_config_file
-        from driver.nvml.sim.hardware import StateStore
-
-        with StateStore(load_config_file(self.layout.sim_config)).transaction() as state:
-            return state.to_json()
+        return read_hardware(self.layout.sim_config)
 
     def hardware_view(self) -> NodeHardware:
         """The node's GPU instances as invariant-checker slots (the same checks as nodesim)."""
-        models = [catalog.gpu_model(k) for k in self.spec.gpus]
-        return node_hardware(self.name, models, self.hardware())
+        return hardware_view(self.name, self.spec.gpus, self.layout.sim_config)
 
     def log_tails(self, lines: int = 25) -> str:
         lay = self.layout
@@ -338,7 +326,15 @@ def _make_cgroup_root(cgroup_root: str) -> None:
             (hierarchy / cgroup_root.lstrip("/")).mkdir(exist_ok=True)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct ports free on loopback right now (held together while picked)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [int(s.getsockname()[1]) for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()

@@ -14,7 +14,6 @@ from typing import Any
 
 from devcluster.waiting import wait_for
 from driver.naming import parse_device_name
-from nodesim.invariants import NodeHardware
 from nodesim.stack import CarveStack
 from realnode.cluster import RealNodes
 from realnode.images import TEST_IMAGE
@@ -124,16 +123,8 @@ class RealEnv(E2E):
             parts.append(node.log_tails(15))
         return "\n".join(parts)
 
-    def teardown(self) -> list[str]:
-        problems = super().teardown()  # self.nodes is empty: the real nodes stay up
-        return problems
-
     def wait_no_instances(self, timeout: float = 60.0) -> None:
         wait_for("every MIG instance to be destroyed", lambda: self.instance_count() == 0, timeout)
-
-
-def hardware_instances(view: NodeHardware) -> int:
-    return len(view.instances)
 
 
 def parse_report(text: str) -> Obj:

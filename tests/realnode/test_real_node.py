@@ -41,7 +41,6 @@ def test_a_container_sees_exactly_its_slice(env: RealEnv) -> None:
     env.wait_phase("p", "Running", timeout=90)
     result = _only_result(env, "p")
     mig_uuid = env.mig_uuid_of(NODE_A, result["device"])
-    report = wait_for("the container's report", lambda: parse_report(env.logs("p")) or None, 30)
     wait_for("nvidia-smi output", lambda: parse_report(env.logs("p"))["smi"], 30)
     report = parse_report(env.logs("p"))
 
