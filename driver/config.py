@@ -79,20 +79,15 @@ class MigDeviceConfig:
     def container_env(self) -> dict[str, str]:
         """The environment this config adds to every container that gets the device.
 
-        The sharing strategy is exported so that workloads (and the MPS control daemon sidecar
-        that runs MPS) can see what the operator asked for; MPS limits use CUDA's own variables.
+        The sharing strategy is exported so that workloads can see what the operator asked
+        for. MPS limits are not: the plugin's MPS control daemon applies them as its defaults,
+        and a container's own ``CUDA_MPS_*`` limits (per client, see ``driver.mpsclient``)
+        must not be overwritten by a CDI edit of the same name.
         """
         env = {"CARVE_SHARING_STRATEGY": self.sharing.strategy.value}
         ts = self.sharing.time_slicing
         if self.sharing.strategy is SharingStrategy.TIME_SLICING and ts is not None:
             env["CARVE_TIME_SLICE_INTERVAL"] = ts.interval.value
-        mps = self.sharing.mps
-        if self.sharing.strategy is SharingStrategy.MPS and mps is not None:
-            if mps.default_active_thread_percentage is not None:
-                env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(mps.default_active_thread_percentage)
-            if mps.default_pinned_device_memory_limit_bytes is not None:
-                mib = mps.default_pinned_device_memory_limit_bytes // 2**20
-                env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={mib}M"
         return env
 
 

@@ -10,6 +10,7 @@ from driver.config import (
     API_VERSION,
     ConfigError,
     MigDeviceConfig,
+    MpsConfig,
     OpaqueConfigEntry,
     SharingStrategy,
     TimeSliceInterval,
@@ -41,11 +42,9 @@ def test_mps_fields_reach_the_environment() -> None:
         )
     )
     assert cfg.sharing.strategy is SharingStrategy.MPS
-    assert cfg.container_env() == {
-        "CARVE_SHARING_STRATEGY": "MPS",
-        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50",
-        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=2048M",
-    }
+    assert cfg.sharing.mps == MpsConfig(50, 2 * 2**30)
+    # The daemon applies the limits; a CDI variable would override a container's own, lower one.
+    assert cfg.container_env() == {"CARVE_SHARING_STRATEGY": "MPS"}
 
 
 def test_time_slicing_interval() -> None:

@@ -115,7 +115,9 @@ def test_prepare_starts_one_configured_daemon_and_unprepare_stops_it(
     assert "ro" not in mounts["/tmp/nvidia-mps"]["options"]
     (device,) = spec["devices"]
     assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in device["containerEdits"]["env"]
-    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=40" in device["containerEdits"]["env"]
+    # The daemon has the limits; a container's own (per-client) variables must stay its own.
+    assert not [e for e in device["containerEdits"]["env"] if e.startswith("CUDA_MPS_ACTIVE")]
+    assert not [e for e in spec["containerEdits"].get("env", []) if e.startswith("CUDA_MPS_A")]
     assert "CARVE_SHARING_STRATEGY=MPS" in device["containerEdits"]["env"]
 
     # Asked again (the kubelet retries): the same daemon, nothing new started.
