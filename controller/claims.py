@@ -21,8 +21,8 @@ from typing import Any
 
 from driver.allocation import AllocatedDevice, AllocationFormatError, parse_allocation
 from driver.cel import parse_kubernetes_quantity, qualify
-from driver.config import ConfigError, SharingStrategy, parse_parameters
-from driver.contract import DEFAULT_DRIVER_NAME, Contract
+from driver.config import ConfigError, parse_parameters
+from driver.contract import DEFAULT_DRIVER_NAME
 
 MAX_REQUESTS = 32
 MAX_SUBREQUESTS = 8
@@ -351,35 +351,7 @@ def parse_claim_spec(spec: Mapping[str, Any], driver: str) -> ClaimSpec:
                 raise ClaimSpecError(
                     f"spec.devices.config[{i}].requests: {n!r} is not a request of this claim"
                 )
-    _check_mps(config, requests, driver)
     return ClaimSpec(tuple(requests), tuple(constraints), config)
-
-
-def _check_mps(
-    config: Sequence[DeviceConfig], requests: Sequence[DeviceRequest], driver: str
-) -> None:
-    """MPS sharing is for MIG slices: refuse it on a request for a whole GPU before placing.
-
-    Why: carve may leave a whole GPU in MIG mode (it only checks that no instance is on it),
-    and with MIG mode on, CUDA, and so an MPS server, cannot use the GPU itself.
-    """
-    gpu_class = Contract(driver).gpu_class
-    for i, c in enumerate(config):
-        if c.opaque.driver != driver:
-            continue
-        if parse_parameters(c.opaque.parameters).sharing.strategy is not SharingStrategy.MPS:
-            continue
-        for r in requests:
-            for alt in r.alternatives:
-                applies = not c.requests or r.name in c.requests or alt.result_name in c.requests
-                if applies and alt.spec.device_class == gpu_class:
-                    raise ClaimSpecError(
-                        f"spec.devices.config[{i}]: MPS sharing is supported on MIG slices only, "
-                        f"but request {alt.result_name!r} asks for a whole GPU (class "
-                        f"{gpu_class}), which carve may leave in MIG mode where CUDA and so an "
-                        "MPS server cannot use it; request a MIG slice, or use strategy "
-                        "TimeSlicing"
-                    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,9 +14,11 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from controller.claims import (
+    ClaimHold,
     ClaimKey,
     ClaimSpecError,
     DeviceClass,
@@ -25,6 +27,19 @@ from controller.claims import (
     parse_device_class,
 )
 from controller.model import ClusterModel, inventories_from_slices
+from controller.mpscheck import (
+    ClaimMps,
+    MpsSettingError,
+    allocated_mps,
+    check_clients,
+    check_one_daemon,
+    check_whole_gpu,
+    claim_floors,
+    floor_refusal,
+    pod_clients,
+    spec_mps,
+    with_floors,
+)
 from controller.nodefit import PodNeeds, PodSpecError, parse_node, parse_pod_needs, pod_requests
 from controller.placement import (
     ClaimToPlace,
@@ -41,9 +56,11 @@ from controller.reconciler import (
     claim_class_names,
     is_terminal,
     key_of,
+    pod_claim_refs,
 )
 from controller.status import ClaimAllocation
 from driver.allocation import AllocatedDevice
+from driver.cel import qualify
 from driver.contract import DEFAULT_DRIVER_NAME
 
 Obj = dict[str, Any]
@@ -191,15 +208,18 @@ class EnginePlanner:
             return Unplaceable("InvalidPod", f"pod {pod_key}: {exc}", permanent=True)
         to_place: list[ClaimToPlace] = []
         pinned: set[str] = set()
+        mps: dict[str, ClaimMps] = {}
         for claim in claims:
             ckey = key_of(claim)
             try:
                 hold = parse_claim_hold(claim, self.driver)
             except ClaimSpecError as exc:
                 return Unplaceable("InvalidClaim", f"ResourceClaim {ckey}: {exc}", permanent=True)
+            meta = claim.get("metadata", {})
             if hold is not None:
                 if hold.node:
                     pinned.add(hold.node)
+                mps[str(meta.get("name"))] = self._allocated_mps(claim, hold)
                 continue
             for name in claim_class_names(claim):
                 if name in self._bad_classes:
@@ -210,9 +230,16 @@ class EnginePlanner:
                     )
             try:
                 spec = parse_claim_spec(claim.get("spec") or {}, self.driver)
+                settings = spec_mps(spec, self._classes, self.driver)
+                check_whole_gpu(spec, settings, self._classes, self.driver)
+                check_one_daemon(spec, settings)
             except ClaimSpecError as exc:
                 return Unplaceable("InvalidClaim", f"ResourceClaim {ckey}: {exc}", permanent=True)
-            meta = claim.get("metadata", {})
+            except MpsSettingError as exc:
+                return Unplaceable(
+                    "InvalidMpsSettings", f"ResourceClaim {ckey}: {exc}", permanent=True
+                )
+            mps[str(meta.get("name"))] = ClaimMps(str(meta.get("name")), settings)
             to_place.append(
                 ClaimToPlace(
                     ClaimKey(meta.get("namespace", ""), meta.get("name", ""), meta.get("uid", "")),
@@ -225,12 +252,88 @@ class EnginePlanner:
                 f"the pod's claims are already allocated on different nodes: {sorted(pinned)}",
                 permanent=True,
             )
+        client_floors = self._check_clients(pod, mps)
+        if isinstance(client_floors, Unplaceable):
+            return client_floors
+        floored, floors = self._floored(to_place, mps, client_floors)
         node = next(iter(pinned), None) or pod.get("spec", {}).get("nodeName")
-        request = PlacementRequest(pod_key, needs, tuple(to_place), node)
+        request = PlacementRequest(pod_key, needs, tuple(floored), node)
         result = self.engine.place(request)
         if isinstance(result, NoPlacement):
-            return Unplaceable(str(result.reason), result.message, result.permanent)
+            return self._floor_refusal(to_place, floors) or Unplaceable(
+                str(result.reason), result.message, result.permanent
+            )
         return self._plan_of(result, to_place)
+
+    def check_allocated(self, pod: Obj, claims: Sequence[Obj]) -> Unplaceable | None:
+        self.flush()
+        mps: dict[str, ClaimMps] = {}
+        for claim in claims:
+            try:
+                hold = parse_claim_hold(claim, self.driver)
+            except ClaimSpecError:
+                continue  # reported where the claim is placed or prepared
+            if hold is not None:
+                mps[str(claim.get("metadata", {}).get("name"))] = self._allocated_mps(claim, hold)
+        checked = self._check_clients(pod, mps)
+        return checked if isinstance(checked, Unplaceable) else None
+
+    def _check_clients(
+        self, pod: Obj, mps: Mapping[str, ClaimMps]
+    ) -> dict[tuple[str, str], int] | Unplaceable:
+        """A container's own MPS limits against the claims it uses (``controller.mpscheck``)."""
+        try:
+            return check_clients(pod_clients(pod, pod_claim_refs(pod)), mps)
+        except MpsSettingError as exc:
+            return Unplaceable("InvalidMpsSettings", f"pod {key_of(pod)}: {exc}", permanent=True)
+
+    def _allocated_mps(self, claim: Obj, hold: ClaimHold) -> ClaimMps:
+        """An allocated claim's MPS results and their slices' memory, from the model."""
+        memory: dict[str, int] = {}
+        capacity = qualify(self.driver, "memory")
+        for d in hold.devices:
+            found = self.model.device(d.pool, d.device)
+            have = dict(found[1].facts.capacity).get(capacity) if found is not None else None
+            if have is not None:
+                memory[d.request] = int(have)
+        name = str(claim.get("metadata", {}).get("name"))
+        return ClaimMps(name, allocated_mps(claim, self.driver), memory)
+
+    def _floored(
+        self,
+        to_place: Sequence[ClaimToPlace],
+        mps: Mapping[str, ClaimMps],
+        client_floors: Mapping[tuple[str, str], int],
+    ) -> tuple[list[ClaimToPlace], dict[tuple[ClaimKey, str], int]]:
+        """The claims with MPS memory floors applied, and the floors by (claim, result)."""
+        floors: dict[tuple[ClaimKey, str], int] = {}
+        out = []
+        for c in to_place:
+            own = claim_floors(mps[c.key.name].mps)
+            for (name, result), floor in client_floors.items():
+                if name == c.key.name:
+                    own[result] = max(own.get(result, 0), floor)
+            floors.update({(c.key, result): floor for result, floor in own.items()})
+            out.append(replace(c, spec=with_floors(c.spec, own, self.driver)) if own else c)
+        return out, floors
+
+    def _floor_refusal(
+        self, to_place: Sequence[ClaimToPlace], floors: Mapping[tuple[ClaimKey, str], int]
+    ) -> Unplaceable | None:
+        """When no placement was found: an MPS memory floor above every slice its request can
+        match is the reason to give (the engine's own words would speak of capacity)."""
+        capacity = qualify(self.driver, "memory")
+        for c in to_place:
+            for request in c.spec.requests:
+                for alt in request.alternatives:
+                    floor = floors.get((c.key, alt.result_name))
+                    if floor is None:
+                        continue
+                    largest = self.engine.largest_capacity(alt.spec, capacity)
+                    if largest is not None and largest < floor:
+                        message = floor_refusal(str(c.key), alt.result_name, floor, largest)
+                        return Unplaceable("MpsLimitTooLarge", message)
+        return None
 
     def _plan_of(self, placement: Placement, claims: Sequence[ClaimToPlace]) -> Plan:
         by_claim: dict[ClaimKey, list[AllocatedDevice]] = {c.key: [] for c in claims}

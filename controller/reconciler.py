@@ -100,6 +100,11 @@ class Planner(Protocol):
         self, pod: Obj, claims: Sequence[Obj], classes: Mapping[str, Obj]
     ) -> Plan | Unplaceable: ...
 
+    def check_allocated(self, pod: Obj, claims: Sequence[Obj]) -> Unplaceable | None:
+        """Whether a pod whose carve claims are all allocated may be ungated: what its own
+        spec asks of them (a container's MPS limits) must fit what they hold."""
+        ...
+
     def committed(self, pod: Obj, plan: Plan) -> None:
         """The plan is written: count the pod on `plan.node` until it is bound there."""
         ...
@@ -183,25 +188,39 @@ def is_carve_claim(claim: Obj, classes: CarveClasses) -> bool:
     return any(name in classes for name in claim_class_names(claim))
 
 
-def pod_claim_names(pod: Obj) -> tuple[list[str], list[str]]:
-    """Names of the claims a pod uses, and the pod-claim entries whose claim does not exist yet."""
+def pod_claim_refs(pod: Obj) -> dict[str, str | None]:
+    """Each `spec.resourceClaims[].name` of the pod and the name of the claim object it stands
+    for: None while a template's claim has not been generated, or when kube-controller-manager
+    recorded that the pod does not need it after all."""
     generated = {
         s.get("name"): s.get("resourceClaimName")
         for s in pod.get("status", {}).get("resourceClaimStatuses", []) or []
     }
+    refs: dict[str, str | None] = {}
+    for ref in pod.get("spec", {}).get("resourceClaims", []) or []:
+        entry = str(ref.get("name"))
+        if ref.get("resourceClaimName"):
+            refs[entry] = str(ref["resourceClaimName"])
+        elif ref.get("resourceClaimTemplateName"):
+            claim_name = generated.get(ref.get("name"))
+            refs[entry] = str(claim_name) if claim_name else None
+    return refs
+
+
+def pod_claim_names(pod: Obj) -> tuple[list[str], list[str]]:
+    """Names of the claims a pod uses, and the pod-claim entries whose claim does not exist yet."""
+    generated = {
+        s.get("name") for s in pod.get("status", {}).get("resourceClaimStatuses", []) or []
+    }
+    refs = pod_claim_refs(pod)
     names: list[str] = []
     missing: list[str] = []
     for ref in pod.get("spec", {}).get("resourceClaims", []) or []:
-        if ref.get("resourceClaimName"):
-            names.append(str(ref["resourceClaimName"]))
-        elif ref.get("resourceClaimTemplateName"):
-            if ref.get("name") in generated:
-                claim_name = generated[ref.get("name")]
-                # KCM records None when the pod does not need the claim after all.
-                if claim_name:
-                    names.append(str(claim_name))
-            else:
-                missing.append(str(ref.get("name")))
+        claim_name = refs.get(str(ref.get("name")))
+        if claim_name is not None:
+            names.append(claim_name)
+        elif ref.get("resourceClaimTemplateName") and ref.get("name") not in generated:
+            missing.append(str(ref.get("name")))
     return names, missing
 
 
@@ -818,7 +837,11 @@ class Reconciler:
                 return
             try:
                 if w.kind is WorkKind.UNGATE:
-                    self._ungate(pod, w.claims)
+                    refused = self._planner.check_allocated(pod, w.claims)
+                    if refused is not None:
+                        self._wait(pod, state, refused, w.claims)
+                    else:
+                        self._ungate(pod, w.claims)
                 elif not has_gate(pod, self._cfg.gate):
                     self._replan(pod, state, w.claims, now)
                 else:

@@ -14,11 +14,12 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from collections.abc import Iterator, Mapping
+from decimal import Decimal
 
-from controller.claims import AllocationMode, DeviceClass
+from controller.claims import AllocationMode, DeviceClass, ExactRequest
 from controller.model import WHOLE_GPU, ClusterModel
 from controller.nodefit import PodNeeds
-from controller.placement.eligibility import Eligibility
+from controller.placement.eligibility import Eligibility, SelectorFailure
 from controller.placement.explain import Explainer, Refusal
 from controller.placement.records import Found, FoundDevice, ScopedConstraint, Slot
 from controller.placement.scoring import CandidateTable, GpuValues, Policy, packing_policy
@@ -129,6 +130,25 @@ class PlacementEngine:
         for hold in placement.holds():
             self.model.hold(hold)
         self.model.set_pod(pod, placement.node, needs.requests)
+
+    def largest_capacity(self, spec: ExactRequest, name: str) -> Decimal | None:
+        """The largest amount of capacity ``name`` among the published devices that the
+        (sub)request's class and selectors match anywhere, or None if none matches.
+
+        Used to word a refusal (is a capacity floor what leaves nothing?), so it runs only
+        after a decision failed; selector errors count as no match (they are reported first).
+        """
+        largest: Decimal | None = None
+        for gpu in self.model.gpus.values():
+            eligible = self._eligibility.eligible(spec, gpu)
+            if isinstance(eligible, SelectorFailure):
+                return None
+            for placement in eligible:
+                device = gpu.by_placement.get(placement)
+                have = dict(device.facts.capacity).get(name) if device is not None else None
+                if have is not None and (largest is None or have > largest):
+                    largest = have
+        return largest
 
     # ------------------------------------------------------------------------------------------
     # Steps of a decision

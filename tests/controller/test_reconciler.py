@@ -140,6 +140,9 @@ class FirstFitPlanner:
                 out.add((r["pool"], r["device"]))
         return out
 
+    def check_allocated(self, pod: Obj, claims: Sequence[Obj]) -> Unplaceable | None:
+        return None
+
     def plan(
         self, pod: Obj, claims: Sequence[Obj], classes: Mapping[str, Obj]
     ) -> Plan | Unplaceable:

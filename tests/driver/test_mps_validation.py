@@ -46,37 +46,8 @@ def test_pinned_limit_that_is_not_a_byte_quantity() -> None:
         parse_claim_spec(_claim(DRIVER, _params(defaultPinnedDeviceMemoryLimit="5 GB")), DRIVER)
 
 
-def test_mps_on_a_whole_gpu_request_is_refused_and_says_why() -> None:
-    with pytest.raises(ClaimSpecError) as e:
-        parse_claim_spec(_claim("gpu.carve.dev", _params()), DRIVER)
-    assert str(e.value).startswith(
-        "spec.devices.config[0]: MPS sharing is supported on MIG slices only, but request "
-        "'gpu' asks for a whole GPU (class gpu.carve.dev)"
-    )
-
-
-def test_mps_for_slices_only_and_other_strategies_on_a_gpu_are_fine() -> None:
-    parse_claim_spec(_claim(DRIVER, _params(defaultActiveThreadPercentage=50)), DRIVER)
-    timeslice = {**_params(), "sharing": {"strategy": "TimeSlicing"}}
-    parse_claim_spec(_claim("gpu.carve.dev", timeslice), DRIVER)
-
-
-def test_mps_config_naming_only_the_slice_request_of_a_mixed_claim() -> None:
-    claim = {
-        "devices": {
-            "requests": [
-                {"name": "gpu", "exactly": {"deviceClassName": "gpu.carve.dev"}},
-                {"name": "slice", "exactly": {"deviceClassName": DRIVER}},
-            ],
-            "config": [
-                {"requests": ["slice"], "opaque": {"driver": DRIVER, "parameters": _params()}}
-            ],
-        }
-    }
-    parse_claim_spec(claim, DRIVER)
-    claim["devices"]["config"][0]["requests"] = ["gpu"]
-    with pytest.raises(ClaimSpecError, match="request 'gpu' asks for a whole GPU"):
-        parse_claim_spec(claim, DRIVER)
+# MPS on a whole GPU (from the claim or its class) and a container's own limits are checked
+# with the model at hand: tests/controller/test_mpscheck.py.
 
 
 def test_the_node_side_parser_gives_the_same_messages() -> None:
