@@ -4,6 +4,7 @@ container; the daemon survives a plugin crash and stops before the slice is dest
 
 from __future__ import annotations
 
+import copy
 import time
 from pathlib import Path
 
@@ -32,11 +33,32 @@ _MPS_CONFIG = {
     }
 }
 
-# Each container reports where MPS is and asks the daemon through the mounted pipe.
+# Each container reports where MPS is, its own per-client limit, and asks the daemon through
+# the mounted pipe.
 _MPS_SCRIPT = """\
 echo "PIPE $CUDA_MPS_PIPE_DIRECTORY"
+echo "CLIENT [$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE]"
 echo get_default_active_thread_percentage | nvidia-cuda-mps-control | sed 's/^/REPLY /'
 """
+
+
+def _client(name: str, **env: str) -> dict[str, object]:
+    """A container that uses the pod's `mig` claim and sets `env` (per-client MPS limits)."""
+    return {
+        "name": name,
+        "resources": {"claims": [{"name": "mig"}]},
+        "env": [{"name": k, "value": v} for k, v in env.items()],
+    }
+
+
+def _event(env: RealEnv, pod: str, reason: str) -> str:
+    def found() -> str | None:
+        for e in env.events("Pod", pod):
+            if e["reason"] == reason:
+                return str(e["message"])
+        return None
+
+    return wait_for(f"a {reason} event on {pod}", found, 30)
 
 
 def _daemon_dir(env: RealEnv, claim_uid: str) -> Path:
@@ -69,9 +91,11 @@ def test_two_pods_share_one_mps_daemon_on_one_slice(env: RealEnv) -> None:
     }
     env.stack.kubectl("apply", "-f", "-", input=yaml.safe_dump(claim_doc))
     env.wait_gate_sees({"resourceClaimName": "mps"})
-    for name in ("p1", "p2"):
-        env.pod(name, {"mig": {"resourceClaimName": "mps"}}, node=NODE_H, script=_MPS_SCRIPT,
-                sleep=600)  # fmt: skip
+    # p1 sets a per-client limit in its own environment; p2 leaves the daemon's default.
+    shared = {"mig": {"resourceClaimName": "mps"}}
+    limited = _client("main", CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="25")
+    env.pod("p1", shared, node=NODE_H, script=_MPS_SCRIPT, sleep=600, containers=[limited])
+    env.pod("p2", shared, node=NODE_H, script=_MPS_SCRIPT, sleep=600)
     for name in ("p1", "p2"):
         env.wait_phase(name, "Running", timeout=90)
     claim = env.claim_of("p1", "mig")
@@ -87,10 +111,28 @@ def test_two_pods_share_one_mps_daemon_on_one_slice(env: RealEnv) -> None:
         )
         assert "PIPE /tmp/nvidia-mps" in logs
         assert "REPLY 40" in logs, logs  # the one daemon, with the claim's setting
+    # The CDI spec sets no limit variable, so a container's own reaches CUDA unchanged.
+    assert "CLIENT [25]" in env.logs("p1")
+    assert "CLIENT []" in env.logs("p2")
     log = (directory / "log" / "control.log").read_text()
     assert "CMD set_default_active_thread_percentage 40" in log
     assert "CMD set_default_device_pinned_mem_limit 0 2048M" in log
     assert log.count("CMD get_default_active_thread_percentage") >= 2  # asked by both pods
+
+    # A third pod would join the shared claim asking for more pinned memory than its slice has,
+    # and a fourth with a thread percentage CUDA cannot read: both wait with the reason.
+    env.pod("greedy", {"mig": {"resourceClaimName": "mps"}}, node=NODE_H,
+            containers=[_client("main", CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="0=16G")])  # fmt: skip
+    env.pod("badpct", {"mig": {"resourceClaimName": "mps"}}, node=NODE_H,
+            containers=[_client("main", CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="150")])  # fmt: skip
+    greedy = _event(env, "greedy", "InvalidMpsSettings")
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT 16384Mi is more than the" in greedy, greedy
+    badpct = _event(env, "badpct", "InvalidMpsSettings")
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE='150': must be an integer from 1 to 100" in badpct
+    for name in ("greedy", "badpct"):
+        pod = env.raw_pod(name)
+        assert pod is not None and not pod["spec"].get("nodeName"), pod
+        env.delete_pod(name)
 
     # A plugin crash does not take the daemon down; the restarted plugin keeps it.
     node = env.node_of(NODE_H)
@@ -108,3 +150,45 @@ def test_two_pods_share_one_mps_daemon_on_one_slice(env: RealEnv) -> None:
     env.wait_no_instances(timeout=60)
     wait_for("the MPS daemon to stop", lambda: not Path(f"/proc/{pid}").exists(), 30)
     assert not directory.exists()
+
+
+def test_bad_mps_settings_are_refused_before_anything_is_carved(env: RealEnv) -> None:
+    def claim(name: str, req: dict[str, object], mps: dict[str, object] | None) -> None:
+        config = []
+        if mps is not None:
+            params = copy.deepcopy(_MPS_CONFIG)
+            params["opaque"]["parameters"]["sharing"]["mpsConfig"] = mps  # type: ignore[index]
+            config = [params]
+        doc = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": env.namespace},
+            "spec": {"devices": {"requests": [req], "config": config}},
+        }
+        env.stack.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))
+        env.wait_gate_sees({"resourceClaimName": name})
+
+    one_g = request("mig", [profile_is("1g.10gb")])
+    claim("big", one_g, {"defaultPinnedDeviceMemoryLimit": "20Gi"})
+    claim("plain", one_g, None)
+    claim("whole", {"name": "gpu", "exactly": {"deviceClassName": "gpu.carve.dev"}}, {})
+    env.pod("big", {"mig": {"resourceClaimName": "big"}}, node=NODE_H)
+    env.pod("plain", {"mig": {"resourceClaimName": "plain"}}, node=NODE_H,
+            containers=[_client("main", CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="30")])  # fmt: skip
+    env.pod("whole", {"mig": {"resourceClaimName": "whole"}}, node=NODE_H)
+
+    big = _event(env, "big", "MpsLimitTooLarge")
+    assert "an MPS pinned device memory limit of 20480Mi applies to it" in big, big
+    assert "the largest slice it matches has" in big
+    plain = _event(env, "plain", "InvalidMpsSettings")
+    assert "no carve claim it uses (plain) has MPS sharing" in plain, plain
+    whole = _event(env, "whole", "InvalidMpsSettings")
+    assert "MPS sharing is supported on MIG slices only" in whole, whole
+    # The claims say it too (kubectl describe resourceclaim), and nothing was carved.
+    assert any(e["reason"] == "MpsLimitTooLarge" for e in env.events("ResourceClaim", "big"))
+    for name in ("big", "plain", "whole"):
+        assert not env.resource.read_namespaced_resource_claim(
+            name, env.namespace
+        ).status.allocation
+    hardware = env.node_of(NODE_H).hardware()
+    assert sum(len(g["gis"]) for g in hardware["gpus"]) == 0

@@ -1,0 +1,55 @@
+"""Runnable pages of the operator's guide: the files and console sessions a page shows.
+
+A page is Markdown. A fenced ``yaml`` block whose first line is ``# <name>.yaml`` is a file the
+reader saves under that name. A fenced ``console`` block is a session: each ``$ `` line is a
+command, and the lines under it, up to the next command, are output it must print (each line
+somewhere in its output, in any order; none shown: anything). Tests run the sessions against a
+real cluster, so a page cannot drift from what carve does.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+_FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
+_FILE_NAME = re.compile(r"^# ([\w.-]+\.ya?ml)\n")
+
+
+@dataclass(frozen=True)
+class Step:
+    command: str
+    expected: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class GuidePage:
+    files: Mapping[str, str]
+    steps: tuple[Step, ...]
+
+
+def read_page(path: Path) -> GuidePage:
+    files: dict[str, str] = {}
+    steps: list[Step] = []
+    for lang, body in _FENCE.findall(path.read_text()):
+        if lang == "yaml" and (m := _FILE_NAME.match(body)):
+            if m.group(1) in files:
+                raise ValueError(f"{path}: file {m.group(1)} is shown twice")
+            files[m.group(1)] = body
+        elif lang == "console":
+            command: str | None = None
+            expected: list[str] = []
+            for line in body.splitlines():
+                if line.startswith("$ "):
+                    if command is not None:
+                        steps.append(Step(command, tuple(expected)))
+                    command, expected = line[2:].strip(), []
+                elif command is None:
+                    raise ValueError(f"{path}: console block output before any command: {line}")
+                elif line.strip():
+                    expected.append(line.rstrip())
+            if command is not None:
+                steps.append(Step(command, tuple(expected)))
+    return GuidePage(files, tuple(steps))
