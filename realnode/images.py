@@ -132,7 +132,7 @@ def find_busybox(node_bin: Path) -> Path:
 def _pause_image(node_bin: Path) -> bytes:
     pause = node_bin / "pause"
     layer = _layer([_File("pause", pause.read_bytes(), 0o755)])
-    return _oci_archive(PAUSE_IMAGE, layer, {"Entrypoint": ["/pause"], "Env": [f"PATH={_PATH}"]})
+    return oci_archive(PAUSE_IMAGE, [layer], {"Entrypoint": ["/pause"], "Env": [f"PATH={_PATH}"]})
 
 
 def _busybox_image(busybox: Path) -> bytes:
@@ -156,7 +156,7 @@ def _busybox_image(busybox: Path) -> bytes:
     # /usr/bin/env is where scripts' "#!/usr/bin/env" lines look.
     entries.append(_Link("usr/bin/env", "../../bin/busybox"))
     config = {"Env": [f"PATH={_PATH}"], "Cmd": ["sh"], "WorkingDir": "/"}
-    return _oci_archive(TEST_IMAGE, _layer(entries), config)
+    return oci_archive(TEST_IMAGE, [_layer(entries)], config)
 
 
 def _applets(busybox: Path) -> list[str]:
@@ -218,18 +218,20 @@ def _layer(entries: Sequence[_Entry]) -> bytes:
     return out.getvalue()
 
 
-def _oci_archive(name: str, layer: bytes, container_config: Mapping[str, Any]) -> bytes:
-    """An OCI image layout (oci-layout, index.json, blobs/sha256/...) as one tar."""
+def oci_archive(name: str, layers: Sequence[bytes], container_config: Mapping[str, Any]) -> bytes:
+    """An OCI image layout (oci-layout, index.json, blobs/sha256/...) as one tar; `layers`
+    are uncompressed layer tars, base first."""
     arch = _GOARCH.get(platform.machine().lower(), platform.machine().lower())
-    layer_digest = _digest(layer)
     config = _json(
         {
             "architecture": arch,
             "os": "linux",
             "created": _CREATED,
             "config": dict(container_config),
-            "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
-            "history": [{"created": _CREATED, "created_by": "carve realnode/images.py"}],
+            "rootfs": {"type": "layers", "diff_ids": [_digest(layer) for layer in layers]},
+            "history": [
+                {"created": _CREATED, "created_by": "carve realnode/images.py"} for _ in layers
+            ],
         }
     )
     manifest = _json(
@@ -237,7 +239,7 @@ def _oci_archive(name: str, layer: bytes, container_config: Mapping[str, Any]) -
             "schemaVersion": 2,
             "mediaType": MEDIA_TYPE_MANIFEST,
             "config": _descriptor(MEDIA_TYPE_CONFIG, config),
-            "layers": [_descriptor(MEDIA_TYPE_LAYER, layer)],
+            "layers": [_descriptor(MEDIA_TYPE_LAYER, layer) for layer in layers],
         }
     )
     tag = name.rsplit(":", 1)[1]
@@ -257,7 +259,7 @@ def _oci_archive(name: str, layer: bytes, container_config: Mapping[str, Any]) -
             ],
         }
     )
-    blobs = {_digest(b).split(":", 1)[1]: b for b in (layer, config, manifest)}
+    blobs = {_digest(b).split(":", 1)[1]: b for b in (*layers, config, manifest)}
     files: list[_Entry] = [
         _File("oci-layout", _json({"imageLayoutVersion": "1.0.0"})),
         _File("index.json", index),
