@@ -62,6 +62,19 @@ helm-bin:
 		echo "helm-bin: no Go toolchain - the Helm chart tests will be SKIPPED"; \
 	fi
 
+# carve's image as an OCI archive, built without a registry (deploy/image/build.py; the
+# Debian base layer is cached in ~/.cache/carve/image: cold ~1.5 min, then ~35 s).
+# image-prerequisites installs mmdebstrap when missing (root); without it the in-cluster test
+# is SKIPPED, and says so.
+.PHONY: image image-prerequisites
+image-prerequisites:
+	@rc=0; bash hack/image/prerequisites.sh || rc=$$?; \
+	if [ $$rc -eq 2 ]; then echo "image-prerequisites: no mmdebstrap - the in-cluster test will be SKIPPED"; \
+	elif [ $$rc -ne 0 ]; then exit $$rc; fi
+
+image: venv image-prerequisites
+	$(BIN)/python deploy/image/build.py
+
 # A detached local cluster for manual work: `eval "$$(.venv/bin/python -m devcluster env)"`.
 cluster-up: venv k8s-bin
 	$(BIN)/python -m devcluster up
@@ -70,7 +83,7 @@ cluster-down: venv
 	$(BIN)/python -m devcluster down
 
 # The one test command: lint, strict typing of the product packages, then every test suite.
-test: lint typecheck k8s-bin node-bin helm-bin unit
+test: lint typecheck k8s-bin node-bin helm-bin image-prerequisites unit
 
 # carve on a local v1.37 cluster with three GPU nodes, running deploy/examples/; it keeps
 # running for kubectl until `make demo-down`. NODES=auto runs real nodes (containerd + kubelet)

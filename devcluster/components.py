@@ -43,6 +43,7 @@ CONTROLLERS: tuple[str, ...] = (
     "pod-garbage-collector-controller",
     "deployment-controller",
     "replicaset-controller",
+    "daemonset-controller",
     "validatingadmissionpolicy-status-controller",
 )
 

@@ -57,7 +57,16 @@ class RealNodes:
         if not detached:
             self._reaper = reaper.spawn(os.getpid(), self.root)
 
-    def add_node(self, spec: RealNodeSpec, *, plugin_args: Sequence[str] = ()) -> RealNode:
+    def add_node(
+        self,
+        spec: RealNodeSpec,
+        *,
+        plugin_args: Sequence[str] = (),
+        host_plugin: bool = True,
+        extra_images: Sequence[images.ImageArchive] = (),
+    ) -> RealNode:
+        """Start a node; ``extra_images`` are imported besides the pause and test images, and
+        without ``host_plugin`` carve's plugin is left to run in a container (RealNode.start)."""
         index = self._claim_index()
         port, healthz = free_ports(2)
         layout = NodeLayout(
@@ -78,7 +87,7 @@ class RealNodes:
             plugin_args=plugin_args,
         )
         try:
-            node.start(self.archives)
+            node.start([*self.archives, *extra_images], host_plugin=host_plugin)
         except BaseException:
             tails = node.log_tails()
             with contextlib.suppress(Exception):

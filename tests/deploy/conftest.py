@@ -65,7 +65,7 @@ class Helm:
         return [d for d in yaml.safe_load_all(self.run(*args).stdout) if d]
 
 
-def _helm_binary() -> Path:
+def helm_binary() -> Path:
     go_dirs = os.pathsep.join(("/usr/local/go/bin", os.environ.get("PATH", "")))
     env = {**os.environ, "PATH": go_dirs}
     done = subprocess.run(
@@ -82,7 +82,7 @@ def _helm_binary() -> Path:
 @pytest.fixture(scope="session")
 def helm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Helm]:
     configured = os.environ.get("CARVE_HELM")
-    binary = Path(configured) if configured else _helm_binary()
+    binary = Path(configured) if configured else helm_binary()
     yield Helm(binary, tmp_path_factory.mktemp("helm-home"))
 
 

@@ -50,9 +50,26 @@ helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version | replace "+" "_" }}
 {{- end -}}
 {{- end -}}
 
-{{/* The HTTP address of both components (/metrics, /healthz, /readyz). */}}
-{{- define "carve.httpAddress" -}}
-:{{ .Values.metrics.port }}
+{{/* Each component's HTTP port (/metrics, /healthz, /readyz): its own, else metrics.port. */}}
+{{- define "carve.controller.port" -}}
+{{ .Values.controller.httpPort | default .Values.metrics.port }}
+{{- end -}}
+{{- define "carve.plugin.port" -}}
+{{ .Values.plugin.httpPort | default .Values.metrics.port }}
+{{- end -}}
+
+{{/*
+The kube-apiserver address for clusters where pods cannot reach the `kubernetes` Service: the
+client libraries' in-cluster config reads these two variables, and a container's own env wins
+over the ones the kubelet injects.
+*/}}
+{{- define "carve.apiServerEnv" -}}
+{{- if .Values.apiServer.host }}
+- name: KUBERNETES_SERVICE_HOST
+  value: {{ .Values.apiServer.host | quote }}
+- name: KUBERNETES_SERVICE_PORT
+  value: {{ .Values.apiServer.port | quote }}
+{{- end }}
 {{- end -}}
 
 {{/*
@@ -65,7 +82,7 @@ CARVE_DEVICE_CLASSES: {{ printf "%s,%s" (include "carve.migClass" .) (include "c
 CARVE_NATIVE_FALLBACK_AFTER: {{ .Values.controller.nativeFallbackAfter | quote }}
 CARVE_LEADER_ELECT: {{ include "carve.controller.leaderElect" . | quote }}
 CARVE_LEASE_NAME: "carve-controller"
-CARVE_HTTP_ADDRESS: {{ include "carve.httpAddress" . | quote }}
+CARVE_HTTP_ADDRESS: {{ printf ":%s" (include "carve.controller.port" .) | quote }}
 CARVE_LOG_FORMAT: {{ .Values.logging.format | quote }}
 CARVE_LOG_LEVEL: {{ .Values.logging.level | quote }}
 {{- end -}}
@@ -82,7 +99,7 @@ CARVE_DRIVER_ROOT: {{ .Values.plugin.driverRoot | quote }}
 CARVE_DEV_ROOT: {{ .Values.plugin.devRoot | quote }}
 CARVE_RESYNC_PERIOD: {{ .Values.plugin.resyncPeriod | quote }}
 CARVE_CLEANUP_ON_EXIT: {{ .Values.plugin.cleanupOnExit | toString | quote }}
-CARVE_HTTP_ADDRESS: {{ include "carve.httpAddress" . | quote }}
+CARVE_HTTP_ADDRESS: {{ printf ":%s" (include "carve.plugin.port" .) | quote }}
 CARVE_LOG_FORMAT: {{ .Values.logging.format | quote }}
 CARVE_LOG_LEVEL: {{ .Values.logging.level | quote }}
 {{- end -}}
