@@ -232,6 +232,25 @@ def infer_version(root: Path) -> str:
     )
 
 
+def nvml_library(root: Path) -> Path | None:
+    """The host path of the driver root's ``libnvidia-ml.so.<version>`` (the newest), or None.
+
+    The plugin's container has no driver of its own: NVML must come from the node's driver
+    (its version matches the kernel module), so the plugin loads this file before pynvml
+    looks for ``libnvidia-ml.so.1`` by name, and the loader hands pynvml the one loaded.
+    """
+    versions = _versions(root, NVML_LIBRARY)
+    if not versions:
+        return None
+    version = max(versions, key=_version_key)
+    for folder in LIBRARY_DIRS:
+        real = resolve_in_root(root, folder)
+        located = resolve_in_root(root, f"{real}/{NVML_LIBRARY}.{version}") if real else None
+        if located is not None and _is_file(root, located):
+            return Path(host_path(root, located))
+    return None
+
+
 def _libraries(root: Path, version: str) -> list[tuple[str, str]]:
     """(library name, resolved path) of every listed library of `version`; the first folder
     that has it wins."""

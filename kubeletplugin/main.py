@@ -258,7 +258,7 @@ class NodePlugin:
         self.api = api
         self._stop = stop if stop is not None else threading.Event()
         self.metrics: PluginMetrics = PluginMetrics()
-        self.node: NodeHardware = open_backend(opts.simulate)
+        self.node: NodeHardware = open_backend(opts.simulate, opts.driver_root)
         self.driver_files: DriverFiles | None = self._driver_files()
         self.preparer: Preparer = Preparer(
             settings=PreparerSettings(

@@ -6,6 +6,8 @@ One place decides between the real NVML (`pynvml` from nvidia-ml-py) and the sim
 
 from __future__ import annotations
 
+import ctypes
+import logging
 import os
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
@@ -14,9 +16,12 @@ from typing import Any
 
 from driver.cdi import DeviceNode, uvm_device_nodes
 from driver.devnodes import parse_char_major
+from driver.driverroot import LIBRARY_DIRS, NVML_LIBRARY, DriverRootError, nvml_library
 from driver.naming import parse_device_name
 from driver.nvml.backend import NvmlBackend
 from driver.resourceslice import PublishedGpu, build_resource_slices
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -106,8 +111,12 @@ class NodeHardware:
         self.mig.close()
 
 
-def open_backend(simulate: Path | None) -> NodeHardware:
-    """Open NVML, or the simulator configured by the file `simulate`."""
+def open_backend(simulate: Path | None, driver_root: Path = Path("/")) -> NodeHardware:
+    """Open NVML, or the simulator configured by the file `simulate`.
+
+    With a driver root other than ``/`` (the GPU Operator's ``/run/nvidia/driver``, or the
+    host's root mounted into the plugin's container), NVML is the driver root's own
+    ``libnvidia-ml.so.<version>``, loaded first so that pynvml's load by name finds it."""
     if simulate is not None:
         from driver.nvml import sim
 
@@ -117,4 +126,18 @@ def open_backend(simulate: Path | None) -> NodeHardware:
         return NodeHardware(NvmlBackend(sim, proc_root=proc).open(), proc)
     import pynvml
 
+    if driver_root != Path("/"):
+        _load_nvml_from(driver_root)
     return NodeHardware(NvmlBackend(pynvml).open())
+
+
+def _load_nvml_from(driver_root: Path) -> None:
+    library = nvml_library(driver_root)
+    if library is None:
+        raise DriverRootError(
+            f"--driver-root {driver_root}: no {NVML_LIBRARY}.<version> in any of "
+            f"{', '.join(LIBRARY_DIRS)} under it; point --driver-root at the NVIDIA driver's "
+            "files (/ for a host install, /run/nvidia/driver with the GPU Operator)"
+        )
+    ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
+    _log.info("NVML from the driver root: %s", library)

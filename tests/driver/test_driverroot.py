@@ -17,6 +17,7 @@ from driver.driverroot import (
     LIBRARY_DIRS,
     DriverRootError,
     discover,
+    nvml_library,
     resolve_in_root,
 )
 
@@ -279,3 +280,17 @@ def test_discovered_mounts_are_exactly_the_tree_minus_the_root(
             f"/usr/bin/{b}" for b in bins
         }
         assert files.library_dirs == (folder,)
+
+
+def test_nvml_library_is_the_newest_libnvidia_ml_under_the_root(tmp_path: Path) -> None:
+    _driver_tree(tmp_path)
+    _file(tmp_path, f"{LIBDIR}/libnvidia-ml.so.470.42.01")
+    assert nvml_library(tmp_path) == tmp_path / LIBDIR.lstrip("/") / f"libnvidia-ml.so.{VERSION}"
+
+
+def test_nvml_library_follows_links_inside_the_root_only(tmp_path: Path) -> None:
+    # The GPU Operator's driver root: /usr/lib64 is a link into the root, never out of it.
+    _file(tmp_path, f"/usr/lib/nvidia/libnvidia-ml.so.{VERSION}")
+    _link(tmp_path, "/usr/lib64", "/usr/lib/nvidia")
+    assert nvml_library(tmp_path) == tmp_path / f"usr/lib/nvidia/libnvidia-ml.so.{VERSION}"
+    assert nvml_library(tmp_path / "usr" / "bin") is None
