@@ -28,6 +28,8 @@ from kubeletplugin.registration import (
 
 _log = logging.getLogger(__name__)
 
+SOCKET_MODE = 0o600
+
 
 def _remove_stale_socket(path: Path) -> None:
     """Delete a socket left by a previous run; refuse to delete anything that is not a socket."""
@@ -95,6 +97,10 @@ class PluginServer:
             server.add_insecure_port(f"unix://{path}")
         except RuntimeError as exc:
             raise OSError(f"cannot listen on {name} socket {path}: {exc}") from exc
+        # Only the kubelet (root) may connect: whoever can talk to these sockets can make the
+        # plugin carve and hand out GPUs. gRPC creates the socket at bind; nothing is served
+        # on it before start.
+        os.chmod(path, SOCKET_MODE)
         server.start()
         _log.info("serving %s on %s", name, path)
 

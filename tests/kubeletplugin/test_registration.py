@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -42,6 +43,9 @@ def test_sockets_live_where_the_kubelet_looks(root: Path) -> None:
         assert server.paths == SocketPaths(registration=reg, dra=dra)
         assert reg.is_socket()
         assert dra.is_socket()
+        # Only root (the kubelet) may connect.
+        assert stat.S_IMODE(reg.stat().st_mode) == 0o600
+        assert stat.S_IMODE(dra.stat().st_mode) == 0o600
 
 
 def test_get_info_answers_what_the_kubelet_checks(root: Path) -> None:
