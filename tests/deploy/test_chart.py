@@ -133,8 +133,9 @@ def test_every_name_follows_the_driver_name(helm: Helm) -> None:
     gate = json.dumps(by_kind(docs, "MutatingAdmissionPolicy"))
     assert RENAMED.scheduling_gate in gate and RENAMED.profile_class_suffix in gate
     plugin_role = one(docs, "ClusterRole", "carve-kubelet-plugin-mig-example-com")
-    driver_rule = [r for r in plugin_role["rules"] if "resourceclaims/driver" in r["resources"]]
-    assert driver_rule[0]["resourceNames"] == [RENAMED.driver]
+    assert {"resourceclaims", "resourceslices"} <= {
+        res for rule in plugin_role["rules"] for res in rule["resources"]
+    }
     for binding in by_kind(docs, "MutatingAdmissionPolicyBinding"):
         assert binding["spec"]["policyName"] == binding["metadata"]["name"]
 

@@ -1,0 +1,210 @@
+"""Least privilege, checked with the real apiserver on an installed chart: what each service
+account may do (``kubectl auth can-i``), and the admission policy that confines a plugin to
+its own node's ResourceSlices, hit with a real service-account token bound to a pod on a node.
+
+The install is parked (no component runs: nothing here needs a kubelet) and has a driver name
+of its own, so it shares the control plane with the other installs of this session.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from devcluster.cluster import LocalCluster, api_client_for, run_kubectl
+from devcluster.pytest_plugin import (  # noqa: F401  (fixtures, used by name)
+    fake_node,
+    k8s_api,
+    node_heartbeater,
+)
+from driver.contract import Contract
+from tests.deploy.conftest import CHART, Helm
+
+pytestmark = pytest.mark.cluster
+
+CONTRACT = Contract("mig.privs.carve.dev")
+NAMESPACE = "carve-privs"
+PLUGIN = f"system:serviceaccount:{NAMESPACE}:carve-kubelet-plugin"
+CONTROLLER = f"system:serviceaccount:{NAMESPACE}:carve-controller"
+SOMEONE = "system:serviceaccount:default:default"
+NOWHERE = {"carve.dev/test-no-such-node": "true"}
+
+# (who, verb, resource[/subresource], name or "", expected): the table the note reports.
+CAN_I: tuple[tuple[str, str, str, str, bool], ...] = (
+    # The plugin: its node's slices (the admission policy narrows "its node"), the claims it
+    # prepares, the status of its own driver's devices on its node, events.
+    (PLUGIN, "create", "resourceslices.resource.k8s.io", "", True),
+    (PLUGIN, "delete", "resourceslices.resource.k8s.io", "", True),
+    (PLUGIN, "get", "resourceclaims.resource.k8s.io", "", True),
+    (PLUGIN, "patch", "resourceclaims.resource.k8s.io", "", True),
+    (PLUGIN, "update", "resourceclaims.resource.k8s.io", "", False),
+    (PLUGIN, "list", "resourceclaims.resource.k8s.io", "", False),
+    # No claim status at all today (binding conditions' device status is not used), so neither
+    # its own driver's nor another's.
+    (
+        PLUGIN,
+        "associated-node:update",
+        "resourceclaims.resource.k8s.io/driver",
+        CONTRACT.driver,
+        False,
+    ),
+    (
+        PLUGIN,
+        "associated-node:update",
+        "resourceclaims.resource.k8s.io/driver",
+        "gpu.nvidia.com",
+        False,
+    ),
+    (PLUGIN, "deletecollection", "resourceslices.resource.k8s.io", "", False),
+    (PLUGIN, "update", "resourceclaims.resource.k8s.io/status", "", False),
+    (PLUGIN, "update", "resourceclaims.resource.k8s.io/binding", "", False),
+    (PLUGIN, "create", "events.events.k8s.io", "", True),
+    (PLUGIN, "get", "secrets", "", False),
+    (PLUGIN, "list", "pods", "", False),
+    (PLUGIN, "update", "nodes", "", False),
+    (PLUGIN, "update", "deviceclasses.resource.k8s.io", "", False),
+    # The controller: allocation (status + binding), gates and its condition, no secrets.
+    (CONTROLLER, "update", "resourceclaims.resource.k8s.io/status", "", True),
+    (CONTROLLER, "update", "resourceclaims.resource.k8s.io/binding", "", True),
+    (CONTROLLER, "update", "pods", "", True),
+    (CONTROLLER, "patch", "pods/status", "", True),
+    (CONTROLLER, "get", "secrets", "", False),
+    (CONTROLLER, "list", "secrets", "", False),
+    (CONTROLLER, "create", "pods", "", False),
+    (CONTROLLER, "delete", "pods", "", False),
+    (CONTROLLER, "create", "resourceslices.resource.k8s.io", "", False),
+    (CONTROLLER, "update", "deviceclasses.resource.k8s.io", "", False),
+    # Nobody else writes allocations.
+    (SOMEONE, "update", "resourceclaims.resource.k8s.io/binding", "", False),
+    (SOMEONE, "update", "resourceclaims.resource.k8s.io/status", "", False),
+)
+
+
+@pytest.fixture(scope="module")
+def installed(k8s_cluster: LocalCluster, helm: Helm) -> Iterator[Path]:
+    kubeconfig = Path(k8s_cluster.info.kubeconfig)
+    helm.run(
+        "install",
+        "carve-privs",
+        str(CHART),
+        "--namespace",
+        NAMESPACE,
+        "--create-namespace",
+        "--set",
+        f"driverName={CONTRACT.driver}",
+        "--set-json",
+        f"controller.nodeSelector={json.dumps(NOWHERE)}",
+        "--set-json",
+        f"plugin.nodeSelector={json.dumps(NOWHERE)}",
+        kubeconfig=str(kubeconfig),
+    )
+    try:
+        yield kubeconfig
+    finally:
+        helm.run(
+            "uninstall",
+            "carve-privs",
+            "--namespace",
+            NAMESPACE,
+            "--wait",
+            kubeconfig=str(kubeconfig),
+            check=False,
+        )
+
+
+def test_each_service_account_holds_what_it_uses_and_no_more(installed: Path) -> None:
+    wrong = []
+    for who, verb, what, name, expected in CAN_I:
+        resource, _, subresource = what.partition("/")
+        target = f"{resource}/{name}" if name else resource
+        args = ["auth", "can-i", verb, target, "--as", who, "-n", "default"]
+        if subresource:
+            args.append(f"--subresource={subresource}")
+            target += f" ({subresource})"
+        done = run_kubectl(installed, *args, check=False)
+        answer = done.stdout.strip()
+        if answer not in ("yes", "no"):
+            raise AssertionError(f"kubectl {' '.join(args)}: {done.stderr}{done.stdout}")
+        if (answer == "yes") != expected:
+            wrong.append(f"{who} {verb} {target}: {answer}, expected {'yes' if expected else 'no'}")
+    assert not wrong, "\n".join(wrong)
+
+
+def _slice(node: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"privs-{node}"},
+        "spec": {
+            "driver": CONTRACT.driver,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [],
+        },
+    }
+
+
+def _token(core: client.CoreV1Api, pod: str | None) -> str:
+    """A token of the plugin's service account, as the kubelet gets one for its pod (bound to
+    the pod, so it carries the pod's node) or, with no pod, one that names no node."""
+    spec: dict[str, Any] = {"audiences": [], "expirationSeconds": 600}
+    if pod is not None:
+        spec["boundObjectRef"] = {"kind": "Pod", "apiVersion": "v1", "name": pod}
+    resp = core.create_namespaced_service_account_token(
+        "carve-kubelet-plugin", NAMESPACE, {"spec": spec}
+    )
+    return str(resp.status.token)
+
+
+def _as_token(kubeconfig: Path, token: str) -> client.ResourceV1Api:
+    api = api_client_for(kubeconfig)
+    cfg = api.configuration
+    cfg.api_key = {"authorization": f"Bearer {token}"}
+    cfg.cert_file = cfg.key_file = None
+    return client.ResourceV1Api(client.ApiClient(cfg))
+
+
+def test_a_plugin_may_write_only_its_own_nodes_slices(
+    installed: Path,
+    fake_node: Any,  # noqa: F811
+    k8s_api: Any,  # noqa: F811
+) -> None:
+    here, there = fake_node(), fake_node()
+    core = client.CoreV1Api(k8s_api)
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "plugin-stand-in", "namespace": NAMESPACE},
+        "spec": {
+            "serviceAccountName": "carve-kubelet-plugin",
+            "nodeName": here,
+            "containers": [{"name": "c", "image": "carve.local/none:0"}],
+        },
+    }
+    core.create_namespaced_pod(NAMESPACE, pod)
+    try:
+        own = _as_token(installed, _token(core, "plugin-stand-in"))
+        own.create_resource_slice(_slice(here))
+        own.delete_resource_slice(f"privs-{here}")
+        with pytest.raises(client.ApiException) as refused:
+            own.create_resource_slice(_slice(there))
+        assert refused.value.status == 403
+        assert (
+            f"carve-kubelet-plugin on node {here} may only write ResourceSlices of its own "
+            f"node, not of '{there}'"
+        ) in str(refused.value.body)
+
+        unbound = _as_token(installed, _token(core, None))
+        with pytest.raises(client.ApiException) as no_node:
+            unbound.create_resource_slice(_slice(here))
+        assert no_node.value.status == 403
+        assert f"no node association in the service-account token of {PLUGIN}" in str(
+            no_node.value.body
+        )
+    finally:
+        core.delete_namespaced_pod("plugin-stand-in", NAMESPACE, grace_period_seconds=0)
