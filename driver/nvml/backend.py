@@ -387,6 +387,29 @@ class NvmlBackend:
             )
         return self.set_mig_mode(gpu_uuid, True)
 
+    def disable_mig(self, gpu_uuid: str) -> MigMode:
+        """Turn MIG mode off so that the whole GPU can be handed out (Hopper and later, where
+        that needs no reset). Ampere is refused with ResetRequired as in `enable_mig`: carve
+        never leaves a change pending behind a GPU reset it cannot make itself. NVML refuses
+        (activationStatus IN_USE, raised as InstanceInUse) while MIG instances or processes
+        hold the GPU; a GPU that is not MIG-capable is already whole."""
+        info = self.gpu(gpu_uuid)
+        if not info.mig_capable:
+            return MigMode(current=False, pending=False)
+        mode = self.mig_mode(gpu_uuid)
+        if not mode.current:
+            if mode.pending:  # an enable pends (Ampere): cancel it, it changes nothing now
+                return self.set_mig_mode(gpu_uuid, False)
+            return mode
+        if info.mig_toggle_needs_reset:
+            raise ResetRequired(
+                f"{gpu_uuid} ({info.name}) has MIG mode on; on this architecture turning it "
+                "off needs a GPU reset, which carve does not do on its own. Run "
+                "`nvidia-smi -i <index> -mig 0` and reset the GPU or reboot the node",
+                gpu=gpu_uuid,
+            )
+        return self.set_mig_mode(gpu_uuid, False)
+
     def _mig_aware(self, exc: BaseException, gpu_uuid: str, what: str) -> NvmlError:
         """NOT_SUPPORTED from an instance call usually means MIG mode is off: say so."""
         code = self._code(exc)

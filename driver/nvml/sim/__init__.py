@@ -41,6 +41,7 @@ from driver.nvml.sim.admin import (
     sim_reboot,
     sim_reset_gpu,
     sim_set_busy,
+    sim_set_gpu_clients,
     sim_snapshot,
     sim_write_config,
 )
@@ -182,6 +183,7 @@ __all__ = [
     "sim_reboot",
     "sim_reset_gpu",
     "sim_set_busy",
+    "sim_set_gpu_clients",
     "sim_snapshot",
     "sim_write_config",
 ]

@@ -23,12 +23,12 @@ from driver.nvml.sim.runtime import admin, raise_nvml, sim_config
 
 def sim_reset_gpu(index: int) -> None:
     """A GPU reset (``nvidia-smi --gpu-reset``): applies a pending MIG mode on Ampere; Hopper
-    and later lose MIG mode. Refused with IN_USE while GPU instances exist, as the driver
-    refuses to reset a busy GPU."""
+    and later lose MIG mode. Refused with IN_USE while GPU instances or processes exist, as
+    the driver refuses to reset a busy GPU."""
 
     def body(cfg: SimConfig, state: HwState) -> None:
         gpu = state.gpus[index]
-        if gpu.gis:
+        if gpu.gis or gpu.clients:
             raise_nvml(pynvml.NVML_ERROR_IN_USE)
         _apply_reset(cfg.gpus[index].model, gpu)
 
@@ -37,6 +37,7 @@ def sim_reset_gpu(index: int) -> None:
 
 def _apply_reset(model: GpuModel, gpu: GpuRec) -> None:
     gpu.gis = []
+    gpu.clients = 0
     if model.architecture.mig_toggle_needs_reset:
         gpu.mig_current = gpu.mig_pending  # persisted in the InfoROM
     else:
@@ -64,6 +65,21 @@ def sim_set_busy(gpu: int, gi_id: int, ci_id: int, busy: bool = True) -> None:
         if ci is None:
             raise SimConfigError(f"no compute instance {gpu}/{gi_id}/{ci_id}")
         ci.busy = busy
+
+    admin(body)
+
+
+def sim_set_gpu_clients(index: int, clients: int) -> None:
+    """Pretend ``clients`` processes hold the whole GPU (a workload on a whole-GPU device,
+    DCGM, nvidia-persistenced): MIG-mode changes then get activationStatus IN_USE and a GPU
+    reset is refused. 0 lets them go. A reboot ends every process."""
+    if clients < 0:
+        raise SimConfigError(f"clients must be >= 0, got {clients}")
+
+    def body(cfg: SimConfig, state: HwState) -> None:
+        if not 0 <= index < len(state.gpus):
+            raise SimConfigError(f"no GPU {index}: the node has {len(state.gpus)}")
+        state.gpus[index].clients = clients
 
     admin(body)
 

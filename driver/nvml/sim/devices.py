@@ -5,6 +5,13 @@ record in the state file (UUID, bus id, minor, MIG mode), so every process on th
 sees the same GPUs. MIG-mode changes follow the architecture: Ampere leaves the new mode pending
 until a GPU reset (unless the config asks for ``ampere_reset: auto``), Hopper and later apply it
 at once.
+
+``nvmlDeviceSetMigMode`` follows nvml.h and pynvml: the call itself raises only for its primary
+errors (INVALID_ARGUMENT, NO_PERMISSION, NOT_SUPPORTED); a change the driver cannot activate is
+the *returned* activationStatus: IN_USE while GPU instances or processes (``sim_set_gpu_clients``)
+hold the GPU, RESET_REQUIRED when Ampere leaves the change pending. Reference
+(mig-and-nvml.md §11) verifies IN_USE for Ampere; for Hopper it is unverified, and the simulator
+refuses the same way, which is the cautious reading.
 """
 
 # ruff: noqa: N802, N816 -- names mirror pynvml exactly; that is the point.
@@ -191,8 +198,9 @@ def nvmlDeviceSetMigMode(device: Any, mode: int) -> int:
         if gpu.mig_current == mode:
             gpu.mig_pending = mode  # also cancels a pending change on Ampere
             return int(pynvml.NVML_SUCCESS)
-        if gpu.gis:
-            return int(pynvml.NVML_ERROR_IN_USE)  # MIG devices exist: the toggle is refused
+        if gpu.gis or gpu.clients:
+            # MIG devices or processes hold the GPU: it cannot be unbound, the toggle is refused
+            return int(pynvml.NVML_ERROR_IN_USE)
         needs_reset = r.model.architecture.mig_toggle_needs_reset
         if needs_reset and cfg.ampere_reset == "manual":
             gpu.mig_pending = mode

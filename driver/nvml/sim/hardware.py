@@ -77,6 +77,9 @@ class GpuRec:
     mig_current: int
     mig_pending: int
     gis: list[GiRec] = field(default_factory=list)
+    # Processes holding the whole GPU (a CUDA application, DCGM, nvidia-persistenced): while
+    # any exist the driver cannot unbind or reset the GPU, so a MIG-mode change is refused.
+    clients: int = 0
 
     def gi(self, gi_id: int) -> GiRec | None:
         return next((g for g in self.gis if g.id == gi_id), None)

@@ -25,6 +25,7 @@ from driver.nvml.errors import (
     PlacementTaken,
     ResetRequired,
 )
+from driver.nvml.types import MigMode
 
 MakeBackend = Callable[..., NvmlBackend]
 A100 = "A100-SXM4-40GB"
@@ -205,6 +206,33 @@ def test_mig_mode_on_ampere_is_refused_with_a_reset_hint(make_backend: MakeBacke
     assert b.mig_mode(uuid).change_pending
     sim.sim_reset_gpu(0)
     assert b.enable_mig(uuid).current
+
+
+def test_mig_mode_off_for_a_whole_gpu_on_hopper(make_backend: MakeBackend) -> None:
+    b = make_backend([H100])
+    uuid = b.gpus()[0].uuid
+    carved = b.carve(uuid, 19, 0)
+    with pytest.raises(InstanceInUse, match="cannot disable MIG mode while MIG instances"):
+        b.disable_mig(uuid)
+    assert b.mig_enabled(uuid)
+    b.destroy(uuid, carved.gi_id)
+    sim.sim_set_gpu_clients(0, 1)
+    with pytest.raises(InstanceInUse, match="other clients"):
+        b.disable_mig(uuid)
+    sim.sim_set_gpu_clients(0, 0)
+    assert b.disable_mig(uuid) == MigMode(current=False, pending=False)
+    assert b.disable_mig(uuid) == MigMode(current=False, pending=False)  # idempotent
+    assert b.enable_mig(uuid).current
+    b.carve(uuid, 19, 0)  # MIG works again after the round trip
+
+
+def test_mig_mode_off_on_ampere_is_refused_with_a_reset_hint(make_backend: MakeBackend) -> None:
+    b = make_backend([A100, {"model": A100, "mig": False}])
+    on, off = (g.uuid for g in b.gpus())
+    with pytest.raises(ResetRequired, match=r"turning it off needs a GPU reset.*-mig 0"):
+        b.disable_mig(on)
+    assert b.mig_mode(on) == MigMode(current=True, pending=True)  # nothing left pending
+    assert b.disable_mig(off) == MigMode(current=False, pending=False)
 
 
 def test_missing_privileges_become_no_permission(make_sim: Callable[..., object]) -> None:

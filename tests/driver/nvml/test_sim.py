@@ -365,6 +365,51 @@ def test_hopper_toggles_at_once_and_forgets_on_reboot(make_sim: SimFactory) -> N
     assert nv.nvmlDeviceGetMigMode(dev) == [0, 0]
 
 
+def test_mig_mode_change_is_refused_in_activation_status_while_the_gpu_is_held(
+    make_sim: SimFactory,
+) -> None:
+    """nvml.h: the call succeeds, the activation fails with IN_USE while GPU instances or
+    processes hold the GPU; nothing changes, and it works once they are gone."""
+    nv = make_sim([H100, {"model": A100, "mig": False}])
+    hopper, ampere = nv.nvmlDeviceGetHandleByIndex(0), nv.nvmlDeviceGetHandleByIndex(1)
+    gi = _create(nv, hopper, 19, 0, 1)
+    assert nv.nvmlDeviceSetMigMode(hopper, pynvml.NVML_DEVICE_MIG_DISABLE) == (
+        pynvml.NVML_ERROR_IN_USE
+    )
+    assert nv.nvmlDeviceGetMigMode(hopper) == [1, 1]
+    nv.nvmlGpuInstanceDestroy(gi)
+    nv.sim_set_gpu_clients(0, 2)  # e.g. DCGM and a CUDA process
+    assert nv.nvmlDeviceSetMigMode(hopper, pynvml.NVML_DEVICE_MIG_DISABLE) == (
+        pynvml.NVML_ERROR_IN_USE
+    )
+    assert nv.nvmlDeviceGetMigMode(hopper) == [1, 1]
+    nv.sim_set_gpu_clients(0, 0)
+    assert nv.nvmlDeviceSetMigMode(hopper, pynvml.NVML_DEVICE_MIG_DISABLE) == pynvml.NVML_SUCCESS
+    assert nv.nvmlDeviceGetMigMode(hopper) == [0, 0]
+    # Ampere: a held GPU cannot even get a pending change, nor be reset
+    nv.sim_set_gpu_clients(1, 1)
+    assert nv.nvmlDeviceSetMigMode(ampere, pynvml.NVML_DEVICE_MIG_ENABLE) == (
+        pynvml.NVML_ERROR_IN_USE
+    )
+    assert nv.nvmlDeviceGetMigMode(ampere) == [0, 0]
+    with pytest.raises(pynvml.NVMLError) as err:
+        nv.sim_reset_gpu(1)
+    assert err.value.value == pynvml.NVML_ERROR_IN_USE
+    nv.sim_reboot()  # a reboot ends every process
+    assert nv.nvmlDeviceSetMigMode(ampere, pynvml.NVML_DEVICE_MIG_ENABLE) == (
+        pynvml.NVML_ERROR_RESET_REQUIRED
+    )
+
+
+def test_mig_mode_change_needs_root_and_a_valid_mode(make_sim: SimFactory) -> None:
+    nv = make_sim([H100])
+    dev = nv.nvmlDeviceGetHandleByIndex(0)
+    with pytest.raises(pynvml.NVMLError) as err:
+        nv.nvmlDeviceSetMigMode(dev, 7)
+    assert err.value.value == pynvml.NVML_ERROR_INVALID_ARGUMENT
+    assert nv.nvmlDeviceGetMigMode(dev) == [1, 1]
+
+
 def test_privileges(make_sim: SimFactory) -> None:
     nv = make_sim([H100], options={"privileged": False, "root": False})
     dev = nv.nvmlDeviceGetHandleByIndex(0)
