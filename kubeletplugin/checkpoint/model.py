@@ -40,6 +40,10 @@ class DeviceRecord:
     mig_uuid: str | None = None
     cdi_ids: tuple[str, ...] = ()
     adopted: bool = False  # the instance existed before carve (foreign policy "adopt")
+    # A whole-GPU device only: this claim turns (or turned) MIG mode off on the GPU and owes
+    # turning it on again. Written before the change, cleared after the change back, so a
+    # plugin killed anywhere in between restores MIG mode when it tears the claim down.
+    restore_mig: bool = False
 
     @property
     def is_mig(self) -> bool:

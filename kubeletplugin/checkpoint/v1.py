@@ -58,6 +58,10 @@ class DeviceV1(TypedDict):
     migUUID: str | None
     cdiIDs: list[str]
     adopted: bool
+    # Added after 0.1.0 without a new version: written (always true) only for a whole-GPU
+    # device whose claim turned MIG mode off, so every other device is byte for byte what 0.1.0
+    # wrote, and 0.1.0 (which ignores keys it does not know) still reads the file.
+    restoreMigMode: NotRequired[bool]
 
 
 class MpsV1(TypedDict):
@@ -106,7 +110,7 @@ class DocumentV1(TypedDict):
 
 
 def _device_out(d: DeviceRecord) -> DeviceV1:
-    return {
+    out: DeviceV1 = {
         "deviceName": d.device_name,
         "requestNames": list(d.request_names),
         "poolName": d.pool_name,
@@ -121,6 +125,9 @@ def _device_out(d: DeviceRecord) -> DeviceV1:
         "cdiIDs": list(d.cdi_ids),
         "adopted": d.adopted,
     }
+    if d.restore_mig:
+        out["restoreMigMode"] = True
+    return out
 
 
 def _claim_out(r: ClaimRecord) -> ClaimV1:
@@ -295,6 +302,7 @@ def _device_in(f: _Fields) -> DeviceRecord:
         mig_uuid=f.optional_text("migUUID"),
         cdi_ids=f.texts("cdiIDs"),
         adopted=f.flag("adopted"),
+        restore_mig=f.flag("restoreMigMode"),
     )
 
 

@@ -321,6 +321,7 @@ _devices = st.builds(
     mig_uuid=st.none() | _text,
     cdi_ids=st.lists(_text, max_size=3).map(tuple),
     adopted=st.booleans(),
+    restore_mig=st.booleans(),
 )
 _mps = st.builds(
     MpsDaemon,
