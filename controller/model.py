@@ -410,6 +410,43 @@ class ClusterModel:
         )
 
 
+def withheld_devices_note(gpus: Iterable[GpuRecord]) -> str:
+    """Why some of ``gpus`` publish no whole-GPU device or no MIG device now ("" if none does),
+    to follow a "nothing matches" message: a whole GPU must not be in MIG mode, and carve
+    changes MIG mode only where that needs no GPU reset (Hopper and later)."""
+    in_mig_mode: set[str] = set()
+    out_of_mig_mode: set[str] = set()
+    held_whole: set[str] = set()
+    for g in gpus:
+        model = g.inventory.model
+        kinds = {d.profile_id == WHOLE_GPU for d in g.inventory.devices}
+        if True not in kinds:
+            in_mig_mode.add(model.key)
+        if False not in kinds:
+            (out_of_mig_mode if model.architecture.mig_toggle_needs_reset else held_whole).add(
+                model.key
+            )
+    notes = []
+    if in_mig_mode:
+        notes.append(
+            f"{', '.join(sorted(in_mig_mode))} GPUs in MIG mode offer no whole GPU: on Ampere "
+            "only a GPU reset turns MIG mode off, which carve never does (run `nvidia-smi -i "
+            "<GPU> -mig 0` on the node and reset the GPU)"
+        )
+    if out_of_mig_mode:
+        notes.append(
+            f"{', '.join(sorted(out_of_mig_mode))} GPUs out of MIG mode offer no MIG slice: on "
+            "Ampere only a GPU reset turns MIG mode on (run `nvidia-smi -i <GPU> -mig 1` on the "
+            "node and reset the GPU)"
+        )
+    if held_whole:
+        notes.append(
+            f"{', '.join(sorted(held_whole))} GPUs allocated whole offer no MIG slice until "
+            "their claims are released"
+        )
+    return "; ".join(notes)
+
+
 # ---------------------------------------------------------------------------------------------
 # From ResourceSlices
 
@@ -443,7 +480,8 @@ def inventories_from_slices(
     out = []
     for gpu in parse_resource_slices(slices, driver, on_error=on_error):
         named = [((pid, start), name) for (pid, start), name in gpu.devices.items()]
-        named.append(((WHOLE_GPU, 0), gpu.whole_gpu_device))
+        if gpu.whole_gpu_device is not None:
+            named.append(((WHOLE_GPU, 0), gpu.whole_gpu_device))
         devices = []
         for (pid, start), name in sorted(named):
             device = raw.get((gpu.pool, name))

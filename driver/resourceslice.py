@@ -1,12 +1,16 @@
 """ResourceSlices that publish MIG GPUs as DRA partitionable devices, and their inverse.
 
 The node's kubelet plugin publishes what could be carved, not what is carved: per GPU one device
-per (profile, listed placement) plus the whole GPU, all drawing on one counter set. The counter
-set holds the GPU's capacities (memory in bytes, multiprocessors, engine pools) and one counter
-`memory-slice-<i>` of value 1 per memory unit. A MIG device consumes its capacities and the memory
-slices its placement covers, so kube-scheduler (and Cluster Autoscaler, and Kueue, which charges
-the `memory` counter) enforce the same overlap and engine-pool rules as `driver.geometry` without
-knowing anything about MIG. The controller reads the slices back with `parse_resource_slices`.
+per (profile, listed placement) plus the whole GPU, all drawing on one counter set. A GPU may
+offer only one of the two kinds (`PublishedGpu.offers_mig` / `offers_whole`): an Ampere GPU
+offers MIG devices while in MIG mode and the whole GPU only while not (its MIG mode changes
+only with a GPU reset), and a Hopper GPU held whole offers no MIG device until it is released.
+The counter set holds the GPU's capacities (memory in bytes, multiprocessors, engine pools)
+and one counter `memory-slice-<i>` of value 1 per memory unit. A MIG device consumes its
+capacities and the memory slices its placement covers, so kube-scheduler (and Cluster
+Autoscaler, and Kueue, which charges the `memory` counter) enforce the same overlap and
+engine-pool rules as `driver.geometry` without knowing anything about MIG. The controller reads
+the slices back with `parse_resource_slices`.
 
 Layouts: Kubernetes >= 1.35 requires counters and devices in different slices of one pool and
 generation (`split_counters=True`); 1.34 wants both in one slice. Slices using counters hold at
@@ -92,6 +96,12 @@ class PublishedGpu:
     model: GpuModel
     pci_bus_id: str
     driver_version: str  # as NVML prints it, e.g. "580.105.08"
+    offers_mig: bool = True  # publish the (profile, placement) devices
+    offers_whole: bool = True  # publish the whole-GPU device
+
+    def __post_init__(self) -> None:
+        if not (self.offers_mig or self.offers_whole):
+            raise ValueError(f"GPU {self.minor} ({self.uuid}) must offer MIG devices or itself")
 
 
 @dataclass(frozen=True)
@@ -104,9 +114,11 @@ class SlicedGpu:
     minor: int
     uuid: str
     product_name: str
-    model: GpuModel  # rebuilt from devices and counters; equal for equal GPUs on any node
+    # Rebuilt from devices and counters; equal for equal GPUs on any node. A GPU that offers no
+    # MIG device has a model without profiles.
+    model: GpuModel
     devices: Mapping[tuple[int, int], str]  # (profile_id, placement start) -> device name
-    whole_gpu_device: str
+    whole_gpu_device: str | None  # None while the GPU is not offered whole
     counter_set: str
     pci_bus_id: str | None = None
     driver_version: str | None = None
@@ -244,8 +256,11 @@ def _devices(gpu: PublishedGpu) -> list[dict[str, Any]]:
         ),
     )
     _check_placements_fit_alone(geometry, placements)
-    devices = [_mig_device(gpu, spec, start) for spec, start in placements]
-    devices.append(_whole_gpu_device(gpu))
+    devices = []
+    if gpu.offers_mig:
+        devices = [_mig_device(gpu, spec, start) for spec, start in placements]
+    if gpu.offers_whole:
+        devices.append(_whole_gpu_device(gpu))
     return devices
 
 
@@ -609,13 +624,26 @@ class _ProfileRow:
     starts: list[int]
 
 
-def _find_whole_gpu(entries: list[tuple[Mapping[str, Any], str]], minor: int) -> Mapping[str, Any]:
+def _find_whole_gpu(
+    entries: list[tuple[Mapping[str, Any], str]], minor: int
+) -> Mapping[str, Any] | None:
     whole = [dev for dev, _ in entries if not parse_device_name(dev["name"]).is_mig]
+    if not whole:
+        return None
     if len(whole) != 1:
-        raise ValueError(f"expected one whole-GPU device {gpu_device_name(minor)!r}")
+        raise ValueError(f"expected at most one whole-GPU device {gpu_device_name(minor)!r}")
     if _attr(whole[0], Attr.TYPE, "string") != "gpu":
         raise ValueError(f"device {whole[0]['name']!r} must have type 'gpu'")
     return whole[0]
+
+
+def _whole_gpu_memory(counter_set: str, counter_sets: Mapping[str, Mapping[str, int]]) -> int:
+    """The GPU's memory in bytes, from its counter set (published whether or not the whole GPU
+    is offered as a device)."""
+    memory = counter_sets.get(counter_set, {}).get("memory")
+    if memory is None:
+        raise ValueError(f"counter set {counter_set!r} has no 'memory' counter")
+    return memory
 
 
 def _memory_units(counter_set: str, counter_sets: Mapping[str, Mapping[str, int]]) -> int:
@@ -724,27 +752,35 @@ def _parse_gpu(
     entries: list[tuple[Mapping[str, Any], str]],
     counter_sets: Mapping[str, Mapping[str, int]],
 ) -> SlicedGpu:
-    gpu_dev = _find_whole_gpu(entries, minor)
+    whole_dev = _find_whole_gpu(entries, minor)
+    mig_devices = [dev for dev, _ in entries if dev is not whole_dev]
+    # The GPU's own facts are on every device; the whole-GPU one names the UUID itself, a MIG
+    # device names it as parentUUID.
+    gpu_dev = whole_dev if whole_dev is not None else mig_devices[0]
     counter_set, _ = _consumed(gpu_dev)
     memory_units = _memory_units(counter_set, counter_sets)
-    uuid = _attr(gpu_dev, Attr.UUID, "string")
+    memory = _whole_gpu_memory(counter_set, counter_sets)
+    if whole_dev is not None:
+        uuid = _attr(whole_dev, Attr.UUID, "string")
+        if _capacities(whole_dev)[0] != memory:
+            raise ValueError(
+                f"device {whole_dev['name']!r}: memory capacity differs from the counter set's"
+            )
+    else:
+        uuid = _attr(gpu_dev, Attr.PARENT_UUID, "string")
     product = _attr(gpu_dev, Attr.PRODUCT_NAME, "string")
     architecture = _architecture(gpu_dev)
     cc = _compute_capability(gpu_dev)
-    whole_amounts = _capacities(gpu_dev)
-    mig_devices = (dev for dev, _ in entries if dev is not gpu_dev)
     rows, names = _profile_rows(mig_devices, uuid, counter_set, memory_units)
     profiles = sorted((_profile_spec(pid, row) for pid, row in rows.items()), key=lambda p: p.index)
-    if not profiles:
-        raise ValueError("no MIG devices published")
     model = GpuModel(
         key=product,
         product_name=product,
         pci_device_ids=(),
         architecture=architecture,
-        memory_mib=whole_amounts[0] // _MIB,
+        memory_mib=memory // _MIB,
         memory_units=memory_units,
-        compute_slices=max(p.slices for p in profiles),
+        compute_slices=max((p.slices for p in profiles), default=0),
         cuda_compute_capability=cc,
         profiles=tuple(profiles),
         placement_evidence=Evidence.INFERRED,
@@ -759,7 +795,7 @@ def _parse_gpu(
         product_name=product,
         model=model,
         devices=MappingProxyType(names),
-        whole_gpu_device=gpu_dev["name"],
+        whole_gpu_device=None if whole_dev is None else whole_dev["name"],
         counter_set=counter_set,
         pci_bus_id=_optional_text(gpu_dev, PCI_BUS_ID_ATTRIBUTE, "string"),
         driver_version=_optional_text(gpu_dev, Attr.DRIVER_VERSION, "version"),

@@ -280,10 +280,16 @@ class NodePlugin:
                 opts.plugins_dir / opts.driver_name / "mps",
             ),
             events=KubernetesClaimEvents(api, driver=opts.driver_name, node=opts.node_name),
+            offers_changed=self._republish,
         )
         self.publisher: SlicePublisher = self._publisher()
         self.server: PluginServer = self._server()
         self.ops: OpsServer | None = self._ops() if opts.http_address else None
+
+    def _republish(self) -> None:
+        """A GPU was taken or given back whole, which changes what the node offers: republish
+        now rather than at the next resync. (The preparer exists before the publisher.)"""
+        self.publisher.trigger()
 
     def _driver_files(self) -> DriverFiles | None:
         """The driver's files for every claim's CDI spec, found once at start-up.
@@ -345,6 +351,7 @@ class NodePlugin:
                 generation=generation,
                 split=split,
                 exclude=set(preparer.refused_gpus()),
+                whole=preparer.whole_gpus(),
             ),
             self.metrics,
         )
@@ -363,6 +370,7 @@ class NodePlugin:
                 opts.node_name,
                 self.preparer.refused_gpus,
                 self.preparer.mps_down_devices,
+                self.preparer.whole_gpus,
             ),
         )
 

@@ -42,12 +42,26 @@ class NodeHardware:
         major = parse_char_major(text, "nvidia-uvm")
         return () if major is None else uvm_device_nodes(uvm_major=major)
 
-    def published_gpus(self, exclude: Collection[str] = ()) -> list[PublishedGpu]:
-        """MIG-capable GPUs of the node, minus refused ones (by UUID)."""
+    def published_gpus(
+        self, exclude: Collection[str] = (), whole: Collection[str] = ()
+    ) -> list[PublishedGpu]:
+        """MIG-capable GPUs of the node, minus refused ones (by UUID), each with what it offers.
+
+        A whole GPU must not be in MIG mode. Hopper and later turn MIG mode off for a whole-GPU
+        claim and back on after it, so they offer both kinds, except that a GPU held whole
+        (`whole`, by UUID) offers no MIG device until it is released. Ampere changes MIG mode
+        only with a GPU reset, which carve never does: it offers MIG devices while MIG mode is
+        on and the whole GPU only while it is off (a pending change counts once it applies).
+        """
         out: list[PublishedGpu] = []
         for g in self.mig.gpus():
             if g.uuid in exclude or not g.mig_capable or not g.profiles:
                 continue
+            if g.mig_toggle_needs_reset:
+                mig_on = self.mig.mig_mode(g.uuid).current
+                offers_mig, offers_whole = mig_on, not mig_on
+            else:
+                offers_mig, offers_whole = g.uuid not in whole, True
             out.append(
                 PublishedGpu(
                     minor=g.minor,
@@ -55,6 +69,8 @@ class NodeHardware:
                     model=self.mig.gpu_model(g.uuid),
                     pci_bus_id=g.pci_bus_id,
                     driver_version=g.driver_version,
+                    offers_mig=offers_mig,
+                    offers_whole=offers_whole,
                 )
             )
         return out
@@ -67,12 +83,13 @@ class NodeHardware:
         generation: int,
         split: bool,
         exclude: Collection[str] = (),
+        whole: Collection[str] = (),
     ) -> list[dict[str, Any]]:
         return build_resource_slices(
             driver=driver,
             node_name=node_name,
             pool_generation=generation,
-            gpus=self.published_gpus(exclude),
+            gpus=self.published_gpus(exclude, whole),
             split_counters=split,
         )
 
@@ -82,23 +99,24 @@ class NodeHardware:
         node_name: str,
         refused: Callable[[], Mapping[str, str]],
         mps_down: Callable[[], Mapping[str, str]] = dict,
+        whole: Callable[[], Collection[str]] = frozenset,
     ) -> Callable[[], list[tuple[str, str, bool, str]]]:
         """Device health for the kubelet: every published device healthy, except those of a
         GPU the agent refuses (foreign instances under policy refuse-gpu, `refused` by GPU
         UUID) and those whose claim's MPS control daemon is down (`mps_down` by device name),
-        with the reasons."""
+        with the reasons. The devices are those published now (`whole`: GPUs held whole)."""
         minors = {g.uuid: g.minor for g in self.mig.gpus()}
-        devices = [
-            (s["spec"]["pool"]["name"], d["name"])
-            for s in self.resource_slices(
-                driver=driver, node_name=node_name, generation=0, split=True
-            )
-            for d in s["spec"].get("devices") or ()
-        ]
 
         def source() -> list[tuple[str, str, bool, str]]:
             bad = {minors[u]: why for u, why in refused().items() if u in minors}
             down = mps_down()
+            devices = [
+                (s["spec"]["pool"]["name"], d["name"])
+                for s in self.resource_slices(
+                    driver=driver, node_name=node_name, generation=0, split=True, whole=whole()
+                )
+                for d in s["spec"].get("devices") or ()
+            ]
             out = []
             for pool, name in devices:
                 whys = [w for w in (bad.get(parse_device_name(name).minor), down.get(name)) if w]

@@ -8,6 +8,14 @@ Per claim, every step is announced in the checkpoint before it touches the GPU:
     unprepare:  UNPREPARE_STARTED -> per device: [GPU lock] destroy CI then GI -> remove CDI spec
                 -> remove node finalizer -> drop record
 
+A whole-GPU device gets the GPU with MIG mode off, because CUDA cannot use a GPU in MIG mode as
+one device. On Hopper and later prepare records `restore_mig` on the device and then turns MIG
+mode off (only when no instance exists: NVML refuses otherwise); unprepare turns it back on
+before it clears the flag. On Ampere the change needs a GPU reset, so carve never makes it:
+whole-GPU devices are published only for Ampere GPUs whose MIG mode is off, and an allocation of
+one in MIG mode is refused with a message. While a claim holds a GPU whole, the node publishes
+no MIG device on it (`whole_gpus`, `offers_changed`) and refuses to carve there.
+
 With MPS sharing (kubeletplugin.mps), prepare records the MPS daemon's directories, starts it on
 the carved slices and records its pid once it answers, all before the CDI spec; unprepare stops
 it (quit, then kill) before it destroys a slice. Start-up keeps a prepared claim's daemon if it
@@ -95,6 +103,7 @@ class MigBackend(Protocol):
     def gpus(self) -> Sequence[GpuInfo]: ...
     def mig_enabled(self, gpu_uuid: str) -> bool: ...
     def enable_mig(self, gpu_uuid: str) -> object: ...
+    def disable_mig(self, gpu_uuid: str) -> object: ...
     def instances(self, gpu_uuid: str) -> Sequence[GpuInstance]: ...
     def carve(self, gpu_uuid: str, profile_id: int, placement_start: int) -> CarvedInstance: ...
     def ensure_compute_instance(self, gpu_uuid: str, gi_id: int) -> CarvedInstance: ...
@@ -171,12 +180,16 @@ class Preparer:
         clock: Callable[[], float] = time.monotonic,
         mps: MpsControl | None = None,
         events: ClaimEvents | None = None,
+        offers_changed: Callable[[], None] | None = None,
     ) -> None:
         """`common_nodes` go to every device (e.g. /dev/nvidia-uvm, whose major is dynamic).
         `shared_edits` go once into every claim's spec: the driver's files and hooks
         (`driver.driverroot.DriverFiles.spec_edits`). `dev_root` is where the device nodes
-        are on the host; every node gets it as its hostPath unless it is /."""
+        are on the host; every node gets it as its hostPath unless it is /. `offers_changed` is
+        called when what the node can offer changes (a GPU taken or given back whole), so that
+        the ResourceSlices are republished at once."""
         self._s = settings
+        self._offers_changed = offers_changed or (lambda: None)
         self._common_nodes = tuple(common_nodes)
         self._shared = shared_edits or SpecEdits()
         self._dev_root = dev_root
@@ -210,6 +223,13 @@ class Preparer:
 
     def refused_gpus(self) -> Mapping[str, str]:
         return dict(self._refused)
+
+    def whole_gpus(self) -> frozenset[str]:
+        """UUIDs of the GPUs a checkpointed claim holds whole (in any state): no MIG device on
+        them may be offered until the claim is torn down and MIG mode is back."""
+        return frozenset(
+            d.gpu_uuid for r in self.checkpoint().claims.values() for d in r.devices if not d.is_mig
+        )
 
     def mps_down_devices(self) -> Mapping[str, str]:
         """Device name -> why, for the devices of claims whose MPS daemon was found dead and has
@@ -550,7 +570,17 @@ class Preparer:
     def _carve(self, p: _Planned, record: ClaimRecord, i: int, ref: ClaimRef) -> ClaimRecord:
         """Carve device `i` of `record`; the new ids are checkpointed before the GPU lock is
         released, so a concurrent teardown can never mistake the fresh instance for an orphan."""
+        if p.profile is None or p.placement is None:
+            return self._take_whole_gpu(p, record, i)
         with self._lock(self._gpu_locks, p.gpu.uuid):
+            whole = self._holder(p.gpu.uuid, record.uid, whole_only=True)
+            if whole is not None:
+                raise ClaimError(
+                    "gpu-taken",
+                    f"{p.result.device}: {_label(p.gpu)} is allocated whole to claim "
+                    f"{whole.namespace}/{whole.name}; no MIG slice can be carved on it until "
+                    "that claim is released",
+                )
             d = self._carve_locked(p, record.devices[i], ref)
             new = replace(record, devices=(*record.devices[:i], d, *record.devices[i + 1 :]))
             # One save both records the instance and drops it from the foreign list (adoption).
@@ -564,17 +594,92 @@ class Preparer:
                 )
             ).claims[new.uid]
 
-    def _carve_locked(self, p: _Planned, rec: DeviceRecord, ref: ClaimRef) -> DeviceRecord:
-        gpu = p.gpu
-        if p.profile is None or p.placement is None:
-            live = self._backend.instances(gpu.uuid) if self._backend.mig_enabled(gpu.uuid) else ()
+    def _holder(self, gpu_uuid: str, uid: str, *, whole_only: bool) -> ClaimRecord | None:
+        """Another checkpointed claim with a device on the GPU (a whole-GPU one only, if asked)."""
+        for r in self.checkpoint().claims.values():
+            if r.uid != uid and any(
+                d.gpu_uuid == gpu_uuid and not (whole_only and d.is_mig) for d in r.devices
+            ):
+                return r
+        return None
+
+    def _take_whole_gpu(self, p: _Planned, record: ClaimRecord, i: int) -> ClaimRecord:
+        """Device `i` is the whole GPU: make sure it is not in MIG mode.
+
+        The intent to restore MIG mode is checkpointed before MIG mode is turned off, so a crash
+        at any point leaves a record whose teardown turns it on again (a no-op if it never went
+        off)."""
+        gpu, device = p.gpu, p.result.device
+        with self._lock(self._gpu_locks, gpu.uuid):
+            other = self._holder(gpu.uuid, record.uid, whole_only=False)
+            if other is not None:
+                raise ClaimError(
+                    "gpu-taken",
+                    f"whole-GPU device {device}: {_label(gpu)} is in use by claim "
+                    f"{other.namespace}/{other.name}",
+                )
+            if not self._backend.mig_enabled(gpu.uuid):
+                return record  # MIG mode is off already: nothing to change, nothing to restore
+            live = self._backend.instances(gpu.uuid)
             if live:
                 raise ClaimError(
                     "placement-taken",
-                    f"whole-GPU device {p.result.device}: {_label(gpu)} has {len(live)} "
-                    "MIG instance(s)",
+                    f"whole-GPU device {device}: {_label(gpu)} has {len(live)} MIG instance(s) "
+                    f"(GI {', '.join(str(g.gi_id) for g in live)}); a whole GPU needs MIG mode "
+                    "off, which NVML allows only once no instance exists",
                 )
-            return rec
+            if gpu.mig_toggle_needs_reset:
+                raise ClaimError(
+                    "mig-mode-on",
+                    f"whole-GPU device {device}: {_label(gpu)} is in MIG mode, and on this "
+                    "architecture turning MIG mode off needs a GPU reset, which carve does not "
+                    "do (it publishes whole-GPU devices only for such GPUs with MIG mode off; "
+                    "the node's ResourceSlices were out of date). To use it whole, run "
+                    f"`nvidia-smi -i {gpu.uuid} -mig 0` and reset the GPU",
+                )
+            flagged = replace(record.devices[i], restore_mig=True)
+            record = self._put(
+                replace(record, devices=(*record.devices[:i], flagged, *record.devices[i + 1 :]))
+            )
+            try:
+                self._backend.disable_mig(gpu.uuid)
+            except Exception as e:
+                raise ClaimError(
+                    "mig-disable-failed",
+                    f"whole-GPU device {device}: turning MIG mode off on {_label(gpu)} failed: {e}",
+                ) from e
+            if self._backend.mig_enabled(gpu.uuid):
+                raise ClaimError(
+                    "mig-disable-failed",
+                    f"whole-GPU device {device}: MIG mode on {_label(gpu)} is still on after "
+                    "turning it off",
+                )
+            log.info(
+                "MIG mode turned off for a whole-GPU claim",
+                extra={"claimUID": record.uid, "gpu": gpu.uuid, "device": device},
+            )
+        self._offers_changed()
+        return record
+
+    def _restore_mig(self, d: DeviceRecord, ctx: Mapping[str, object]) -> None:
+        """Turn MIG mode back on after a whole-GPU claim (idempotent: on already is fine)."""
+        with self._lock(self._gpu_locks, d.gpu_uuid):
+            try:
+                self._backend.enable_mig(d.gpu_uuid)
+            except Exception as e:
+                raise ClaimError(
+                    "mig-restore-failed",
+                    f"turning MIG mode back on on GPU {d.gpu_uuid} after whole-GPU device "
+                    f"{d.device_name} failed (retried): {e}",
+                ) from e
+        log.info(
+            "MIG mode turned back on after a whole-GPU claim",
+            extra={**ctx, "gpu": d.gpu_uuid, "device": d.device_name},
+        )
+
+    def _carve_locked(self, p: _Planned, rec: DeviceRecord, ref: ClaimRef) -> DeviceRecord:
+        gpu = p.gpu
+        assert p.profile is not None and p.placement is not None
         self._ensure_mig_mode(gpu)
         # Carve first and look at the GPU only when NVML refuses: listing instances walks every
         # MIG handle, which is the slowest NVML operation there is.
@@ -720,7 +825,17 @@ class Preparer:
             self._mps.stop(record.mps)
             log.info("MPS control daemon stopped", extra={**ctx, "pid": record.mps.pid})
             record = self._put(replace(record, mps=None))
+        whole = any(not d.is_mig for d in record.devices)
         for i, d in enumerate(record.devices):
+            if d.restore_mig:
+                self._restore_mig(d, ctx)
+                cleared = replace(d, restore_mig=False)
+                record = self._put(
+                    replace(
+                        record, devices=(*record.devices[:i], cleared, *record.devices[i + 1 :])
+                    )
+                )
+                continue
             if not d.is_mig:
                 continue
             self._destroy_device(d, ctx)
@@ -740,6 +855,8 @@ class Preparer:
                     f"instances destroyed, but removing finalizer {self._finalizer} failed: {e}",
                 ) from e
         self._save(lambda cp: cp.without_claim(record.uid))
+        if whole:
+            self._offers_changed()
 
     def _destroy_device(self, d: DeviceRecord, ctx: Mapping[str, object]) -> None:
         with self._lock(self._gpu_locks, d.gpu_uuid):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,11 +49,20 @@ class SimNodeSpec:
     pods: str = "110"
     labels: Mapping[str, str] = field(default_factory=dict)
     latency: str = "zero"  # simulator latency preset: "zero" or "realistic"
+    # Positions in `gpus` of the GPUs whose MIG mode is off at first boot (as after an
+    # operator's `nvidia-smi -mig 0`); the others start in MIG mode.
+    mig_off: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         check_gpu_keys(self.name, self.gpus)
         if self.latency not in ("zero", "realistic"):
             raise ValueError(f"node {self.name}: latency must be 'zero' or 'realistic'")
+        bad = [i for i in self.mig_off if not 0 <= i < len(self.gpus)]
+        if bad:
+            raise ValueError(
+                f"node {self.name}: mig_off names GPU position(s) {bad}, but the node has "
+                f"{len(self.gpus)} GPU(s) (positions 0..{len(self.gpus) - 1})"
+            )
 
 
 def check_gpu_keys(node: str, gpus: tuple[str, ...]) -> None:
@@ -66,12 +75,19 @@ def check_gpu_keys(node: str, gpus: tuple[str, ...]) -> None:
         )
 
 
-def write_sim_config(path: Path, node: str, gpus: tuple[str, ...], latency: str) -> None:
-    """The NVML simulator config of one node (simulated or real): its GPUs by catalog key."""
+def write_sim_config(
+    path: Path,
+    node: str,
+    gpus: tuple[str, ...],
+    latency: str,
+    mig_off: Collection[int] = (),
+) -> None:
+    """The NVML simulator config of one node (simulated or real): its GPUs by catalog key,
+    those at the positions `mig_off` with MIG mode off."""
     data: dict[str, Any] = {
         "state": "sim/state.json",
         "uuid_seed": node,  # GPU UUIDs must differ between nodes
-        "gpus": list(gpus),
+        "gpus": [{"model": g, "mig": False} if i in mig_off else g for i, g in enumerate(gpus)],
         "options": {"latency": latency, "ampere_reset": "auto"},
     }
     path.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -245,7 +261,9 @@ class SimNode:
         self.wait_plugin_ready(timeout)
 
     def _write_sim_config(self) -> None:
-        write_sim_config(self.sim_config, self.spec.name, self.spec.gpus, self.spec.latency)
+        write_sim_config(
+            self.sim_config, self.spec.name, self.spec.gpus, self.spec.latency, self.spec.mig_off
+        )
 
     def start_plugin(self) -> None:
         if self._plugin is not None and self._plugin.exit_code() is None:

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from controller.claims import ClaimKey, DeviceClass, ExactRequest
-from controller.model import GpuRecord, PublishedDevice
+from controller.model import GpuRecord, PublishedDevice, withheld_devices_note
 from controller.placement.cache import BoundedCache
 from controller.placement.records import DeviceSet
 from controller.placement.values import NoPlacement, NoPlacementReason
@@ -124,7 +124,13 @@ class Eligibility:
     def first_empty_filter(self, spec: ExactRequest, gpus: Iterable[GpuRecord]) -> str:
         """Which filter leaves none of ``gpus``' devices, in words: the class, the capacity
         request, or the first request selector after which nothing is left (e.g. a selector
-        comparing a string attribute with a number, which CEL answers with false)."""
+        comparing a string attribute with a number, which CEL answers with false); followed by
+        why some GPUs offer no whole GPU or no MIG slice now, if any does."""
+        gpus = list(gpus)
+        withheld = withheld_devices_note(gpus)
+        return self._first_empty(spec, gpus) + (f" ({withheld})" if withheld else "")
+
+    def _first_empty(self, spec: ExactRequest, gpus: Iterable[GpuRecord]) -> str:
         cls = spec.device_class
         devices = [
             d

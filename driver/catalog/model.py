@@ -186,11 +186,13 @@ class GpuModel:
 
     @property
     def engine_totals(self) -> Engines:
-        return self.full_profile.engines
+        # A model without profiles is a GPU that offers no MIG device now (read back from its
+        # ResourceSlices): nothing can be carved, so no engine is available to MIG either.
+        return self.full_profile.engines if self.profiles else NO_ENGINES
 
     @property
     def multiprocessors(self) -> int:
-        return self.full_profile.multiprocessors
+        return self.full_profile.multiprocessors if self.profiles else 0
 
     def profile_by_id(self, profile_id: int) -> ProfileSpec:
         for p in self.profiles:

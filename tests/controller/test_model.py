@@ -166,3 +166,65 @@ def test_inventories_from_real_resource_slices_feed_the_engine() -> None:
     result = engine.place(PlacementRequest("p", PodNeeds(), (profile_claim("c", "3g.40gb"),)))
     assert isinstance(result, Placement)
     assert result.choices[0].device in facts or result.choices[0].device.startswith("gpu-1-")
+
+
+# --- GPUs that offer only MIG slices or only themselves (issue 11, point 4) --------------------
+
+
+def _published(
+    node: str, *gpus: tuple[str, bool, bool], holder: ClusterModel | None = None
+) -> ClusterModel:
+    """A model of ``node`` from the slices its plugin builds for (catalog key, offers MIG,
+    offers whole) per GPU, through the controller's own slice reader."""
+    from driver.resourceslice import PublishedGpu, build_resource_slices
+    from tests.support.cluster_builders import node_info
+
+    published = [
+        PublishedGpu(i, f"GPU-{node}-{i}", gpu_model(key), f"0000:{i + 16:02x}:00.0",
+                     "580.105.08", offers_mig=mig, offers_whole=whole)
+        for i, (key, mig, whole) in enumerate(gpus)
+    ]  # fmt: skip
+    slices = build_resource_slices(driver=DRIVER, node_name=node, pool_generation=1, gpus=published)
+    model = holder or ClusterModel()
+    model.set_node(node_info(node))
+    model.set_node_gpus(node, inventories_from_slices(slices, DRIVER))
+    return model
+
+
+def test_gpus_that_withhold_a_kind_of_device_are_explained() -> None:
+    from controller.model import withheld_devices_note
+
+    model = _published(
+        "n1",
+        ("A100-SXM4-40GB", True, False),  # Ampere in MIG mode
+        ("A30-24GB", False, True),  # Ampere out of MIG mode
+        ("H100-SXM5-80GB", False, True),  # Hopper held whole
+        ("H100-SXM5-80GB", True, True),
+    )
+    note = withheld_devices_note(model.gpus.values())
+    # models are named as NVML names them (the product name in the slices)
+    assert "NVIDIA A100-SXM4-40GB GPUs in MIG mode offer no whole GPU" in note
+    assert "`nvidia-smi -i <GPU> -mig 0`" in note
+    assert "NVIDIA A30 GPUs out of MIG mode offer no MIG slice" in note
+    assert "NVIDIA H100 80GB HBM3 GPUs allocated whole offer no MIG slice" in note
+    assert withheld_devices_note([model.gpus["GPU-n1-3"]]) == ""
+
+
+def test_a_whole_gpu_request_goes_only_where_one_is_offered_and_says_why_not() -> None:
+    from controller.placement import NoPlacement
+    from tests.controller.test_placement import claim, engine_for, exact, place, placed
+
+    whole = exact("gpu", cls="gpu.carve.dev")
+    model = _published("n1", ("A100-SXM4-40GB", True, False), ("A100-SXM4-40GB", True, False))
+    refused = place(engine_for(model), "p", claim("w", whole))
+    assert isinstance(refused, NoPlacement)
+    assert "no device published in the cluster matches DeviceClass gpu.carve.dev" in (
+        refused.message
+    )
+    assert "A100-SXM4-40GB GPUs in MIG mode offer no whole GPU" in refused.message
+    # A second node with one GPU out of MIG mode: the whole GPU goes there, and only there.
+    model = _published("n2", ("A100-SXM4-40GB", True, False), ("A100-SXM4-40GB", False, True),
+                       holder=model)  # fmt: skip
+    got = placed(place(engine_for(model), "p", claim("w", whole)))
+    (choice,) = got.choices
+    assert (got.node, choice.device) == ("n2", "gpu-1")

@@ -97,6 +97,41 @@ def test_round_trip_for_every_model(key: str) -> None:
     assert geometry_for(parsed[0].model) is geometry_for(parsed[1].model)
 
 
+@pytest.mark.parametrize("key", ["A100-SXM4-40GB", "H100-SXM5-80GB", "A30-24GB"])
+def test_a_gpu_offered_only_whole_or_only_as_mig_devices_round_trips(key: str) -> None:
+    """Ampere in MIG mode offers no whole GPU, out of it (or a Hopper held whole) no MIG
+    device; the counter set stays, and the controller reads the GPU back either way."""
+    mig_only = replace(_gpu(key, 0), offers_whole=False)
+    whole_only = replace(_gpu(key, 1), offers_mig=False)
+    slices = _build([mig_only, whole_only])
+    names = {d["name"] for d in _devices(slices)}
+    assert "gpu-0" not in names and "gpu-1" in names
+    assert not any(parse_device_name(n).minor == 1 and parse_device_name(n).is_mig for n in names)
+    a, b = parse_resource_slices(slices, DRIVER)
+    assert (a.uuid, a.whole_gpu_device) == (mig_only.uuid, None)
+    assert _geometry_view(a.model) == _geometry_view(mig_only.model)
+    assert a.pci_bus_id == mig_only.pci_bus_id and a.driver_version == "580.105.8"
+    assert (b.uuid, b.whole_gpu_device, dict(b.devices)) == (whole_only.uuid, "gpu-1", {})
+    assert b.model.profiles == ()
+    assert b.model.memory_mib == whole_only.model.memory_mib
+    assert b.model.memory_units == whole_only.model.memory_units
+    geometry = geometry_for(b.model)  # a GPU without profiles admits nothing, and says so
+    assert geometry.admits(EMPTY_STATE) == {}
+
+
+def test_a_gpu_must_offer_something() -> None:
+    with pytest.raises(ValueError, match="must offer MIG devices or itself"):
+        replace(_gpu("H100-SXM5-80GB"), offers_mig=False, offers_whole=False)
+
+
+def test_a_whole_gpu_device_whose_memory_disagrees_with_its_counters_is_refused() -> None:
+    slices = _build([_gpu("H100-SXM5-80GB")])
+    whole = next(d for d in _devices(slices) if d["name"] == "gpu-0")
+    whole["capacity"]["memory"]["value"] = "1Gi"
+    with pytest.raises(ValueError, match="memory capacity differs from the counter set"):
+        parse_resource_slices(slices, DRIVER)
+
+
 def test_split_layout_puts_counters_in_their_own_slice() -> None:
     slices = _build([_gpu("A100-SXM4-40GB", 0), _gpu("H100-SXM5-80GB", 1)])
     assert len(slices) == 4

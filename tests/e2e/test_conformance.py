@@ -313,7 +313,8 @@ def _scheduler_retries(event: Obj) -> bool:
 def _run_matrix(e2e: E2E, form: str) -> list[tuple[str, str, str]]:
     e2e.node("mig-a", "H100-SXM5-80GB", "H100-SXM5-80GB", labels={ROLE: "mig"})
     e2e.node("mig-b", "H100-SXM5-80GB", "H100-SXM5-80GB", labels={ROLE: "mig"})
-    e2e.node("whole", "A100-SXM4-40GB", "A100-SXM4-40GB", labels={ROLE: "whole"})
+    # Out of MIG mode: an A100 is offered whole only then (its MIG mode changes only with a reset)
+    e2e.node("whole", "A100-SXM4-40GB", "A100-SXM4-40GB", labels={ROLE: "whole"}, mig_off=(0, 1))
     _ensure_config_class(e2e)
     pods: dict[str, Case] = {}
     for i, case in enumerate(CASES):

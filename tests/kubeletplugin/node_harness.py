@@ -159,6 +159,7 @@ class Node:
     claims: FakeClaims
     policy: ForeignPolicy = ForeignPolicy.LEAVE
     preparer: Preparer | None = None
+    offers_changed: int = 0  # how often the preparer said the node's offers changed
 
     @property
     def cdi_root(self) -> Path:
@@ -177,10 +178,14 @@ class Node:
             claims=self.claims,
             store=CheckpointStore(self.checkpoint_dir),
             cdi=CdiWriter(self.cdi_root, vendor=DRIVER),
+            offers_changed=self._count_offers_changed,
         )
         if reconcile:
             self.preparer.reconcile()
         return self.preparer
+
+    def _count_offers_changed(self) -> None:
+        self.offers_changed += 1
 
     @property
     def p(self) -> Preparer:

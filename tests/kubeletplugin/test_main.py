@@ -278,7 +278,10 @@ def test_plugin_against_real_apiserver(
     assert len(counters) == 2 and not any(s["spec"].get("devices") for s in counters)
     assert {s["spec"]["pool"]["generation"] for s in slices} == {1}
     dev = mig_device_name(0, "1g.10gb", 19, 3)
-    assert dev in devices and "gpu-1" in devices
+    # the H100 is offered whole too; the A100 in MIG mode is not (turning MIG mode off needs a
+    # GPU reset there)
+    assert dev in devices and "gpu-0" in devices and "gpu-1" not in devices
+    assert mig_device_name(1, "1g.5gb", 19, 0) in devices
     assert wait_for("readiness", lambda: _get(p.url("/readyz"))[0] == 200)
 
     # a claim allocated by another client through the status subresource

@@ -234,7 +234,10 @@ def test_whole_gpu_device(node: Node) -> None:
     busy = node.claims.add("slice", [mig(node.backend, 0, 19, 0)])
     node.p.prepare([busy])
     ref2 = node.claims.add("whole0", [whole(0)])
-    assert "MIG instance" in node.p.prepare([ref2])[ref2.uid].error
+    assert "is in use by claim default/slice" in node.p.prepare([ref2])[ref2.uid].error
+    assert node.p.unprepare([busy]) == {busy.uid: ""}
+    node.backend.carve(node.gpu_uuid(0), 19, 6)  # an instance carve did not create
+    assert "has 1 MIG instance(s)" in node.p.prepare([ref2])[ref2.uid].error
 
 
 def test_nvml_failure_mid_prepare_rolls_back(node: Node) -> None:
