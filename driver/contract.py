@@ -143,6 +143,12 @@ class Contract:
             name = f"{name[: _FINALIZER_NAME_MAX - 11].rstrip('.-')}-{digest}"
         return f"{self.driver}/{name}"
 
+    @property
+    def health_taint_key(self) -> str:
+        """Device taint a node's plugin puts on the devices of a GPU it finds unhealthy (XID or
+        ECC errors); claims tolerate it by this key."""
+        return f"{self.driver}/gpu-unhealthy"
+
     def is_node_finalizer(self, finalizer: str) -> bool:
         """Whether `finalizer` is some node's (the controller waits for all of them to go)."""
         return finalizer.startswith(f"{self.driver}/{_NODE_FINALIZER_PREFIX}")

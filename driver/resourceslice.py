@@ -67,6 +67,8 @@ _MAX_ATTRIBUTE_STRING = 64
 _MAX_COUNTERS_PER_SET = 32
 _MAX_DRIVER_NAME = 63
 _MAX_OBJECT_NAME = 253
+_MAX_TAINTS = 16  # per device (1.35+)
+_TAINT_EFFECTS = frozenset({"NoSchedule", "NoExecute", "None"})
 
 _MIB = 1 << 20
 
@@ -98,10 +100,21 @@ class PublishedGpu:
     driver_version: str  # as NVML prints it, e.g. "580.105.08"
     offers_mig: bool = True  # publish the (profile, placement) devices
     offers_whole: bool = True  # publish the whole-GPU device
+    # DRA device taints every device of the GPU carries ({key, value, effect}), e.g. while the
+    # GPU is unhealthy (driver.gpuhealth)
+    taints: tuple[Mapping[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if not (self.offers_mig or self.offers_whole):
             raise ValueError(f"GPU {self.minor} ({self.uuid}) must offer MIG devices or itself")
+        if len(self.taints) > _MAX_TAINTS:
+            raise ValueError(f"GPU {self.minor}: at most {_MAX_TAINTS} taints per device")
+        for t in self.taints:
+            if t.get("effect") not in _TAINT_EFFECTS or not t.get("key"):
+                raise ValueError(
+                    f"GPU {self.minor}: taint {dict(t)} needs a key and an effect of "
+                    f"{', '.join(sorted(_TAINT_EFFECTS))}"
+                )
 
 
 @dataclass(frozen=True)
@@ -261,6 +274,9 @@ def _devices(gpu: PublishedGpu) -> list[dict[str, Any]]:
         devices = [_mig_device(gpu, spec, start) for spec, start in placements]
     if gpu.offers_whole:
         devices.append(_whole_gpu_device(gpu))
+    if gpu.taints:
+        for d in devices:
+            d["taints"] = [dict(t) for t in gpu.taints]
     return devices
 
 

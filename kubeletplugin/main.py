@@ -29,11 +29,18 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from driver.gpuhealth import (
+    HealthConfigError,
+    HealthPolicy,
+    TaintEffect,
+    parse_effect,
+    parse_xids,
+)
 from process import flags
 from process.entrypoint import start_logging, stop_on_signals, usage_exit
 from process.flags import Flag, UsageError
@@ -42,6 +49,7 @@ from process.kubeconfig import KubeconfigError, load_api_client
 if TYPE_CHECKING:
     from driver.driverroot import DriverFiles
     from kubeletplugin.claims import KubeJson
+    from kubeletplugin.gpuhealth import HealthMonitor
     from kubeletplugin.metrics import PluginMetrics
     from kubeletplugin.migbackend import NodeHardware
     from kubeletplugin.prepare import Preparer
@@ -133,6 +141,55 @@ DEV_ROOT: Flag[Path] = Flag(
     flags.path,
     example="/run/nvidia/driver",
 )
+
+
+def _xids(setting: str) -> Callable[[str], frozenset[int]]:
+    return lambda text: parse_xids(text, setting)
+
+
+def _effect(setting: str) -> Callable[[str], str]:
+    return lambda text: parse_effect(text, setting).value
+
+
+FATAL_XIDS: Flag[frozenset[int]] = Flag(
+    "fatal-xids",
+    "XIDs that make a GPU unhealthy until it is reset (comma-separated); other XIDs not in "
+    "--ignored-xids degrade it",
+    "48,62,64,74,79,95,119,120,140",
+    _xids("--fatal-xids"),
+    example="48,79",
+)
+IGNORED_XIDS: Flag[frozenset[int]] = Flag(
+    "ignored-xids",
+    "XIDs that applications cause and that leave the GPU healthy (comma-separated)",
+    "13,31,43,45,68,109",
+    _xids("--ignored-xids"),
+    example="13,31,43,45,68,109",
+)
+FATAL_TAINT_EFFECT: Flag[str] = Flag(
+    "fatal-taint-effect",
+    "device taint effect for a GPU with a fatal error: NoExecute | NoSchedule | None",
+    "NoExecute",
+    _effect("--fatal-taint-effect"),
+    example="NoExecute",
+)
+DEGRADED_TAINT_EFFECT: Flag[str] = Flag(
+    "degraded-taint-effect",
+    "device taint effect for a degraded GPU: NoSchedule | NoExecute | None",
+    "NoSchedule",
+    _effect("--degraded-taint-effect"),
+    example="NoSchedule",
+)
+HEALTH_RECOVERY = flags.duration(
+    "health-recovery",
+    "a degraded GPU without a new error for this long is healthy again",
+    "5m",
+)
+HEALTH_POLL = flags.duration(
+    "health-poll-period",
+    "how often GPU health is polled (recovery action, ECC counters); events arrive at once",
+    "5s",
+)
 HTTP_ADDRESS = flags.http_address(deprecated=("metrics-address",))
 RESYNC_PERIOD = flags.resync_period(
     "30s",
@@ -160,6 +217,12 @@ COMMAND_LINE = flags.CommandLine(
         SIMULATE,
         DRIVER_ROOT,
         DEV_ROOT,
+        FATAL_XIDS,
+        IGNORED_XIDS,
+        FATAL_TAINT_EFFECT,
+        DEGRADED_TAINT_EFFECT,
+        HEALTH_RECOVERY,
+        HEALTH_POLL,
         HTTP_ADDRESS,
         RESYNC_PERIOD,
         *flags.LOGGING,
@@ -191,12 +254,24 @@ class Options:
     deprecations: tuple[str, ...] = ()
     driver_root: Path = _ROOT
     dev_root: Path = _ROOT
+    health: HealthPolicy = field(default_factory=HealthPolicy)
+    health_poll_period: float = 5.0
 
 
 def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Options:
     """Flags, then the environment, then defaults; UsageError for anything unusable."""
     got = COMMAND_LINE.parse(argv, env)
     driver = got[flags.DRIVER_NAME]
+    try:
+        health = HealthPolicy(
+            fatal_xids=got[FATAL_XIDS],
+            ignored_xids=got[IGNORED_XIDS],
+            fatal_effect=TaintEffect(got[FATAL_TAINT_EFFECT]),
+            degraded_effect=TaintEffect(got[DEGRADED_TAINT_EFFECT]),
+            recovery_seconds=got[HEALTH_RECOVERY],
+        )
+    except HealthConfigError as e:
+        raise flags.UsageError(f"{PROG}: --fatal-xids / --ignored-xids: {e}") from e
     return Options(
         node_name=got[NODE_NAME],
         driver_name=driver,
@@ -217,6 +292,8 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
         deprecations=got.deprecations,
         driver_root=got[DRIVER_ROOT].absolute(),
         dev_root=got[DEV_ROOT].absolute(),
+        health=health,
+        health_poll_period=got[HEALTH_POLL],
     )
 
 
@@ -282,9 +359,23 @@ class NodePlugin:
             events=KubernetesClaimEvents(api, driver=opts.driver_name, node=opts.node_name),
             offers_changed=self._republish,
         )
+        self.health: HealthMonitor = self._health_monitor()
         self.publisher: SlicePublisher = self._publisher()
         self.server: PluginServer = self._server()
         self.ops: OpsServer | None = self._ops() if opts.http_address else None
+
+    def _health_monitor(self) -> HealthMonitor:
+        from driver.contract import Contract
+        from kubeletplugin.gpuhealth import HealthMonitor
+
+        return HealthMonitor(
+            self.node.mig,
+            [g.uuid for g in self.node.mig.gpus() if g.mig_capable],
+            policy=self.opts.health,
+            taint_key=Contract(self.opts.driver_name).health_taint_key,
+            poll_seconds=self.opts.health_poll_period,
+            on_change=self._republish,
+        )
 
     def _republish(self) -> None:
         """A GPU was taken or given back whole, which changes what the node offers: republish
@@ -352,6 +443,7 @@ class NodePlugin:
                 split=split,
                 exclude=set(preparer.refused_gpus()),
                 whole=preparer.whole_gpus(),
+                taints=self.health.taints(),
             ),
             self.metrics,
         )
@@ -370,7 +462,8 @@ class NodePlugin:
                 opts.node_name,
                 self.preparer.refused_gpus,
                 self.preparer.mps_down_devices,
-                self.preparer.whole_gpus,
+                whole=self.preparer.whole_gpus,
+                sick=self.health.unhealthy,
             ),
         )
 
@@ -430,6 +523,7 @@ class NodePlugin:
         self.preparer.retry_pending()
         if self.ops is not None:
             self.ops.start()
+        self.health.start()  # before publishing: a GPU already sick is published tainted
         self.server.start()
         if not self.opts.no_publish:
             self.publisher.start()
@@ -464,6 +558,7 @@ class NodePlugin:
     def _shutdown(self) -> None:
         log.info("shutting down")
         self.server.stop(grace=10.0)
+        self.health.stop()
         if not self.opts.no_publish:
             self.publisher.stop()
             if self.opts.cleanup_on_exit:

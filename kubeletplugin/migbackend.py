@@ -43,7 +43,10 @@ class NodeHardware:
         return () if major is None else uvm_device_nodes(uvm_major=major)
 
     def published_gpus(
-        self, exclude: Collection[str] = (), whole: Collection[str] = ()
+        self,
+        exclude: Collection[str] = (),
+        whole: Collection[str] = (),
+        taints: Mapping[str, tuple[Mapping[str, str], ...]] | None = None,
     ) -> list[PublishedGpu]:
         """MIG-capable GPUs of the node, minus refused ones (by UUID), each with what it offers.
 
@@ -52,7 +55,9 @@ class NodeHardware:
         (`whole`, by UUID) offers no MIG device until it is released. Ampere changes MIG mode
         only with a GPU reset, which carve never does: it offers MIG devices while MIG mode is
         on and the whole GPU only while it is off (a pending change counts once it applies).
+        `taints` (by UUID) go on every device of the GPU (an unhealthy GPU's).
         """
+        taints = taints or {}
         out: list[PublishedGpu] = []
         for g in self.mig.gpus():
             if g.uuid in exclude or not g.mig_capable or not g.profiles:
@@ -71,6 +76,7 @@ class NodeHardware:
                     driver_version=g.driver_version,
                     offers_mig=offers_mig,
                     offers_whole=offers_whole,
+                    taints=tuple(taints.get(g.uuid, ())),
                 )
             )
         return out
@@ -84,12 +90,13 @@ class NodeHardware:
         split: bool,
         exclude: Collection[str] = (),
         whole: Collection[str] = (),
+        taints: Mapping[str, tuple[Mapping[str, str], ...]] | None = None,
     ) -> list[dict[str, Any]]:
         return build_resource_slices(
             driver=driver,
             node_name=node_name,
             pool_generation=generation,
-            gpus=self.published_gpus(exclude, whole),
+            gpus=self.published_gpus(exclude, whole, taints),
             split_counters=split,
         )
 
@@ -99,16 +106,22 @@ class NodeHardware:
         node_name: str,
         refused: Callable[[], Mapping[str, str]],
         mps_down: Callable[[], Mapping[str, str]] = dict,
+        *,
         whole: Callable[[], Collection[str]] = frozenset,
+        sick: Callable[[], Mapping[str, str]] = dict,
     ) -> Callable[[], list[tuple[str, str, bool, str]]]:
         """Device health for the kubelet: every published device healthy, except those of a
         GPU the agent refuses (foreign instances under policy refuse-gpu, `refused` by GPU
-        UUID) and those whose claim's MPS control daemon is down (`mps_down` by device name),
-        with the reasons. The devices are those published now (`whole`: GPUs held whole)."""
+        UUID), those of a GPU found unhealthy (XID or ECC errors, `sick` by GPU UUID) and those
+        whose claim's MPS control daemon is down (`mps_down` by device name), with the reasons.
+        The devices are those published now (`whole`: GPUs held whole)."""
         minors = {g.uuid: g.minor for g in self.mig.gpus()}
 
         def source() -> list[tuple[str, str, bool, str]]:
-            bad = {minors[u]: why for u, why in refused().items() if u in minors}
+            bad: dict[int, str] = {}
+            for u, why in [*refused().items(), *sick().items()]:
+                if u in minors:
+                    bad[minors[u]] = f"{bad[minors[u]]}; {why}" if minors[u] in bad else why
             down = mps_down()
             devices = [
                 (s["spec"]["pool"]["name"], d["name"])

@@ -66,6 +66,57 @@ _SUCCESS = 0
 
 _ARCHITECTURES = {7: Architecture.AMPERE, 9: Architecture.HOPPER, 10: Architecture.BLACKWELL}
 
+# Health (nvml.h): event types, the recovery-action field, ECC counter selectors.
+_EVENT_SINGLE_BIT_ECC = 0x1
+_EVENT_DOUBLE_BIT_ECC = 0x2
+_EVENT_XID = 0x8
+_HEALTH_EVENTS = _EVENT_SINGLE_BIT_ECC | _EVENT_DOUBLE_BIT_ECC | _EVENT_XID
+_FI_GPU_RECOVERY_ACTION = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+_ECC_UNCORRECTED = 1  # NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+_ECC_VOLATILE = 0  # NVML_VOLATILE_ECC
+_TIMEOUT = 10  # NVML_ERROR_TIMEOUT
+
+
+@dataclass(frozen=True)
+class HealthEvent:
+    """One NVML health event on a GPU: kind "xid" (with the XID), "ecc-corrected" or
+    "ecc-uncorrected"."""
+
+    gpu_uuid: str
+    kind: str
+    xid: int | None = None
+
+
+class HealthEvents:
+    """An NVML event set subscribed to XID and ECC events of some GPUs (see
+    NvmlBackend.health_events); `wait` returns the next event or None after the timeout."""
+
+    def __init__(self, backend: NvmlBackend, event_set: Any, gpus: tuple[str, ...]) -> None:
+        self._b = backend
+        self._set = event_set
+        self.gpus = gpus  # the GPUs that deliver events; the others must be polled
+
+    def wait(self, timeout_ms: int) -> HealthEvent | None:
+        nv = self._b._nvml
+        try:
+            data = nv.nvmlEventSetWait_v2(self._set, timeout_ms)
+        except nv.NVMLError as exc:
+            if self._b._code(exc) == _TIMEOUT:
+                return None
+            raise errors.from_code(int(exc.value), "wait for GPU health events", gpu=None) from exc
+        uuid = self._b._call("read the event's GPU", None, nv.nvmlDeviceGetUUID, data.device)
+        kind = int(data.eventType)
+        if kind & _EVENT_XID:
+            return HealthEvent(str(uuid), "xid", int(data.eventData))
+        if kind & _EVENT_DOUBLE_BIT_ECC:
+            return HealthEvent(str(uuid), "ecc-uncorrected")
+        return HealthEvent(str(uuid), "ecc-corrected")
+
+    def close(self) -> None:
+        nv = self._b._nvml
+        with contextlib.suppress(nv.NVMLError):
+            nv.nvmlEventSetFree(self._set)
+
 
 @dataclass(frozen=True)
 class _CiProfile:
@@ -316,6 +367,63 @@ class NvmlBackend:
             return int(self._nvml.nvmlDeviceGetGpuInstanceRemainingCapacity(handle, profile_id))
         except self._nvml.NVMLError as exc:
             raise self._mig_aware(exc, gpu_uuid, "read remaining capacity") from exc
+
+    # --- health -----------------------------------------------------------------------------
+
+    def health_events(self, gpu_uuids: tuple[str, ...]) -> HealthEvents | None:
+        """An event set for the XID and ECC events of those of `gpu_uuids` that support them
+        (None if none does: then health can only be polled, see `recovery_action`)."""
+        nv = self._nvml
+        event_set = self._call("create an NVML event set", None, nv.nvmlEventSetCreate)
+        registered = []
+        for uuid in gpu_uuids:
+            handle = self._handle(uuid)
+            try:
+                supported = int(nv.nvmlDeviceGetSupportedEventTypes(handle)) & _HEALTH_EVENTS
+                if supported:
+                    nv.nvmlDeviceRegisterEvents(handle, supported, event_set)
+                    registered.append(uuid)
+            except nv.NVMLError as exc:
+                if self._code(exc) != errors.NVML_ERROR_NOT_SUPPORTED:
+                    with contextlib.suppress(nv.NVMLError):
+                        nv.nvmlEventSetFree(event_set)
+                    raise errors.from_code(
+                        int(exc.value), "register GPU health events", gpu=uuid
+                    ) from exc
+        if not registered:
+            with contextlib.suppress(nv.NVMLError):
+                nv.nvmlEventSetFree(event_set)
+            return None
+        return HealthEvents(self, event_set, tuple(registered))
+
+    def recovery_action(self, gpu_uuid: str) -> int | None:
+        """NVML_GPU_RECOVERY_ACTION_* the driver asks for now (0: none), or None where the GPU
+        or driver does not report it."""
+        handle = self._handle(gpu_uuid)
+        values = self._call(
+            "read the GPU recovery action",
+            gpu_uuid,
+            self._nvml.nvmlDeviceGetFieldValues,
+            handle,
+            [_FI_GPU_RECOVERY_ACTION],
+        )
+        value = values[0]
+        if int(value.nvmlReturn) != _SUCCESS:
+            return None
+        return int(value.value.uiVal)
+
+    def uncorrected_ecc_errors(self, gpu_uuid: str) -> int | None:
+        """Volatile uncorrected ECC errors (since the driver loaded or the GPU was reset), or
+        None without ECC reporting."""
+        handle = self._handle(gpu_uuid)
+        try:
+            return int(
+                self._nvml.nvmlDeviceGetTotalEccErrors(handle, _ECC_UNCORRECTED, _ECC_VOLATILE)
+            )
+        except self._nvml.NVMLError as exc:
+            if self._code(exc) == errors.NVML_ERROR_NOT_SUPPORTED:
+                return None
+            raise errors.from_code(int(exc.value), "read ECC errors", gpu=gpu_uuid) from exc
 
     # --- MIG mode ---------------------------------------------------------------------------
 

@@ -68,7 +68,7 @@ def test_an_ampere_gpu_changes_offer_only_once_its_mig_mode_applies(hw: NodeHard
 
 def test_health_lists_the_devices_published_now(hw: NodeHardware) -> None:
     held: set[str] = set()
-    source = hw.health_source(DRIVER, "n", dict, dict, lambda: frozenset(held))
+    source = hw.health_source(DRIVER, "n", dict, dict, whole=lambda: frozenset(held))
     before = {name for _, name, _, _ in source()}
     held.add(hw.mig.gpus()[2].uuid)
     after = {name for _, name, _, _ in source()}

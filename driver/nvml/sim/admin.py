@@ -38,6 +38,8 @@ def sim_reset_gpu(index: int) -> None:
 def _apply_reset(model: GpuModel, gpu: GpuRec) -> None:
     gpu.gis = []
     gpu.clients = 0
+    gpu.recovery_action = pynvml.NVML_GPU_RECOVERY_ACTION_NONE  # what a reset recovers from
+    gpu.ecc_corrected = gpu.ecc_uncorrected = 0  # volatile counts restart
     if model.architecture.mig_toggle_needs_reset:
         gpu.mig_current = gpu.mig_pending  # persisted in the InfoROM
     else:

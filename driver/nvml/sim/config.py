@@ -16,6 +16,7 @@ Example (every key but ``state`` and ``gpus`` is optional)::
         minor: 3                 # /dev/nvidia3 (default: the list position)
         mig: false               # MIG mode at first boot (default: on)
         gi_id_layout: half-swap  # identity | half-swap (default: chosen from the seed)
+        recovery_action: none    # none | gpu-reset | node-reboot | drain-and-reset at boot
     options:
       latency: realistic         # zero | realistic | {DeviceCreateGpuInstanceWithPlacement: 0.3}
       driver_version: 580.105.08
@@ -23,6 +24,7 @@ Example (every key but ``state`` and ``gpus`` is optional)::
       root: true                 # false: SetMigMode gives NO_PERMISSION
       mig_uuid_stable: false     # true: a re-created instance gets the same MIG UUID
       ampere_reset: manual       # manual: MIG mode pends until sim_reset_gpu(); auto: at once
+      health_events: true        # false: no NVML events (health must be polled)
     faults:
       - after:GpuInstanceCreateComputeInstance          # SIGKILL the caller at that step
       - {op: GpuInstanceDestroy, error: IN_USE, times: 2, tag: plugin}
@@ -121,6 +123,9 @@ class SimGpu:
     mig_capable: bool = True
     # "identity" or "half-swap": the logical->physical map behind GI ids (reference §6).
     gi_id_layout: str = "identity"
+    # NVML_GPU_RECOVERY_ACTION_* at first boot (a GPU that comes up sick, e.g. after XID 79);
+    # config key `recovery_action`: none | gpu-reset | node-reboot | drain-and-reset.
+    recovery_action: int = 0
 
 
 @dataclass(frozen=True)
@@ -135,6 +140,8 @@ class SimConfig:
     root: bool = True
     mig_uuid_stable: bool = False
     ampere_reset: str = "manual"  # "manual": pending until sim_reset_gpu; "auto": applied now
+    # False: the GPUs support no NVML events (as in some VMs), so health can only be polled.
+    health_events: bool = True
     faults: tuple[Fault, ...] = ()
     proc_root: Path | None = None
 
@@ -333,8 +340,15 @@ _OPTION_KEYS = {
     "root",
     "mig_uuid_stable",
     "ampere_reset",
+    "health_events",
 }
-_GPU_KEYS = {"model", "minor", "mig", "mig_capable", "gi_id_layout"}
+_GPU_KEYS = {"model", "minor", "mig", "mig_capable", "gi_id_layout", "recovery_action"}
+RECOVERY_ACTIONS: Mapping[str, int] = {
+    "none": 0,
+    "gpu-reset": 1,
+    "node-reboot": 2,
+    "drain-and-reset": 4,
+}
 
 
 def parse_config(data: Mapping[str, Any], base_dir: Path) -> SimConfig:
@@ -372,9 +386,16 @@ def parse_config(data: Mapping[str, Any], base_dir: Path) -> SimConfig:
             raise SimConfigError(
                 f"simulator config: gpus[{i}].gi_id_layout must be 'identity' or 'half-swap'"
             )
+        action = str(entry.get("recovery_action", "none"))
+        if action not in RECOVERY_ACTIONS:
+            raise SimConfigError(
+                f"simulator config: gpus[{i}].recovery_action must be one of "
+                f"{', '.join(RECOVERY_ACTIONS)}, not {action!r}"
+            )
         gpus.append(
             SimGpu(
                 model=_lookup_model(str(entry["model"]), custom),
+                recovery_action=RECOVERY_ACTIONS[action],
                 minor=int(entry.get("minor", i)),
                 mig_enabled=bool(entry.get("mig", True)),
                 mig_capable=bool(entry.get("mig_capable", True)),
@@ -408,6 +429,7 @@ def parse_config(data: Mapping[str, Any], base_dir: Path) -> SimConfig:
         root=bool(options.get("root", True)),
         mig_uuid_stable=bool(options.get("mig_uuid_stable", False)),
         ampere_reset=ampere_reset,
+        health_events=bool(options.get("health_events", True)),
         faults=tuple(parse_fault(f) for f in data.get("faults") or ()),
         proc_root=proc_path,
     )

@@ -80,6 +80,11 @@ class GpuRec:
     # Processes holding the whole GPU (a CUDA application, DCGM, nvidia-persistenced): while
     # any exist the driver cannot unbind or reset the GPU, so a MIG-mode change is refused.
     clients: int = 0
+    # Health (sim.health): the recovery action the driver asks for (NVML_GPU_RECOVERY_ACTION_*,
+    # field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION) and volatile ECC counts; a reset clears them.
+    recovery_action: int = 0
+    ecc_corrected: int = 0
+    ecc_uncorrected: int = 0
 
     def gi(self, gi_id: int) -> GiRec | None:
         return next((g for g in self.gis if g.id == gi_id), None)
@@ -94,6 +99,10 @@ class HwState:
     faults: list[dict[str, Any]]
     # Where this node's files are (driver_root, dev_root; see driverfiles), once provisioned.
     node_roots: dict[str, str] = field(default_factory=dict)
+    # Health events (sim.health), newest last, each {"serial", "gpu", "type", "data"}; an event
+    # set sees those with a serial above the one current when it registered.
+    events: list[dict[str, int]] = field(default_factory=list)
+    event_serial: int = 0
 
     def next_serial(self) -> int:
         self.serial += 1
@@ -103,6 +112,9 @@ class HwState:
         # Hand-written rather than dataclasses.asdict: this runs on every simulated NVML call,
         # and asdict's deep copies dominated the call's cost.
         extra: dict[str, Any] = {"node_roots": dict(self.node_roots)} if self.node_roots else {}
+        if self.event_serial:
+            extra["events"] = [dict(e) for e in self.events]
+            extra["event_serial"] = self.event_serial
         return {
             **extra,
             "format": STATE_FORMAT,
@@ -141,6 +153,8 @@ class HwState:
             gpus=gpus,
             faults=list(data["faults"]),
             node_roots=dict(data.get("node_roots") or {}),
+            events=[dict(e) for e in data.get("events") or ()],
+            event_serial=int(data.get("event_serial", 0)),
         )
 
 
@@ -157,6 +171,7 @@ def fresh_state(config: SimConfig) -> HwState:
                 mig_capable=g.mig_capable,
                 mig_current=mode,
                 mig_pending=mode,
+                recovery_action=g.recovery_action,
             )
         )
     faults = [{**f.to_json(), "remaining": f.times} for f in config.faults]

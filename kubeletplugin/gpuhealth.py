@@ -1,0 +1,158 @@
+"""Watches the node's GPUs for XID and ECC errors and keeps their health for the publisher and
+the kubelet's health stream (the rules are in driver.gpuhealth).
+
+One thread: it waits on an NVML event set for XID and ECC events of every GPU that supports
+them, and every poll interval reads each GPU's recovery action and volatile uncorrected-ECC
+count (the only signal for GPUs without events, and what shows a reset). A change of any GPU's
+condition calls `on_change`, which republishes the ResourceSlices with or without the GPU's
+device taints. NVML errors are logged and retried; the monitor never stops the plugin.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
+
+from driver.gpuhealth import HealthPolicy, HealthTracker, Probe
+from driver.nvml.backend import HealthEvent, HealthEvents
+
+log = logging.getLogger(__name__)
+
+
+class HealthBackend(Protocol):
+    def health_events(self, gpu_uuids: tuple[str, ...]) -> HealthEvents | None: ...
+    def recovery_action(self, gpu_uuid: str) -> int | None: ...
+    def uncorrected_ecc_errors(self, gpu_uuid: str) -> int | None: ...
+
+
+class HealthMonitor:
+    def __init__(
+        self,
+        backend: HealthBackend,
+        gpus: Sequence[str],
+        *,
+        policy: HealthPolicy,
+        taint_key: str,
+        poll_seconds: float = 5.0,
+        on_change: Callable[[], None] = lambda: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._backend = backend
+        self._gpus = tuple(gpus)
+        self._key = taint_key
+        self._poll = poll_seconds
+        self._on_change = on_change
+        self._clock = clock
+        self._tracker = HealthTracker(policy)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._events: HealthEvents | None = None
+        self._next_poll = 0.0
+
+    # -- what others read ------------------------------------------------------------------
+
+    def taints(self) -> Mapping[str, tuple[Mapping[str, str], ...]]:
+        """GPU UUID -> the device taints its devices carry now."""
+        with self._lock:
+            return {g: tuple(t) for g, t in self._tracker.taints(self._key).items()}
+
+    def unhealthy(self) -> Mapping[str, str]:
+        """GPU UUID -> why it is unhealthy (for the kubelet's health stream)."""
+        with self._lock:
+            return self._tracker.unhealthy()
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        try:
+            self._events = self._backend.health_events(self._gpus)
+        except Exception as e:
+            log.warning("GPU health events unavailable; polling only", extra={"error": str(e)})
+        watched = set(self._events.gpus) if self._events else set()
+        log.info(
+            "GPU health monitor started",
+            extra={
+                "events": sorted(watched),
+                "pollOnly": sorted(set(self._gpus) - watched),
+                "pollSeconds": self._poll,
+            },
+        )
+        self.poll()
+        self._thread = threading.Thread(target=self._run, name="gpu-health", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        if self._events is not None:
+            self._events.close()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.step()
+            except Exception as e:  # never let the thread die
+                log.warning("GPU health check failed; retrying", extra={"error": str(e)})
+                self._stop.wait(self._poll)
+
+    def step(self) -> None:
+        """Wait for one event (or until the next poll is due), then poll if it is."""
+        wait = max(0.0, self._next_poll - self._clock())
+        if self._events is not None:
+            event = self._events.wait(int(wait * 1000))
+            if event is not None:
+                self.handle(event)
+        else:
+            self._stop.wait(wait)
+        if self._clock() >= self._next_poll:
+            self.poll()
+
+    def handle(self, event: HealthEvent) -> None:
+        now = self._clock()
+        with self._lock:
+            if event.kind == "xid" and event.xid is not None:
+                changed = self._tracker.xid(event.gpu_uuid, event.xid, now)
+            else:
+                uncorrected = event.kind == "ecc-uncorrected"
+                changed = self._tracker.ecc(event.gpu_uuid, uncorrected=uncorrected, now=now)
+        log.warning(
+            "GPU health event",
+            extra={"gpu": event.gpu_uuid, "kind": event.kind, "xid": event.xid},
+        )
+        if changed:
+            self._changed()
+
+    def poll(self) -> None:
+        """Read every GPU's recovery action and ECC count; expire quiet degraded GPUs."""
+        now = self._clock()
+        self._next_poll = now + self._poll
+        changed = False
+        for gpu in self._gpus:
+            try:
+                probe = Probe(
+                    recovery_action=self._backend.recovery_action(gpu),
+                    ecc_uncorrected=self._backend.uncorrected_ecc_errors(gpu),
+                )
+            except Exception as e:
+                log.warning("GPU health probe failed", extra={"gpu": gpu, "error": str(e)})
+                continue
+            with self._lock:
+                changed = self._tracker.probe(gpu, probe, now) or changed
+        with self._lock:
+            changed = bool(self._tracker.expire(now)) or changed
+        if changed:
+            self._changed()
+
+    def _changed(self) -> None:
+        with self._lock:
+            now = dict(self._tracker.unhealthy())
+        log.warning("GPU health changed", extra={"unhealthy": now})
+        try:
+            self._on_change()
+        except Exception as e:
+            log.warning("republishing after a GPU health change failed", extra={"error": str(e)})

@@ -1,0 +1,145 @@
+"""The node agent's GPU health monitor on the simulator: NVML events and polls become device
+taints in the ResourceSlices and unhealthy devices in the kubelet's health stream, and go away
+after a reset (issue 11, point 2)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from driver.gpuhealth import HealthPolicy, TaintEffect
+from driver.nvml import sim
+from driver.nvml.backend import NvmlBackend
+from kubeletplugin.gpuhealth import HealthMonitor
+from kubeletplugin.main import UsageError, parse_options
+from kubeletplugin.migbackend import NodeHardware
+from tests.kubeletplugin.node_harness import sim_config
+
+DRIVER = "mig.carve.dev"
+KEY = f"{DRIVER}/gpu-unhealthy"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def hw(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[NodeHardware]:
+    options = getattr(request, "param", {})
+    sim.configure(sim_config(tmp_path, ["H100-SXM5-80GB", "A100-SXM4-40GB"], **options))
+    h = NodeHardware(NvmlBackend(sim, proc_root=sim.sim_proc_root()).open())
+    yield h
+    h.close()
+    sim.configure(None)
+
+
+def _monitor(hw: NodeHardware, clock: Clock, **policy: object) -> tuple[HealthMonitor, list[int]]:
+    changes: list[int] = []
+    m = HealthMonitor(
+        hw.mig,
+        [g.uuid for g in hw.mig.gpus()],
+        policy=HealthPolicy(**policy),  # type: ignore[arg-type]
+        taint_key=KEY,
+        poll_seconds=0.2,
+        on_change=lambda: changes.append(1),
+        clock=clock,
+    )
+    m.start()
+    return m, changes
+
+
+def _tainted(hw: NodeHardware, m: HealthMonitor) -> dict[str, set[str]]:
+    """Device name -> the effects of its taints, for every tainted published device."""
+    slices = hw.resource_slices(
+        driver=DRIVER, node_name="n", generation=1, split=True, taints=m.taints()
+    )
+    return {
+        d["name"]: {t["effect"] for t in d["taints"]}
+        for s in slices
+        for d in s["spec"].get("devices") or ()
+        if d.get("taints")
+    }
+
+
+def _until(m: HealthMonitor, clock: Clock, done: object, steps: int = 40) -> None:
+    for _ in range(steps):
+        if callable(done) and done():
+            return
+        clock.now += 0.25
+        m.step()
+    raise AssertionError("condition not reached")
+
+
+def test_a_fatal_xid_taints_every_device_no_execute_until_the_gpu_is_reset(
+    hw: NodeHardware,
+) -> None:
+    clock = Clock()
+    m, changes = _monitor(hw, clock)
+    try:
+        assert m.taints() == {} and _tainted(hw, m) == {}
+        sim.sim_inject_xid(1, 79)
+        _until(m, clock, m.taints)
+        a100 = hw.mig.gpus()[1].uuid
+        assert m.taints() == {a100: ({"key": KEY, "value": "xid-79", "effect": "NoExecute"},)}
+        tainted = _tainted(hw, m)
+        assert tainted and all(n.startswith("gpu-1") for n in tainted)
+        assert set().union(*tainted.values()) == {"NoExecute"}
+        source = hw.health_source(DRIVER, "n", dict, sick=m.unhealthy)
+        sick = [(name, why) for _, name, ok, why in source() if not ok]
+        assert sick and all(n.startswith("gpu-1") and "XID 79" in w for n, w in sick)
+        clock.now += 3600
+        m.step()
+        assert m.taints()  # time does not heal a fatal error
+        sim.sim_reset_gpu(1)
+        _until(m, clock, lambda: not m.taints())
+        assert _tainted(hw, m) == {} and len(changes) == 2
+    finally:
+        m.stop()
+
+
+def test_a_degraded_gpu_gets_no_schedule_and_recovers_after_a_quiet_period(
+    hw: NodeHardware,
+) -> None:
+    clock = Clock()
+    m, _ = _monitor(hw, clock, recovery_seconds=60.0)
+    try:
+        sim.sim_inject_xid(0, 31)  # an application's page fault: ignored
+        sim.sim_inject_xid(0, 92)
+        _until(m, clock, m.taints)
+        assert set().union(*_tainted(hw, m).values()) == {"NoSchedule"}
+        clock.now += 61
+        m.poll()
+        assert m.taints() == {}
+    finally:
+        m.stop()
+
+
+@pytest.mark.parametrize("hw", [{"health_events": False}], indirect=True)
+def test_without_events_the_poll_finds_a_gpu_that_needs_a_reset(hw: NodeHardware) -> None:
+    clock = Clock()
+    m, _ = _monitor(hw, clock, fatal_effect=TaintEffect.NO_SCHEDULE)
+    try:
+        sim.sim_inject_ecc(0, uncorrected=True)
+        _until(m, clock, m.taints)
+        assert set().union(*_tainted(hw, m).values()) == {"NoSchedule"}  # as configured
+        sim.sim_reset_gpu(0)
+        _until(m, clock, lambda: not m.taints())
+    finally:
+        m.stop()
+
+
+def test_health_flags_are_checked_with_a_specific_message() -> None:
+    o = parse_options(["--node-name=n", "--degraded-taint-effect=None", "--fatal-xids=79"], {})
+    assert o.health.degraded_effect is TaintEffect.NONE and o.health.fatal_xids == {79}
+    with pytest.raises(UsageError, match=r"unknown taint effect .Evict.*NoSchedule"):
+        parse_options(["--node-name=n", "--fatal-taint-effect=Evict"], {})
+    with pytest.raises(UsageError, match="'x' is not an XID"):
+        parse_options(["--node-name=n", "--ignored-xids=13,x"], {})
+    with pytest.raises(UsageError, match=r"XIDs \[79\] are both fatal and ignored"):
+        parse_options(["--node-name=n", "--ignored-xids=79"], {})
