@@ -19,6 +19,7 @@ from decimal import Decimal
 from enum import StrEnum
 from typing import Any
 
+from controller.tolerations import DeviceToleration, TolerationError, parse_tolerations
 from driver.allocation import AllocatedDevice, AllocationFormatError, parse_allocation
 from driver.cel import parse_kubernetes_quantity, qualify
 from driver.config import ConfigError, parse_parameters
@@ -95,6 +96,7 @@ class ExactRequest:
     mode: AllocationMode = AllocationMode.EXACT_COUNT
     count: int = 1
     capacity: tuple[tuple[str, Decimal], ...] = ()  # fully qualified name -> minimum
+    tolerations: tuple[DeviceToleration, ...] = ()  # of device taints (controller.tolerations)
 
 
 @dataclass(frozen=True)
@@ -263,12 +265,17 @@ def _exact(
             capacity.append((qualify(driver, name), parse_kubernetes_quantity(str(amount))))
         except ValueError as exc:
             raise ClaimSpecError(f"{where}.capacity.requests[{name}]: {exc}") from exc
+    try:
+        tolerations = parse_tolerations(entry.get("tolerations"), f"{where}.tolerations")
+    except TolerationError as exc:
+        raise ClaimSpecError(str(exc)) from exc
     return ExactRequest(
         device_class=cls,
         selectors=_selectors(entry.get("selectors"), f"{where}.selectors"),
         mode=mode,
         count=count,
         capacity=tuple(capacity),
+        tolerations=tolerations,
     )
 
 

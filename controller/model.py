@@ -25,6 +25,7 @@ from decimal import Decimal
 
 from controller.claims import ClaimHold, ClaimKey
 from controller.nodefit import NO_RESOURCES, NodeInfo, Resources
+from controller.tolerations import DeviceTaint, parse_taints
 from driver.catalog import GpuModel
 from driver.cel import AttributeValue, CelDevice, Semver, parse_kubernetes_quantity
 from driver.contract import IDENTITY_ATTRIBUTES
@@ -42,6 +43,7 @@ class PublishedDevice:
     profile_id: int  # WHOLE_GPU for the whole-GPU device
     start: int
     facts: CelDevice
+    taints: tuple[DeviceTaint, ...] = ()  # e.g. the node's health taint on a sick GPU
 
 
 @dataclass(frozen=True)
@@ -117,7 +119,7 @@ def _kind_signature(inv: GpuInventory) -> tuple[object, ...]:
             for k, v in device.facts.attributes
             if k.rpartition("/")[2] not in IDENTITY_ATTRIBUTES
         )
-        return (device.profile_id, device.start, attrs, device.facts.capacity)
+        return (device.profile_id, device.start, attrs, device.facts.capacity, device.taints)
 
     return (inv.model.key, tuple(sorted(strip(d) for d in inv.devices)))
 
@@ -487,7 +489,15 @@ def inventories_from_slices(
             device = raw.get((gpu.pool, name))
             if device is None:  # parse_resource_slices saw it, so this cannot happen
                 continue
-            devices.append(PublishedDevice(name, pid, start, device_facts(device, driver)))
+            devices.append(
+                PublishedDevice(
+                    name,
+                    pid,
+                    start,
+                    device_facts(device, driver),
+                    parse_taints(device.get("taints")),
+                )
+            )
         out.append(GpuInventory(gpu.node_name, gpu.pool, gpu.uuid, gpu.model, tuple(devices)))
     return out
 

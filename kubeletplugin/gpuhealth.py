@@ -124,6 +124,9 @@ class HealthMonitor:
             "GPU health event",
             extra={"gpu": event.gpu_uuid, "kind": event.kind, "xid": event.xid},
         )
+        # Read what the driver asks for now, so that the reset that follows is recognised even
+        # if it comes before the next poll.
+        changed = self._probe(event.gpu_uuid, now) or changed
         if changed:
             self._changed()
 
@@ -133,20 +136,23 @@ class HealthMonitor:
         self._next_poll = now + self._poll
         changed = False
         for gpu in self._gpus:
-            try:
-                probe = Probe(
-                    recovery_action=self._backend.recovery_action(gpu),
-                    ecc_uncorrected=self._backend.uncorrected_ecc_errors(gpu),
-                )
-            except Exception as e:
-                log.warning("GPU health probe failed", extra={"gpu": gpu, "error": str(e)})
-                continue
-            with self._lock:
-                changed = self._tracker.probe(gpu, probe, now) or changed
+            changed = self._probe(gpu, now) or changed
         with self._lock:
             changed = bool(self._tracker.expire(now)) or changed
         if changed:
             self._changed()
+
+    def _probe(self, gpu: str, now: float) -> bool:
+        try:
+            probe = Probe(
+                recovery_action=self._backend.recovery_action(gpu),
+                ecc_uncorrected=self._backend.uncorrected_ecc_errors(gpu),
+            )
+        except Exception as e:
+            log.warning("GPU health probe failed", extra={"gpu": gpu, "error": str(e)})
+            return False
+        with self._lock:
+            return self._tracker.probe(gpu, probe, now)
 
     def _changed(self) -> None:
         with self._lock:

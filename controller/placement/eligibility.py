@@ -20,6 +20,7 @@ from controller.model import GpuRecord, PublishedDevice, withheld_devices_note
 from controller.placement.cache import BoundedCache
 from controller.placement.records import DeviceSet
 from controller.placement.values import NoPlacement, NoPlacementReason
+from controller.tolerations import blocking
 from driver.cel import CelError, CelErrorKind, SelectorEvaluator
 from driver.contract import IDENTITY_ATTRIBUTES
 
@@ -149,6 +150,12 @@ class Eligibility:
                 if index == 0:
                     return f"selector #0 matches no device of DeviceClass {cls}"
                 return f"selectors #0 to #{index} together match no device of DeviceClass {cls}"
+        taints = sorted({str(t) for d in devices for t in blocking(d.taints, spec.tolerations)})
+        if taints:
+            return (
+                f"every matching device of DeviceClass {cls} has a taint the request does not "
+                f"tolerate ({', '.join(taints[:4])}); the node marks unhealthy GPUs so"
+            )
         return f"no device published in the cluster matches DeviceClass {cls}"
 
     def _located(self, spec: ExactRequest) -> Iterable[tuple[int, str, str | None]]:
@@ -173,6 +180,8 @@ class Eligibility:
         self, spec: ExactRequest, device: PublishedDevice
     ) -> bool | SelectorFailure:
         if device.facts.driver != self.driver or not self._has_capacity(spec, device):
+            return False
+        if device.taints and blocking(device.taints, spec.tolerations):
             return False
         for index, expression, owner in self._located(spec):
             result = self.evaluator.matches(expression, device.facts)
