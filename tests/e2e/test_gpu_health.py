@@ -7,6 +7,7 @@ elsewhere, and the taint is gone after the GPU is reset. A degraded GPU gets NoS
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -49,7 +50,7 @@ def _sim(node: SimNode) -> Any:
 def test_a_fatal_xid_evicts_and_taints_until_reset_and_a_degraded_one_only_blocks(
     e2e: E2E,
 ) -> None:
-    node = e2e.node("sick", "H100-SXM5-80GB", "H100-SXM5-80GB", "H100-SXM5-80GB")
+    node = e2e.node("sick", *["H100-SXM5-80GB"] * 3)
     e2e.template("one-1g", [request("mig", [profile_is("1g.10gb")])])
     for name in ("a", "b"):
         e2e.pod(name, {"mig": {"resourceClaimTemplateName": "one-1g"}})
@@ -80,7 +81,7 @@ def test_a_fatal_xid_evicts_and_taints_until_reset_and_a_degraded_one_only_block
     # the engine is deterministic: without the taint it would choose `gpu` again.
     assert _on_gpu(e2e, "c") != gpu
 
-    degraded = next(i for i in range(3) if i not in (gpu, _on_gpu(e2e, "c")))
+    degraded = _on_gpu(e2e, "c")
     try:
         _sim(node).sim_inject_xid(degraded, 92)  # high single-bit ECC rate: degraded only
     finally:
@@ -97,7 +98,13 @@ def test_a_fatal_xid_evicts_and_taints_until_reset_and_a_degraded_one_only_block
         for _, eff in taints
     }
     assert effects == {"NoSchedule"}
-    assert e2e.wait_phase("c", "Running")  # not evicted: c is on neither GPU
+    e2e.pod("d", {"mig": {"resourceClaimTemplateName": "one-1g"}})
+    e2e.wait_phase("d", "Running")
+    assert _on_gpu(e2e, "d") not in (gpu, degraded)  # neither sick GPU takes new work
+    time.sleep(5)  # NoSchedule does not evict: c keeps running on the degraded GPU
+    pod = e2e.raw_pod("c")
+    assert pod is not None and pod["status"]["phase"] == "Running"
+    assert not pod["metadata"].get("deletionTimestamp")
 
     try:
         _sim(node).sim_reset_gpu(gpu)  # the operator resets the GPU
