@@ -287,6 +287,40 @@ def test_an_unhealthy_device_reaches_the_pod_status(env: RealEnv) -> None:
         node.wait_plugin_registered(time.monotonic() + 60)
 
 
+def test_a_gpu_xid_reaches_the_pod_status_through_the_health_stream(env: RealEnv) -> None:
+    """Issue 11, point 2: an XID on the pod's GPU (92, degraded: NoSchedule, so the pod stays)
+    is reported by the plugin's health monitor, and the real kubelet shows the pod's device
+    Unhealthy in allocatedResourcesStatus. Health is not checkpointed, so a plugin restart
+    (at the end) forgets it and the GPU is healthy for the tests that follow."""
+    env.template("one-1g", _ONE_1G_H)
+    env.pod("p", {"mig": {"resourceClaimTemplateName": "one-1g"}}, node=NODE_H, sleep=600)
+    env.wait_phase("p", "Running", timeout=90)
+    device = _only_result(env, "p")["device"]
+    node = env.node_of(NODE_H)
+    minor = int(device.split("-")[1])
+    sim.configure(node.layout.sim_config)
+    try:
+        index = next(i for i, g in enumerate(sim.sim_snapshot()["gpus"]) if g["minor"] == minor)
+        sim.sim_inject_xid(index, 92)
+    finally:
+        sim.configure(None)
+    try:
+        unhealthy = wait_for(
+            "allocatedResourcesStatus to say Unhealthy after the XID",
+            lambda: (
+                [r for r in _resource_health(env, "p") if r.get("health") == "Unhealthy"] or None
+            ),
+            timeout=90,
+        )
+        assert any(device in r["resourceID"] for r in unhealthy), unhealthy
+        pod = env.raw_pod("p")
+        assert pod is not None and pod["status"]["phase"] == "Running"  # NoSchedule: not evicted
+    finally:
+        node.kill_plugin()
+        node.start_plugin()
+        node.wait_plugin_registered(time.monotonic() + 60)
+
+
 def _resource_health(env: RealEnv, pod_name: str) -> list[dict[str, str]]:
     pod = env.raw_pod(pod_name) or {}
     out: list[dict[str, str]] = []
