@@ -84,6 +84,11 @@ def test_lint_is_clean(helm: Helm, sets: tuple[str, ...]) -> None:
         ("contoller.replicas=2", "additional properties 'contoller' not allowed"),
         ("plugin.driverRoot=run/nvidia/driver", "at '/plugin/driverRoot': 'run/nvidia/driver'"),
         ("plugin.resyncPeriod=soon", "at '/plugin/resyncPeriod': 'soon' does not match"),
+        (
+            "plugin.health.fatalTaintEffect=Evict",
+            "at '/plugin/health/fatalTaintEffect': value must be one of 'NoExecute'",
+        ),
+        ("plugin.health.fatalXids=79;48", "at '/plugin/health/fatalXids': '79;48' does not match"),
         ("logging.level=verbose", "at '/logging/level': value must be one of 'debug'"),
         ("metrics.port=70000", "at '/metrics/port': maximum: got 70,000, want 65,535"),
         (
@@ -183,6 +188,9 @@ def test_the_components_accept_the_settings_the_chart_gives_them(helm: Helm) -> 
         "plugin.foreignInstances=refuse-gpu",
         "plugin.driverRoot=/run/nvidia/driver",
         "plugin.simulate.enabled=true",
+        "plugin.health.fatalXids=79",
+        "plugin.health.degradedTaintEffect=None",
+        "plugin.health.pollPeriod=2s",
     )
     pod_fields = {"metadata.name": "carve-controller-abc", "metadata.namespace": "carve-system"}
     c_env = _env_of(docs, "Deployment", **pod_fields)
@@ -206,6 +214,9 @@ def test_the_components_accept_the_settings_the_chart_gives_them(helm: Helm) -> 
     assert p_opts.foreign_instances == "refuse-gpu"
     assert p_opts.simulate == Path("/run/carve-simulator/config.yaml")
     assert not p_opts.cleanup_on_exit
+    assert p_opts.health.fatal_xids == {79} and p_opts.health_poll_period == 2.0
+    assert p_opts.health.degraded_effect.value == "None"
+    assert p_opts.health.fatal_effect.value == "NoExecute"  # the chart's default
 
 
 def test_defaults_parse_too(helm: Helm) -> None:

@@ -98,6 +98,12 @@ CARVE_CDI_ROOT: {{ .Values.plugin.cdiDir | quote }}
 CARVE_DRIVER_ROOT: {{ .Values.plugin.driverRoot | quote }}
 CARVE_DEV_ROOT: {{ .Values.plugin.devRoot | quote }}
 CARVE_RESYNC_PERIOD: {{ .Values.plugin.resyncPeriod | quote }}
+CARVE_FATAL_XIDS: {{ .Values.plugin.health.fatalXids | quote }}
+CARVE_IGNORED_XIDS: {{ .Values.plugin.health.ignoredXids | quote }}
+CARVE_FATAL_TAINT_EFFECT: {{ .Values.plugin.health.fatalTaintEffect | quote }}
+CARVE_DEGRADED_TAINT_EFFECT: {{ .Values.plugin.health.degradedTaintEffect | quote }}
+CARVE_HEALTH_RECOVERY: {{ .Values.plugin.health.recovery | quote }}
+CARVE_HEALTH_POLL_PERIOD: {{ .Values.plugin.health.pollPeriod | quote }}
 CARVE_CLEANUP_ON_EXIT: {{ .Values.plugin.cleanupOnExit | toString | quote }}
 CARVE_HTTP_ADDRESS: {{ printf ":%s" (include "carve.plugin.port" .) | quote }}
 CARVE_LOG_FORMAT: {{ .Values.logging.format | quote }}
