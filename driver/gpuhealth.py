@@ -193,7 +193,13 @@ class HealthTracker:
                 del self.conditions[gpu]
                 return True
             if action and not current.recovery_asked:
-                self.conditions[gpu] = replace(current, recovery_asked=True)
+                current = self.conditions[gpu] = replace(current, recovery_asked=True)
+            count = probe.ecc_uncorrected
+            if count is not None and (
+                current.ecc_uncorrected is None or count > current.ecc_uncorrected
+            ):
+                # the highest count seen while sick: a reset restarts it from zero, below it
+                self.conditions[gpu] = replace(current, ecc_uncorrected=count)
             return False
         if action:
             what = RECOVERY_ACTIONS.get(action, f"recovery action {action}")

@@ -80,6 +80,17 @@ def test_uncorrected_ecc_by_event_or_counter_is_fatal_and_cleared_by_the_counter
     assert t.conditions["g"].value == "ecc-uncorrected"
 
 
+def test_a_reset_is_seen_by_the_ecc_counter_alone_when_no_recovery_action_is_reported() -> None:
+    """Older drivers lack the recovery-action field: the volatile count restarting from the
+    count seen while sick (here it went from 0 to 1 with the error) shows the reset."""
+    t = HealthTracker()
+    t.probe("g", Probe(recovery_action=None, ecc_uncorrected=0), 0.0)
+    assert t.ecc("g", uncorrected=True, now=1.0) is True
+    assert t.probe("g", Probe(recovery_action=None, ecc_uncorrected=1), 2.0) is False
+    assert t.probe("g", Probe(recovery_action=None, ecc_uncorrected=0), 3.0) is True
+    assert t.conditions == {}
+
+
 def test_a_recovery_action_asked_for_is_fatal_even_without_an_event() -> None:
     t = HealthTracker(HealthPolicy(fatal_effect=TaintEffect.NO_SCHEDULE))
     assert t.probe("g", Probe(recovery_action=2), 0.0) is True
