@@ -142,9 +142,9 @@ def check_whole_gpu(
             origin = _origin(spec, classes.get(alt.spec.device_class), driver, alt.result_name)
             raise MpsSettingError(
                 f"{origin}: MPS sharing is supported on MIG slices only, but request "
-                f"{alt.result_name!r} asks for a whole GPU (class {gpu_class}), which carve may "
-                "leave in MIG mode where CUDA and so an MPS server cannot use it; request a MIG "
-                "slice, or use strategy TimeSlicing"
+                f"{alt.result_name!r} asks for a whole GPU (class {gpu_class}) and carve runs a "
+                "claim's MPS control daemon on its MIG devices; request a MIG slice, or use "
+                "strategy TimeSlicing"
             )
 
 

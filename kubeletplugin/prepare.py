@@ -450,8 +450,8 @@ class Preparer:
             raise ClaimError(
                 "mps-whole-gpu",
                 f"device {device}: MPS sharing is supported on MIG slices only, not on a whole "
-                "GPU (carve may leave a whole GPU in MIG mode, where CUDA and so an MPS server "
-                "cannot use it); request a MIG slice, or use strategy TimeSlicing",
+                "GPU (carve runs a claim's MPS control daemon on its MIG devices); request a MIG "
+                "slice, or use strategy TimeSlicing",
             )
         limit = mps.default_pinned_device_memory_limit_bytes
         if limit is not None and limit > profile.memory_mib * 2**20:

@@ -225,7 +225,9 @@ def test_real_hardware_without_a_driver_refuses_to_start(
     # Real-hardware mode (no --simulate) on simulated GPUs: only the driver root is in question.
     n = open_node(tmp_path, [H100])
     monkeypatch.setattr(
-        migbackend, "open_backend", lambda simulate: NodeHardware(n.backend, sim.sim_proc_root())
+        migbackend,
+        "open_backend",
+        lambda simulate, driver_root: NodeHardware(n.backend, sim.sim_proc_root()),
     )
     (tmp_path / "empty").mkdir()
     with pytest.raises(DriverRootError) as err:
