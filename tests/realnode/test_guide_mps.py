@@ -19,7 +19,7 @@ from devcluster.cluster import run_kubectl
 from realnode.images import TEST_IMAGE
 from tests.realnode.conftest import NODE_H
 from tests.realnode.harness import REAL_GROUP, REAL_GROUP_LABEL, RealEnv
-from tests.support.guide import Step, read_page
+from tests.support.guide import Step, missing_lines, read_page
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "guide" / "mps.md"
 # Commands that only read may be asked again until what the page shows has happened.
@@ -52,13 +52,12 @@ def _run(env: RealEnv, step: Step, argv: list[str], timeout: float = 120.0) -> s
     while True:
         done = run_kubectl(Path(env.stack.kubeconfig), *argv, check=False, timeout=timeout)
         output = done.stdout + done.stderr
-        lines = {line.rstrip() for line in output.splitlines()}
         namespace = argv[argv.index("-n") + 1]
         expected = [
             e.replace(" from default namespace", f" from {namespace} namespace")
             for e in step.expected
         ]
-        missing = [e for e in expected if e not in lines]
+        missing = missing_lines(expected, output)
         if done.returncode == 0 and not missing:
             return output
         if argv[0] not in _READS or time.monotonic() > deadline:

@@ -1,6 +1,12 @@
-"""carve inside the cluster: the Helm chart's Deployment and DaemonSet run carve's own image
-(built from this checkout by deploy/image/build.py) through containerd on a real node, with
-only the chart's service accounts and RBAC, and a user pod gets a carved slice end to end.
+"""carve inside the cluster, installed, used, upgraded and uninstalled as docs/guide/install.md
+says: every ``$`` line of that page runs here, in order, and its output is checked. The chart's
+Deployment and DaemonSet run carve's own image (built from this checkout by
+deploy/image/build.py) through containerd on a real node, with only the chart's service
+accounts and RBAC, and a user pod gets a carved slice end to end.
+
+The page is changed in three ways only: helm gets one more values file (``values()`` below),
+the driver and the release namespace are renamed (``RENAMES``), and the workload's commands
+run in a namespace of their own.
 
 The node is a real kubelet and containerd without a host-run plugin: the chart's DaemonSet is
 the plugin. What this machine lacks is kube-proxy, and the control plane listens on loopback,
@@ -13,9 +19,11 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +33,6 @@ import pytest
 import yaml
 
 from devcluster.cluster import LocalCluster, api_client_for, run_kubectl
-from devcluster.waiting import wait_for
 from driver.contract import Contract
 from nodesim.simnode import read_hardware
 from realnode.binaries import NodeBinariesUnavailableError, ensure_node_binaries
@@ -33,8 +40,12 @@ from realnode.cluster import RealNodes
 from realnode.images import TEST_IMAGE, ImageArchive, default_cache
 from realnode.node import RealNode, RealNodeSpec, free_ports
 from tests.deploy.conftest import CHART, REPO, Helm, helm_binary
+from tests.support.guide import Step, missing_lines, read_page
 
 pytestmark = pytest.mark.realnode
+
+PAGE = REPO / "docs" / "guide" / "install.md"
+_READS = {"get", "logs", "describe", "wait"}
 
 CONTRACT = Contract("mig.incluster.carve.dev")
 IMAGE = "carve.local/carve:incluster"
@@ -42,8 +53,30 @@ NODE = "rn-incluster"
 NAMESPACE = "carve-incluster"
 USER_NAMESPACE = "incluster-user"
 GATED = {"carve-incluster": "on"}
+RENAMES = (
+    ("mig.carve.dev", CONTRACT.driver),
+    ("gpu.carve.dev", CONTRACT.gpu_class),
+    ("carve-system", NAMESPACE),
+)
 GPU = "H100-SXM5-80GB"
 SIMULATOR = {"gpus": [GPU], "options": {"latency": "zero"}}
+
+
+def _renamed(text: str) -> str:
+    for old, new in RENAMES:
+        text = text.replace(old, new)
+    return text
+
+
+def _for_this_node(text: str) -> str:
+    """The page's files with the local test image and this suite's node."""
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    for d in docs:
+        if d.get("kind") == "Pod":
+            d["spec"]["nodeSelector"] = {"kubernetes.io/hostname": NODE}
+            for c in d["spec"]["containers"]:
+                c["image"], c["imagePullPolicy"] = TEST_IMAGE, "IfNotPresent"
+    return yaml.safe_dump_all(docs)
 
 
 def _require(reason: str) -> None:
@@ -84,6 +117,40 @@ class InCluster:
         self.node = node
         self.helm = helm
         self.state_dir = node.layout.root / "simulator"
+        self.values_file = Path()
+
+    def run(self, step: Step, files: Path) -> str:
+        """One ``$`` line of the page, renamed, with the test's values file given to helm;
+        read-only commands are asked again until what the page shows has happened."""
+        argv = shlex.split(_renamed(step.command))
+        expected = [
+            _renamed(e).replace(" from default namespace", f" from {USER_NAMESPACE} namespace")
+            for e in step.expected
+        ]
+        deadline = time.monotonic() + 120
+        while True:
+            if argv[0] == "helm":
+                args = [str(CHART) if a == "deploy/helm/carve" else a for a in argv[1:]]
+                if args[0] in ("install", "upgrade"):
+                    args += ["-f", str(self.values_file)]
+                done = self.helm.run(*args, kubeconfig=str(self.kubeconfig), check=False)
+            elif argv[0] == "kubectl":
+                args = [str(files / a) if argv[i] == "-f" else a for i, a in enumerate(argv[1:])]
+                if "-n" not in args and "--namespace" not in args:
+                    args += ["-n", USER_NAMESPACE]
+                done = run_kubectl(self.kubeconfig, *args, check=False, timeout=240)
+            else:
+                raise AssertionError(f"the page may only run helm and kubectl: {step.command}")
+            output = done.stdout + done.stderr
+            missing = missing_lines(expected, output)
+            if done.returncode == 0 and not missing:
+                return output
+            if argv[1] not in _READS or time.monotonic() > deadline:
+                raise AssertionError(
+                    f"$ {step.command}\nexit {done.returncode}, missing {missing}, printed:\n"
+                    f"{output}\n{self.diagnostics()}"
+                )
+            time.sleep(1.0)
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
         done = run_kubectl(self.kubeconfig, *args, input=input, check=False, timeout=120)
@@ -192,23 +259,9 @@ def incluster(
             extra_images=[image],
         )
         env = InCluster(k8s_cluster, node, helm)
-        values = tmp_path_factory.mktemp("incluster") / "values.yaml"
-        values.write_text(yaml.safe_dump(env.values(k8s_cluster.info.server)))
+        env.values_file = tmp_path_factory.mktemp("incluster") / "values.yaml"
+        env.values_file.write_text(yaml.safe_dump(env.values(k8s_cluster.info.server)))
         installed = True
-        done = helm.run(
-            "install",
-            "carve",
-            str(CHART),
-            "--namespace",
-            NAMESPACE,
-            "--create-namespace",
-            "-f",
-            str(values),
-            kubeconfig=str(kubeconfig),
-            check=False,
-        )
-        if done.returncode != 0:
-            raise AssertionError(f"helm install: {done.stderr}{done.stdout}\n{env.diagnostics()}")
         yield env
     finally:
         if installed:
@@ -224,47 +277,12 @@ def incluster(
         nodes.stop()
 
 
-def _ready(env: InCluster, component: str) -> bool:
-    pods = env.get("pods", "-n", NAMESPACE, "-l", f"app.kubernetes.io/name={component}")["items"]
-    return bool(pods) and all(
-        any(
-            c["type"] == "Ready" and c["status"] == "True"
-            for c in p["status"].get("conditions", [])
-        )
-        for p in pods
-    )
-
-
-def test_a_pod_gets_a_slice_from_carve_running_in_its_own_image(incluster: InCluster) -> None:
+def test_the_install_page_runs_as_written(incluster: InCluster, tmp_path: Path) -> None:
     env = incluster
-    try:
-        wait_for("the plugin pod to be Ready", lambda: _ready(env, "carve-kubelet-plugin"), 180)
-        wait_for("the controller pod to be Ready", lambda: _ready(env, "carve-controller"), 120)
-    except Exception as exc:
-        raise AssertionError(f"{exc}\n{env.diagnostics()}") from exc
-    for component, account in (
-        ("carve-kubelet-plugin", "carve-kubelet-plugin"),
-        ("carve-controller", "carve-controller"),
-    ):
-        (pod,) = env.get("pods", "-n", NAMESPACE, "-l", f"app.kubernetes.io/name={component}")[
-            "items"
-        ]
-        assert pod["spec"]["serviceAccountName"] == account
-        assert pod["spec"]["containers"][0]["image"] == IMAGE
-        assert pod["spec"]["nodeName"] == NODE
-
-    # The containerised plugin published the node's devices (through the chart's RBAC and past
-    # the admission policy that confines it to its own node's slices).
-    def published() -> list[Any]:
-        items = env.get("resourceslices")["items"]
-        return [
-            s
-            for s in items
-            if s["spec"]["driver"] == CONTRACT.driver and s["spec"].get("nodeName") == NODE
-        ]
-
-    wait_for("the in-cluster plugin's ResourceSlices", published, 60)
-
+    page = read_page(PAGE)
+    assert "first-slice.yaml" in page.files
+    for name, text in page.files.items():
+        (tmp_path / name).write_text(_for_this_node(_renamed(text)))
     env.kubectl(
         "apply",
         "-f",
@@ -277,65 +295,26 @@ def test_a_pod_gets_a_slice_from_carve_running_in_its_own_image(incluster: InClu
             }
         ),
     )
-    expression = f'device.attributes["{CONTRACT.driver}"].profile == "1g.10gb"'
-    docs = [
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaimTemplate",
-            "metadata": {"name": "one-slice", "namespace": USER_NAMESPACE},
-            "spec": {
-                "spec": {
-                    "devices": {
-                        "requests": [
-                            {
-                                "name": "mig",
-                                "exactly": {
-                                    "deviceClassName": CONTRACT.mig_class,
-                                    "selectors": [{"cel": {"expression": expression}}],
-                                },
-                            }
-                        ]
-                    }
-                }
-            },
-        },
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": "user", "namespace": USER_NAMESPACE},
-            "spec": {
-                "restartPolicy": "Never",
-                "nodeSelector": {"kubernetes.io/hostname": NODE},
-                "resourceClaims": [{"name": "mig", "resourceClaimTemplateName": "one-slice"}],
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": TEST_IMAGE,
-                        "imagePullPolicy": "IfNotPresent",
-                        "command": ["sh", "-c", "nvidia-smi -L; sleep 600"],
-                        "resources": {"claims": [{"name": "mig"}]},
-                    }
-                ],
-            },
-        },
-    ]
-    env.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
+    first_workload = next(i for i, s in enumerate(page.steps) if "first-slice" in s.command)
+    for step in page.steps[:first_workload]:
+        env.run(step, tmp_path)
 
-    def running() -> bool:
-        pod = env.get("pod", "-n", USER_NAMESPACE, "user")
-        return bool(pod["status"].get("phase") == "Running")
+    # Installed: both components run carve's image, as the chart's own service accounts.
+    for component in ("carve-kubelet-plugin", "carve-controller"):
+        (pod,) = env.get("pods", "-n", NAMESPACE, "-l", f"app.kubernetes.io/name={component}")[
+            "items"
+        ]
+        assert pod["spec"]["serviceAccountName"] == component
+        assert pod["spec"]["containers"][0]["image"] == IMAGE
+        assert pod["spec"]["nodeName"] == NODE
 
-    wait_for("the user pod to run", running, 120)
-    logs = wait_for(
-        "nvidia-smi's output in the pod",
-        lambda: (out := env.kubectl("logs", "-n", USER_NAMESPACE, "user")) and "MIG" in out and out,
-        30,
-    )
-    assert "MIG 1g.10gb" in logs, logs
-    (claim,) = env.get("resourceclaims", "-n", USER_NAMESPACE)["items"]
-    (result,) = claim["status"]["allocation"]["devices"]["results"]
-    assert result["driver"] == CONTRACT.driver and result["pool"] == NODE
-    assert env.instances() == 1
-
-    env.kubectl("delete", "pod", "-n", USER_NAMESPACE, "user", "--wait=true")
-    wait_for("the slice to be destroyed", lambda: env.instances() == 0, 60)
+    for step in page.steps[first_workload:]:
+        env.run(step, tmp_path)
+        if step.command.startswith("kubectl logs first-slice"):
+            (claim,) = env.get("resourceclaims", "-n", USER_NAMESPACE)["items"]
+            (result,) = claim["status"]["allocation"]["devices"]["results"]
+            assert result["pool"] == NODE
+            assert "-mig-1g10gb-" in result["device"]
+    # Uninstalled: no slice is left on the GPU, nothing of the release in the cluster.
+    assert env.instances() == 0
+    assert not env.get("all", "-n", NAMESPACE)["items"]

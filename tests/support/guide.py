@@ -3,14 +3,16 @@
 A page is Markdown. A fenced ``yaml`` block whose first line is ``# <name>.yaml`` is a file the
 reader saves under that name. A fenced ``console`` block is a session: each ``$ `` line is a
 command, and the lines under it, up to the next command, are output it must print (each line
-somewhere in its output, in any order; none shown: anything). Tests run the sessions against a
-real cluster, so a page cannot drift from what carve does.
+somewhere in its output, in any order; none shown: anything). In an output line, ``...``
+stands for any text (a UUID, a name with a random suffix); ``(no output)`` means the command
+prints nothing at all. Tests run the sessions against a real cluster, so a page cannot drift
+from what carve does.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,3 +55,19 @@ def read_page(path: Path) -> GuidePage:
             if command is not None:
                 steps.append(Step(command, tuple(expected)))
     return GuidePage(files, tuple(steps))
+
+
+NO_OUTPUT = "(no output)"
+
+
+def missing_lines(expected: Sequence[str], output: str) -> list[str]:
+    """The expected lines that ``output`` lacks (see the module docstring for the forms)."""
+    lines = [line.rstrip() for line in output.splitlines()]
+    if list(expected) == [NO_OUTPUT]:
+        return [] if not output.strip() else [f"{NO_OUTPUT}, got {len(lines)} line(s)"]
+    missing = []
+    for want in expected:
+        pattern = ".*".join(re.escape(part) for part in want.split("..."))
+        if not any(re.fullmatch(pattern, line) for line in lines):
+            missing.append(want)
+    return missing
