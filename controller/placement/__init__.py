@@ -15,12 +15,14 @@ One concern per module:
 | :mod:`.scoring` | **the packing policy** (best fit, first fit): change packing there only |
 | :mod:`.search` | the single-device bucket scan and the multi-device search per node |
 | :mod:`.explain` | refusals in words |
+| :mod:`.queue` | :class:`QueuePlacer`: the pending queue placed jointly, room kept for starving pods |
 | :mod:`.feasibility`, :mod:`.records`, :mod:`.cache` | shared geometry facts, records, memo table |
 
 The names below are the package's interface; import them from ``controller.placement``.
 """
 
 from controller.placement.engine import PlacementEngine
+from controller.placement.queue import QueuePlacer, QueuePlan, Waiting
 from controller.placement.scoring import Policy
 from controller.placement.values import (
     MAX_COMBINATIONS,
@@ -46,4 +48,7 @@ __all__ = [
     "PlacementEngine",
     "PlacementRequest",
     "Policy",
+    "QueuePlacer",
+    "QueuePlan",
+    "Waiting",
 ]
