@@ -4,6 +4,7 @@
     python -m bench.trace --nodes 60 --load 1.2            # a CI-sized slice
     python -m bench.trace --trace PATH --trace PATH2       # any task list of the same format
     python -m bench.trace --mode timeline --nodes 100 --speedup 80
+    python -m bench.trace --mode timeline --queue --nodes 40 --speedup 40   # jobs wait
 
 The trace is the Alibaba GPU cluster trace of Weng et al., "Beware of Fragmentation:
 Scheduling GPU-Sharing Workloads with Fragmentation Gradient Descent" (USENIX ATC '23),
@@ -26,15 +27,25 @@ Columns:
   model; tests/bench/bounds.py); saturation runs only;
 - dec/s, p99 ms: decisions per second and the 99th percentile of one decision (for the
   baseline this includes dra-allocate processes, so it is not comparable).
+
+With ``--queue`` (timeline mode) a job that does not fit waits and is retried when capacity
+frees (tests/bench/queued.py states the queue model): kube-scheduler's allocator and carve's
+policies serve the queue in arrival order, as kube-scheduler's active queue does, and
+``carve ... joint`` places it jointly (controller/placement/queue.py), with the starvation
+guard after ``--keep-after`` seconds. Then placed counts the jobs placed by the trace's last
+arrival, util is the mean memory-slice utilisation while jobs waited (saturation), wait p50 /
+p99 are the queueing delays (start - arrival, replay seconds) of every job placed, and p99 ms
+is that of one scheduling pass.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import platform
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -45,10 +56,12 @@ from tests.bench.alibaba import (
     MAPPING_TEXT,
     NODE_FILE,
     TRACE_DIR,
+    TraceNode,
     load_nodes,
     load_tasks,
 )
 from tests.bench.bounds import configuration_bound
+from tests.bench.queued import QueuedFigures, in_order, joint, replay_queued
 from tests.bench.replay import (
     Figures,
     Job,
@@ -116,7 +129,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         "dra-allocate binary, its gates and the question); '' for none",
     )
     parser.add_argument("--series", type=Path, help="write utilisation over time as CSV here")
+    parser.add_argument(
+        "--queue",
+        action="store_true",
+        help="timeline: jobs that do not fit wait and are retried when capacity frees",
+    )
+    parser.add_argument(
+        "--joint",
+        default=Policy.LEAST_WASTE.value,
+        help="--queue: carve policies that also run with joint placement ('' for none)",
+    )
+    parser.add_argument(
+        "--window", type=int, default=12, help="--queue: pods placed jointly per pass"
+    )
+    parser.add_argument(
+        "--keep-after",
+        type=float,
+        action="append",
+        help="--queue: starvation guard, seconds of waiting after which a node is kept for a "
+        "pod; repeatable (one joint run each); default: one run without the guard",
+    )
     args = parser.parse_args(argv)
+    if args.queue and args.mode != "timeline":
+        parser.error("--queue needs --mode timeline (jobs leave only there)")
 
     traces = args.trace or [TRACE_DIR / v for v in DEFAULT_VARIANTS]
     nodes = select_nodes(load_nodes(args.node_file), args.nodes)
@@ -139,6 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"cluster: {len(nodes)} nodes, {cluster_gpus(nodes)} GPUs "
         f"({', '.join(f'{k} {v}' for k, v in sorted(models.items()))}); mode {args.mode}, "
         + (f"load {args.load}" if args.mode == "saturation" else f"speedup {args.speedup}")
+        + (", queued" if args.queue else "")
     )
     print(f"run: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, {os.cpu_count()} CPUs")
     rows: list[Row] = []
@@ -174,12 +210,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{lp_bound.share:.1f} GPUs ({lp_bound.jobs:.0f} jobs), "
                 f"{time.perf_counter() - t0:.1f}s"
             )
-        makers = [carve(p) for p in policies]
-        if allocator is not None:
-            makers.append(real(allocator))
-        for make in makers:
+        makers: list[Callable[[], Figures]] = []
+        if args.queue:
+            makers = _queued_runs(args, nodes, jobs, policies, allocator)
+        else:
+            for make in [carve(p) for p in policies] + (
+                [real(allocator)] if allocator is not None else []
+            ):
+                makers.append(functools.partial(replay, build_model(nodes), jobs, make))
+        for run in makers:
             t0 = time.perf_counter()
-            figures = replay(build_model(nodes), jobs, make)
+            figures = run()
             rows.append((path.name, figures, fluid, lp))
             line = f"  {figures.name}: {time.perf_counter() - t0:.1f}s"
             print(line + (f"; {figures.notes}" if figures.notes else ""))
@@ -194,6 +235,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.series:
         args.series.write_text("\n".join(series_lines) + "\n")
     return 0
+
+
+def _queued_runs(
+    args: argparse.Namespace,
+    nodes: Sequence[TraceNode],
+    jobs: Sequence[Job],
+    policies: Sequence[Policy],
+    allocator: CachedAllocator | None,
+) -> list[Callable[[], Figures]]:
+    services = [in_order(carve(p)) for p in policies]
+    for name in [p for p in args.joint.split(",") if p]:
+        for keep in args.keep_after or [None]:
+            services.append(joint(Policy(name), window=args.window, keep_after=keep))
+    if allocator is not None:
+        services.append(in_order(real(allocator)))
+    return [functools.partial(replay_queued, build_model(nodes), jobs, s) for s in services]
 
 
 def _concurrency(jobs: Sequence[Job], gpus: int) -> str:
@@ -236,17 +293,26 @@ def _print_variant(rows: Sequence[Row]) -> None:
 
 
 def _print_table(rows: Sequence[Row], indent: str = "") -> None:
+    queued = any(isinstance(f, QueuedFigures) for _, f, _, _ in rows)
+    wait = f" {'wait p50':>9} {'wait p99':>9}" if queued else ""
     print(
-        f"{indent}{'trace':<32} {'policy':<26} {'placed':>7} {'share':>7} {'util':>7} "
-        f"{'frag':>6} {'/fluid':>7} {'/LP':>7} {'dec/s':>8} {'p99 ms':>8}"
+        f"{indent}{'trace':<32} {'policy':<40} {'placed':>7} {'share':>7} {'util':>7} "
+        f"{'frag':>6} {'/fluid':>7} {'/LP':>7}{wait} {'dec/s':>8} {'p99 ms':>8}"
     )
     for trace, f, fluid, lp in rows:
-        rate = f.jobs / f.seconds if f.seconds else 0.0
+        if isinstance(f, QueuedFigures):
+            rate = f.decisions / f.seconds if f.seconds else 0.0
+            p99 = f.pass_p99_ms
+            wait = f" {f.wait_p50:>9.0f} {f.wait_p99:>9.0f}"
+        else:
+            rate = f.jobs / f.seconds if f.seconds else 0.0
+            p99 = f.p99_ms
+            wait = f" {'-':>9} {'-':>9}" if queued else ""
         print(
-            f"{indent}{trace:<32} {f.name:<26} {f.placed_fraction:>7.3f} {f.share_fraction:>7.3f} "
+            f"{indent}{trace:<32} {f.name:<40} {f.placed_fraction:>7.3f} {f.share_fraction:>7.3f} "
             f"{f.utilization:>7.3f} {f.frag_failures:>6} "
-            f"{_ratio(f.share_placed, fluid):>7} {_ratio(f.share_placed, lp):>7} "
-            f"{rate:>8.0f} {f.p99_ms:>8.2f}"
+            f"{_ratio(f.share_placed, fluid):>7} {_ratio(f.share_placed, lp):>7}{wait} "
+            f"{rate:>8.0f} {p99:>8.2f}"
         )
 
 

@@ -65,7 +65,7 @@ class QueuePlan:
 
 @dataclass(frozen=True)
 class _Trial:
-    placements: tuple[tuple[int, Placement], ...]  # (index in the window, placement)
+    placements: tuple[tuple[int, Placement], ...]  # (index in the window, placement), in order
     weight: float
 
 
@@ -92,6 +92,8 @@ class QueuePlacer:
         self.keep_after = keep_after
         self.max_kept = max_kept
         self._clock = clock
+        self.decisions = 0
+        """Engine decisions made so far (tentative ones included)."""
         self._kept: dict[str, str] = {}  # pod -> node
         self._fits_empty: dict[tuple[object, ...], bool] = {}
 
@@ -109,14 +111,18 @@ class QueuePlacer:
     def place_one(self, waiting: Waiting) -> Placement | NoPlacement:
         """One pod's decision, outside the nodes kept for other pods (a new arrival while
         nothing was freed: it is the only pod whose answer can have changed)."""
+        self.decisions += 1
         with self._hiding_kept_from(waiting.request.pod):
             return self.engine.place(waiting.request)
 
     def plan(self, waiting: Sequence[Waiting], now: float) -> QueuePlan:
-        """The placements for the queue (in its order of service), best order of the window
-        first, the rest of the queue after it in queue order."""
+        """The placements for the queue (in its order of service): the best order found for
+        the first ``window`` pods that could be placed now, then the other such pods in queue
+        order. A pod the engine cannot place alone on the model as it is cannot be placed
+        after others either (they only take room), so the window skips those."""
         self._update_kept(waiting, now)
-        window, tail = list(waiting[: self.window]), list(waiting[self.window :])
+        placeable = self._placeable(waiting)
+        window, tail = placeable[: self.window], placeable[self.window :]
         started = self._clock()
         first = self._trial(window, range(len(window)))
         best, tried = first, 1
@@ -135,23 +141,53 @@ class QueuePlacer:
                 pod = window[i]
                 record(pod, placement)
                 placements.append((pod.request.pod, placement))
+            failed: set[tuple[object, ...]] = set()
             for pod in tail:
+                shape = self._shape(pod)
+                if shape in failed:
+                    continue
                 result = self.place_one(pod)
                 if isinstance(result, Placement):
                     record(pod, result)
                     placements.append((pod.request.pod, result))
-        placed = {pod for pod, _ in placements}
-        for pod in placed:
-            self._kept.pop(pod, None)
+                else:
+                    failed.add(shape)
+        for pod_name, _ in placements:
+            self._kept.pop(pod_name, None)
         return QueuePlan(tuple(placements), dict(self._kept), tried, first.weight, best.weight)
+
+    def _placeable(self, waiting: Sequence[Waiting]) -> list[Waiting]:
+        """The pods the engine would place alone now, one decision per distinct shape."""
+        verdicts: dict[tuple[object, ...], bool] = {}
+        out = []
+        for w in waiting:
+            shape = self._shape(w)
+            ok = verdicts.get(shape)
+            if ok is None:
+                ok = verdicts[shape] = isinstance(self.place_one(w), Placement)
+            if ok:
+                out.append(w)
+        return out
+
+    def _shape(self, pod: Waiting) -> tuple[object, ...]:
+        """What a decision depends on besides the model: pods of one shape get one answer
+        (the owner of a kept node sees that node, so it is a shape of its own)."""
+        request = pod.request
+        return (
+            request.needs,
+            request.node,
+            tuple(c.spec for c in request.claims),
+            request.pod if request.pod in self._kept else None,
+        )
 
     # ------------------------------------------------------------------------------------------
     # Orders
 
-    @staticmethod
-    def _orders(window: Sequence[Waiting], first: _Trial) -> Iterator[Sequence[int]]:
+    def _orders(self, window: Sequence[Waiting], first: _Trial) -> Iterator[Sequence[int]]:
         """Orders to try after the queue order: heaviest first, then each pod that the queue
-        order left out moved to the front (with and without heaviest-first behind it)."""
+        order left out moved to the front (with and without heaviest-first behind it). Pods of
+        one shape are interchangeable, so only the first left-out pod of a shape that the queue
+        order placed none of is moved."""
         queue = list(range(len(window)))
         heavy = sorted(queue, key=lambda i: -window[i].weight)
         seen = {tuple(queue)}
@@ -166,28 +202,40 @@ class QueuePlacer:
         if fresh(heavy):
             yield heavy
         placed = {i for i, _ in first.placements}
-        left_out = [i for i in queue if i not in placed]
-        for i in left_out:
+        shapes = {self._shape(window[i]) for i in placed}
+        movers = []
+        for i in queue:
+            shape = self._shape(window[i])
+            if i not in placed and shape not in shapes:
+                shapes.add(shape)
+                movers.append(i)
+        for i in movers:
             order = [i] + [j for j in queue if j != i]
             if fresh(order):
                 yield order
-        for i in left_out:
+        for i in movers:
             order = [i] + [j for j in heavy if j != i]
             if fresh(order):
                 yield order
 
     def _trial(self, window: Sequence[Waiting], order: Sequence[int] | range) -> _Trial:
-        """Serve the window in ``order`` on the model, then take it all back."""
+        """Serve the window in ``order`` on the model, then take it all back. Once a shape
+        is refused, later pods of that shape are too (the model only fills up meanwhile)."""
         placements: list[tuple[int, Placement]] = []
         weight = 0.0
+        failed: set[tuple[object, ...]] = set()
         with self._tentative() as record:
             for i in order:
+                shape = self._shape(window[i])
+                if shape in failed:
+                    continue
                 result = self.place_one(window[i])
                 if isinstance(result, Placement):
                     record(window[i], result)
                     placements.append((i, result))
                     weight += window[i].weight
-        placements.sort(key=lambda p: p[0])
+                else:
+                    failed.add(shape)
         return _Trial(tuple(placements), weight)
 
     @contextmanager

@@ -190,12 +190,16 @@ class CarveScheduler(Scheduler):
         self.engine = PlacementEngine(model, CLASSES, DRIVER, policy=policy)
         self._specs: dict[int, Any] = {}
 
-    def place(self, model: ClusterModel, job: Job) -> bool:
+    def request(self, job: Job) -> PlacementRequest:
+        """The job as the engine sees it: one claim, parsed by carve's own parser."""
         spec = self._specs.get(id(job.spec))
         if spec is None:
             spec = self._specs[id(job.spec)] = parse_claim_spec(job.spec, DRIVER)
         claim = ClaimToPlace(ClaimKey("trace", job.pod, job.pod), spec)
-        result = self.engine.place(PlacementRequest(job.pod, job.needs, (claim,)))
+        return PlacementRequest(job.pod, job.needs, (claim,))
+
+    def place(self, model: ClusterModel, job: Job) -> bool:
+        result = self.engine.place(self.request(job))
         if isinstance(result, NoPlacement):
             return False
         self.engine.commit(result, job.pod, job.needs)
