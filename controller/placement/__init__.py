@@ -15,7 +15,7 @@ One concern per module:
 | :mod:`.scoring` | **the packing policy** (best fit, first fit): change packing there only |
 | :mod:`.search` | the single-device bucket scan and the multi-device search per node |
 | :mod:`.explain` | refusals in words |
-| :mod:`.queue` | :class:`QueuePlacer`: the pending queue placed jointly, room kept for starving pods |
+| :mod:`.queue` | :class:`QueuePlacer`: the pending queue jointly, room kept for starving pods |
 | :mod:`.feasibility`, :mod:`.records`, :mod:`.cache` | shared geometry facts, records, memo table |
 
 The names below are the package's interface; import them from ``controller.placement``.

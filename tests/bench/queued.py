@@ -53,7 +53,6 @@ from tests.bench.replay import (
 )
 from tests.support.real_allocator import CachedAllocator
 
-
 LARGE_SHARE = 2.0
 """Jobs of at least this GPU share (multi-GPU pods) are the ones that starve: their waits are
 reported apart."""
@@ -193,6 +192,7 @@ class QueuedFigures(Figures):
     large_wait_max: float = 0.0
     waited: int = 0  # jobs that did not start on arrival
     never: int = 0  # jobs never placed, even after every departure
+    never_pods: tuple[str, ...] = ()
     decisions: int = 0
     passes: int = 0
     pass_p99_ms: float = 0.0
@@ -282,6 +282,7 @@ def replay_queued(
             if pending:
                 util_saturated.append(u)
     figures.never = len(pending)
+    figures.never_pods = tuple(job.pod for job in pending)
     figures.failures = figures.jobs - figures.placed
     figures.utilization = statistics.fmean(util_saturated or util_all or [0.0])
     figures.fragmentation = fragmentation(model)

@@ -4,6 +4,7 @@ found it, and keeps a node for a pod that has waited too long."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 
 from hypothesis import HealthCheck, given, settings
@@ -100,10 +101,8 @@ def _random_cluster(seed: int) -> ClusterModel:
             profile = rng.choice(
                 [p.name for p in model.gpus_on(node)[0].inventory.model.profiles][:4]
             )
-            try:
+            with contextlib.suppress(AssertionError):
                 _fill(model, node, profile, f"f{n}-{k}")
-            except AssertionError:
-                pass
     return model
 
 
