@@ -144,10 +144,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--keep-after",
-        type=float,
+        type=_seconds_or_none,
         action="append",
         help="--queue: starvation guard, seconds of waiting after which a node is kept for a "
-        "pod; repeatable (one joint run each); default: one run without the guard",
+        "pod, or 'none'; repeatable (one joint run each); default: one run without the guard",
     )
     args = parser.parse_args(argv)
     if args.queue and args.mode != "timeline":
@@ -235,6 +235,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.series:
         args.series.write_text("\n".join(series_lines) + "\n")
     return 0
+
+
+def _seconds_or_none(text: str) -> float | None:
+    return None if text.lower() == "none" else float(text)
 
 
 def _queued_runs(

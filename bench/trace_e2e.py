@@ -81,17 +81,17 @@ def in_process(
 
 
 def print_comparison(paths: Sequence[PathFigures], replays: Sequence[QueuedFigures]) -> None:
-    print(f"{'run':<48} {'placed':>7} {'share':>7} {'wait p50':>9} {'wait p99':>9}")
+    print(f"{'run':<48} {'placed':>7} {'share':>7} {'wait p50':>9} {'wait p99':>9} {'mean':>7}")
     for p in paths:
         share = p.share_placed / p.share_asked if p.share_asked else 0.0
         print(
             f"{'e2e ' + p.name:<48} {p.placed / max(1, p.jobs):>7.3f} {share:>7.3f} "
-            f"{p.wait_p50:>8.1f}s {p.wait_p99:>8.1f}s"
+            f"{p.wait_p50:>8.1f}s {p.wait_p99:>8.1f}s {p.wait_mean:>6.1f}s"
         )
     for f in replays:
         print(
             f"{'in-process ' + f.name:<48} {f.placed_fraction:>7.3f} {f.share_fraction:>7.3f} "
-            f"{f.wait_p50:>8.1f}s {f.wait_p99:>8.1f}s"
+            f"{f.wait_p50:>8.1f}s {f.wait_p99:>8.1f}s {f.wait_mean:>6.1f}s"
         )
 
 

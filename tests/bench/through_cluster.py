@@ -91,6 +91,7 @@ class PathFigures:
     finished: int = 0
     wait_p50: float = 0.0
     wait_p99: float = 0.0
+    wait_mean: float = 0.0
     wall_s: float = 0.0
     notes: str = ""
 
@@ -220,6 +221,7 @@ def run_path(
         figures.finished = len(finished)
         figures.wait_p50 = percentile(waits, 0.50)
         figures.wait_p99 = percentile(waits, 0.99)
+        figures.wait_mean = statistics.fmean(waits) if waits else 0.0
         failed = [
             p.metadata.name
             for p in env.core.list_namespaced_pod(env.namespace).items

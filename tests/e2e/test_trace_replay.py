@@ -9,7 +9,7 @@ import pytest
 from nodesim.stack import CarveStack
 from tests.bench.alibaba import TraceNode, TraceTask
 from tests.bench.through_cluster import Shortening, native_classes, run_path, shorten
-from tests.e2e.harness import GATED_NAMESPACES, E2E
+from tests.e2e.harness import E2E, GATED_NAMESPACES
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
