@@ -11,11 +11,13 @@ serving the window in queue order would, and every placement of a plan was decid
 that already held the plan's earlier placements, so no device is given twice. The search is
 bounded by a number of orders and a wall-clock budget.
 
-Joint placement favours what fits now, which can leave a large pod waiting while smaller pods
-keep taking the room it needs. A pod that has waited ``keep_after`` seconds or longer gets a
-node kept for it: no other pod of the queue is placed there until it is placed (anywhere). The
-kept node is one whose GPUs and allocatable resources would take the pod once empty, the one
-with the most free GPU memory among those, so it drains soonest in the usual case. Keeping a
+Serving what fits now, in queue order or jointly, can leave a large pod waiting for ever while
+smaller pods keep taking the room it needs as it frees (a pod of 8 whole GPUs needs a whole
+node at once; a one-GPU pod behind it needs any GPU). A pod of at least ``keep_min_weight``
+that has waited ``keep_after`` seconds or longer gets a node kept for it (the ``max_kept``
+longest-waiting ones do): no other pod of the queue is placed there until it is placed
+(anywhere). The kept node is one whose GPUs and allocatable resources would take the pod once
+empty, the one with the most free GPU memory among those, chosen again on every pass. Keeping a
 whole node is coarse for a one-slice pod, and exact for the multi-GPU pods that starve in
 practice.
 
@@ -80,6 +82,7 @@ class QueuePlacer:
         max_orders: int = 24,
         budget_s: float = 0.05,
         keep_after: float | None = None,
+        keep_min_weight: float = 0.0,
         max_kept: int = 1,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
@@ -90,6 +93,7 @@ class QueuePlacer:
         self.max_orders = max_orders
         self.budget_s = budget_s
         self.keep_after = keep_after
+        self.keep_min_weight = keep_min_weight
         self.max_kept = max_kept
         self._clock = clock
         self.decisions = 0
@@ -274,30 +278,35 @@ class QueuePlacer:
                 self.model.set_node(info)
 
     def _update_kept(self, waiting: Sequence[Waiting], now: float) -> None:
+        """Keep nodes for the longest-waiting large pods past ``keep_after``. The kept node
+        is chosen again on every pass (staying put on ties): only departures free room on
+        it, and if another node has drained further meanwhile (the first may run a pod that
+        lives for days), the pod is better off waiting for that one."""
         present = {w.request.pod for w in waiting}
-        self._kept = {
-            pod: node
-            for pod, node in self._kept.items()
-            if pod in present and node in self.model.nodes
-        }
+        old = {pod: node for pod, node in self._kept.items() if pod in present}
+        self._kept = {}
         if self.keep_after is None:
             return
         starving = sorted(
-            (w for w in waiting if now - w.since >= self.keep_after), key=lambda w: w.since
+            (
+                w
+                for w in waiting
+                if now - w.since >= self.keep_after and w.weight >= self.keep_min_weight
+            ),
+            key=lambda w: (w.since, w.request.pod),
         )
         for w in starving:
             if len(self._kept) >= self.max_kept:
                 break
-            if w.request.pod in self._kept:
-                continue
-            node = self._node_to_keep(w)
+            node = self._node_to_keep(w, old.get(w.request.pod))
             if node is not None:
                 self._kept[w.request.pod] = node
 
-    def _node_to_keep(self, pod: Waiting) -> str | None:
-        """The node with the most free GPU memory among those that would take the pod empty."""
+    def _node_to_keep(self, pod: Waiting, current: str | None) -> str | None:
+        """The node with the most free GPU memory among those that would take the pod empty
+        and are not kept for another pod; ``current`` wins ties."""
         taken = set(self._kept.values())
-        best: tuple[float, str] | None = None
+        best: tuple[float, bool, str] | None = None
         for node in sorted(self.model.gpu_nodes()):
             if node in taken or node not in self.model.nodes:
                 continue
@@ -310,9 +319,10 @@ class QueuePlacer:
                 else g.inventory.model.memory_units - g.occupancy.state.occupied.bit_count()
                 for g in gpus
             ) / max(1, sum(g.inventory.model.memory_units for g in gpus))
-            if best is None or free > best[0]:
-                best = (free, node)
-        return best[1] if best is not None else None
+            key = (free, node == current, node)
+            if best is None or key[:2] > best[:2]:
+                best = key
+        return best[2] if best is not None else None
 
     def _fits_when_empty(self, pod: Waiting, node: str) -> bool:
         """Whether the engine would place the pod on the node with nothing else on it: a

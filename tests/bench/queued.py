@@ -21,8 +21,8 @@ until it is placed. The model (the same for every service, in trace time after t
   a backoff to expire). carve's reconciler serves its queue the same way (priority, then
   creation time), so carve's policies run in this service as well;
 - **joint** (:class:`Joint`): carve's :class:`~controller.placement.QueuePlacer` on the
-  queue, the job's GPU share as its weight, with the starvation guard after ``keep_after``
-  seconds of waiting;
+  queue, the job's GPU share as its weight, with the starvation guard for jobs of
+  ``LARGE_SHARE`` GPUs or more after ``keep_after`` seconds of waiting;
 - the trace's horizon is its last arrival: *placed* counts jobs placed by then, as in the
   unqueued replay; the replay goes on until no departure is left, so that every job that fits
   at all is placed eventually and its queueing delay (start - arrival) is known. Jobs that no
@@ -37,7 +37,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from controller.claims import ClaimKey
 from controller.model import ClusterModel
@@ -123,7 +123,11 @@ class Joint(QueueService):
     ) -> None:
         self.carve = CarveScheduler(model, policy)
         self.placer = QueuePlacer(
-            self.carve.engine, window=window, keep_after=keep_after, budget_s=budget_s
+            self.carve.engine,
+            window=window,
+            keep_after=keep_after,
+            keep_min_weight=LARGE_SHARE,
+            budget_s=budget_s,
         )
         guard = f", keep after {keep_after:g}s" if keep_after is not None else ""
         self.name = f"carve {policy.value} joint{guard}"
@@ -193,6 +197,7 @@ class QueuedFigures(Figures):
     waited: int = 0  # jobs that did not start on arrival
     never: int = 0  # jobs never placed, even after every departure
     never_pods: tuple[str, ...] = ()
+    wait_of: dict[str, float] = field(default_factory=dict)  # pod -> queueing delay
     decisions: int = 0
     passes: int = 0
     pass_p99_ms: float = 0.0
@@ -262,6 +267,7 @@ def replay_queued(
             assert job.departure is not None
             heapq.heappush(live, (now + job.departure - job.arrival, job.pod))
             waits.append(now - job.arrival)
+            figures.wait_of[job.pod] = now - job.arrival
             if job.request.share >= LARGE_SHARE:
                 large_waits.append(now - job.arrival)
             if now > job.arrival:
