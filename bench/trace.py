@@ -18,6 +18,7 @@ Columns:
 - placed: fraction of the jobs placed on arrival (no queue: a job that does not fit is
   dropped); share: placed GPU share / offered GPU share (a job's share is its size on an
   8-slice GPU, 1/8 per memory slice, or its number of whole GPUs, whichever model it lands on);
+  GPUs: the placed GPU share itself (placed memory units / 8);
 - util: occupied memory slices as a share of each GPU, averaged over GPUs, at the end of a
   saturation run (the average after warm-up in a timeline run);
 - frag: jobs refused while the cluster's free GPU share (on the models the job may use)
@@ -300,7 +301,7 @@ def _print_table(rows: Sequence[Row], indent: str = "") -> None:
     queued = any(isinstance(f, QueuedFigures) for _, f, _, _ in rows)
     wait = f" {'wait p50':>9} {'wait p99':>9}" if queued else ""
     print(
-        f"{indent}{'trace':<32} {'policy':<40} {'placed':>7} {'share':>7} {'util':>7} "
+        f"{indent}{'trace':<32} {'policy':<40} {'placed':>7} {'share':>7} {'GPUs':>8} {'util':>7} "
         f"{'frag':>6} {'/fluid':>7} {'/LP':>7}{wait} {'dec/s':>8} {'p99 ms':>8}"
     )
     for trace, f, fluid, lp in rows:
@@ -314,7 +315,7 @@ def _print_table(rows: Sequence[Row], indent: str = "") -> None:
             wait = f" {'-':>9} {'-':>9}" if queued else ""
         print(
             f"{indent}{trace:<32} {f.name:<40} {f.placed_fraction:>7.3f} {f.share_fraction:>7.3f} "
-            f"{f.utilization:>7.3f} {f.frag_failures:>6} "
+            f"{f.share_placed:>8.1f} {f.utilization:>7.3f} {f.frag_failures:>6} "
             f"{_ratio(f.share_placed, fluid):>7} {_ratio(f.share_placed, lp):>7}{wait} "
             f"{rate:>8.0f} {p99:>8.2f}"
         )
