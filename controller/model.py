@@ -412,10 +412,13 @@ class ClusterModel:
         )
 
 
-def withheld_devices_note(gpus: Iterable[GpuRecord]) -> str:
-    """Why some of ``gpus`` publish no whole-GPU device or no MIG device now ("" if none does),
-    to follow a "nothing matches" message: a whole GPU must not be in MIG mode, and carve
-    changes MIG mode only where that needs no GPU reset (Hopper and later)."""
+def withheld_devices_note(
+    gpus: Iterable[GpuRecord], *, whole: bool = True, mig: bool = True
+) -> str:
+    """Why some of ``gpus`` publish no whole-GPU device (``whole``) or no MIG device (``mig``)
+    now ("" if none does), to follow a "nothing matches" message for a request that could use
+    that kind: a whole GPU must not be in MIG mode, and carve changes MIG mode only where that
+    needs no GPU reset (Hopper and later)."""
     in_mig_mode: set[str] = set()
     out_of_mig_mode: set[str] = set()
     held_whole: set[str] = set()
@@ -428,6 +431,11 @@ def withheld_devices_note(gpus: Iterable[GpuRecord]) -> str:
             (out_of_mig_mode if model.architecture.mig_toggle_needs_reset else held_whole).add(
                 model.key
             )
+    if not whole:
+        in_mig_mode.clear()
+    if not mig:
+        out_of_mig_mode.clear()
+        held_whole.clear()
     notes = []
     if in_mig_mode:
         notes.append(

@@ -22,7 +22,7 @@ from controller.placement.records import DeviceSet
 from controller.placement.values import NoPlacement, NoPlacementReason
 from controller.tolerations import blocking
 from driver.cel import CelError, CelErrorKind, SelectorEvaluator
-from driver.contract import IDENTITY_ATTRIBUTES
+from driver.contract import IDENTITY_ATTRIBUTES, Contract
 
 _COMPILE_KINDS = frozenset({CelErrorKind.SYNTAX, CelErrorKind.TOO_LONG})
 
@@ -128,7 +128,14 @@ class Eligibility:
         comparing a string attribute with a number, which CEL answers with false); followed by
         why some GPUs offer no whole GPU or no MIG slice now, if any does."""
         gpus = list(gpus)
-        withheld = withheld_devices_note(gpus)
+        # Only the kind the class can ask for: the contract's two classes say which; a class
+        # of the operator's own could be either.
+        contract = Contract(self.driver)
+        withheld = withheld_devices_note(
+            gpus,
+            whole=spec.device_class != contract.mig_class,
+            mig=spec.device_class != contract.gpu_class,
+        )
         return self._first_empty(spec, gpus) + (f" ({withheld})" if withheld else "")
 
     def _first_empty(self, spec: ExactRequest, gpus: Iterable[GpuRecord]) -> str:

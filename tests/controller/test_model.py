@@ -208,6 +208,11 @@ def test_gpus_that_withhold_a_kind_of_device_are_explained() -> None:
     assert "NVIDIA A30 GPUs out of MIG mode offer no MIG slice" in note
     assert "NVIDIA H100 80GB HBM3 GPUs allocated whole offer no MIG slice" in note
     assert withheld_devices_note([model.gpus["GPU-n1-3"]]) == ""
+    # Only the kind a request can use: a MIG request hears nothing about whole GPUs.
+    mig_only = withheld_devices_note(model.gpus.values(), whole=False)
+    assert "offer no whole GPU" not in mig_only and "offer no MIG slice" in mig_only
+    whole_only = withheld_devices_note(model.gpus.values(), mig=False)
+    assert "offer no MIG slice" not in whole_only and "offer no whole GPU" in whole_only
 
 
 def test_a_whole_gpu_request_goes_only_where_one_is_offered_and_says_why_not() -> None:
@@ -222,6 +227,12 @@ def test_a_whole_gpu_request_goes_only_where_one_is_offered_and_says_why_not() -
         refused.message
     )
     assert "A100-SXM4-40GB GPUs in MIG mode offer no whole GPU" in refused.message
+    # A MIG request that matches nothing is not told about whole GPUs.
+    nine = exact("mig", "9g.99gb")
+    refused = place(engine_for(model), "p", claim("m", nine))
+    assert isinstance(refused, NoPlacement)
+    assert "selector #0 matches no device" in refused.message
+    assert "whole GPU" not in refused.message
     # A second node with one GPU out of MIG mode: the whole GPU goes there, and only there.
     model = _published("n2", ("A100-SXM4-40GB", True, False), ("A100-SXM4-40GB", False, True),
                        holder=model)  # fmt: skip

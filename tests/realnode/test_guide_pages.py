@@ -1,5 +1,6 @@
-"""docs/guide/mps.md, run as a reader would: its files applied and every ``$ kubectl`` line
-run in order on real nodes, each checked against the output the page shows.
+"""Pages of docs/guide/ run as a reader would: their files applied and every ``$ kubectl``
+line run in order on real nodes, each checked against the output the page shows.
+(install.md needs carve installed from its chart: tests/realnode/test_in_cluster.py runs it.)
 
 Three edits only: the image becomes the local test image (no registry here), each pod gets the
 node selector of this suite's nodes (the control plane is shared), and the commands run in the
@@ -11,7 +12,6 @@ from __future__ import annotations
 import shlex
 import time
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -21,17 +21,19 @@ from tests.realnode.conftest import NODE_H
 from tests.realnode.harness import REAL_GROUP, REAL_GROUP_LABEL, RealEnv
 from tests.support.guide import Step, missing_lines, read_page
 
-PAGE = Path(__file__).resolve().parents[2] / "docs" / "guide" / "mps.md"
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guide"
 # Commands that only read may be asked again until what the page shows has happened.
 _READS = {"get", "logs", "describe", "wait"}
 
 
 def _for_this_suite(text: str) -> str:
     docs = [d for d in yaml.safe_load_all(text) if d]
+    pin = {"kubernetes.io/hostname": NODE_H} if "MPS" in text else {}
     for d in docs:
         if d.get("kind") != "Pod":
             continue
-        d["spec"]["nodeSelector"] = {REAL_GROUP_LABEL: REAL_GROUP, "kubernetes.io/hostname": NODE_H}
+        # MPS needs the H100 (its pods share one slice); the other pages use both nodes.
+        d["spec"]["nodeSelector"] = {REAL_GROUP_LABEL: REAL_GROUP, **pin}
         for c in d["spec"]["containers"]:
             c["image"] = TEST_IMAGE
             c["imagePullPolicy"] = "IfNotPresent"
@@ -68,15 +70,22 @@ def _run(env: RealEnv, step: Step, argv: list[str], timeout: float = 120.0) -> s
         time.sleep(1.0)
 
 
-def test_the_mps_page_runs_as_written(env: RealEnv, tmp_path: Path) -> None:
-    page = read_page(PAGE)
-    assert {"mps.yaml", "mps-greedy.yaml"} <= set(page.files)
-    assert len(page.steps) >= 6
+def _run_page(env: RealEnv, tmp_path: Path, page_name: str) -> dict[str, str]:
+    page = read_page(GUIDE / page_name)
+    assert page.steps, f"{page_name} shows no command"
     for name, text in page.files.items():
         (tmp_path / name).write_text(_for_this_suite(text))
-    outputs: dict[str, Any] = {}
-    for step in page.steps:
-        outputs[step.command] = _run(env, step, _argv(step, tmp_path, env.namespace))
+    return {s.command: _run(env, s, _argv(s, tmp_path, env.namespace)) for s in page.steps}
+
+
+def test_the_mps_page_runs_as_written(env: RealEnv, tmp_path: Path) -> None:
+    outputs = _run_page(env, tmp_path, "mps.md")
     assert "client limit: 25" in outputs["kubectl logs mps-a"]
     # What the page says in prose: one slice carried both pods; none is left.
     env.wait_no_instances(timeout=60)
+
+
+def test_the_profiles_page_runs_as_written(env: RealEnv, tmp_path: Path) -> None:
+    outputs = _run_page(env, tmp_path, "profiles.md")
+    assert "3g.40gb" in outputs["kubectl logs by-profile"]
+    env.wait_no_instances(timeout=90)
