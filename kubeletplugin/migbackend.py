@@ -16,7 +16,7 @@ from typing import Any
 
 from driver.cdi import DeviceNode, uvm_device_nodes
 from driver.devnodes import parse_char_major
-from driver.driverroot import LIBRARY_DIRS, NVML_LIBRARY, DriverRootError, nvml_library
+from driver.driverroot import LIBRARY_DIRS, DriverRootError, nvml_library
 from driver.naming import parse_device_name
 from driver.nvml.backend import NvmlBackend
 from driver.resourceslice import PublishedGpu, build_resource_slices
@@ -166,7 +166,7 @@ def _load_nvml_from(driver_root: Path) -> None:
     library = nvml_library(driver_root)
     if library is None:
         raise DriverRootError(
-            f"--driver-root {driver_root}: no {NVML_LIBRARY}.<version> in any of "
+            f"--driver-root {driver_root}: no libnvidia-ml.so.<version> in any of "
             f"{', '.join(LIBRARY_DIRS)} under it; point --driver-root at the NVIDIA driver's "
             "files (/ for a host install, /run/nvidia/driver with the GPU Operator)"
         )

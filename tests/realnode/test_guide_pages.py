@@ -10,6 +10,8 @@ test's namespace, not ``default`` (so kubectl's "deleted from default namespace"
 from __future__ import annotations
 
 import shlex
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -42,7 +44,9 @@ def _for_this_suite(text: str) -> str:
 
 def _argv(step: Step, files: Path, namespace: str) -> list[str]:
     argv = shlex.split(step.command)
-    assert argv[0] == "kubectl", f"the guide may only run kubectl here: {step.command}"
+    assert argv[0] in ("kubectl", "carve"), f"the guide runs only kubectl and carve: {step.command}"
+    if argv[0] == "carve":  # carve's CLI reads the API, cluster-wide
+        return argv
     out = []
     for i, arg in enumerate(argv[1:], 1):
         out.append(str(files / arg) if argv[i - 1] == "-f" else arg)
@@ -51,10 +55,16 @@ def _argv(step: Step, files: Path, namespace: str) -> list[str]:
 
 def _run(env: RealEnv, step: Step, argv: list[str], timeout: float = 120.0) -> str:
     deadline = time.monotonic() + timeout
+    kubeconfig = Path(env.stack.kubeconfig)
     while True:
-        done = run_kubectl(Path(env.stack.kubeconfig), *argv, check=False, timeout=timeout)
+        if argv[0] == "carve":
+            cli = [sys.executable, "-m", "carvecli.main", *argv[1:], f"--kubeconfig={kubeconfig}"]
+            done = subprocess.run(cli, capture_output=True, text=True, timeout=60, check=False)
+            namespace = env.namespace
+        else:
+            done = run_kubectl(kubeconfig, *argv, check=False, timeout=timeout)
+            namespace = argv[argv.index("-n") + 1]
         output = done.stdout + done.stderr
-        namespace = argv[argv.index("-n") + 1]
         expected = [
             e.replace(" from default namespace", f" from {namespace} namespace")
             for e in step.expected
@@ -62,7 +72,7 @@ def _run(env: RealEnv, step: Step, argv: list[str], timeout: float = 120.0) -> s
         missing = missing_lines(expected, output)
         if done.returncode == 0 and not missing:
             return output
-        if argv[0] not in _READS or time.monotonic() > deadline:
+        if (argv[0] != "carve" and argv[0] not in _READS) or time.monotonic() > deadline:
             raise AssertionError(
                 f"$ {step.command}\nexit {done.returncode}, missing {missing}, printed:\n{output}"
                 f"\n{env.diagnostics()}"
