@@ -19,7 +19,7 @@ from decimal import Decimal
 from enum import StrEnum
 from typing import Any
 
-from controller.tolerations import DeviceToleration, TolerationError, parse_tolerations
+from controller.tolerations import Toleration, TolerationError, parse_tolerations
 from driver.allocation import AllocatedDevice, AllocationFormatError, parse_allocation
 from driver.cel import parse_kubernetes_quantity, qualify
 from driver.config import ConfigError, parse_parameters
@@ -96,7 +96,7 @@ class ExactRequest:
     mode: AllocationMode = AllocationMode.EXACT_COUNT
     count: int = 1
     capacity: tuple[tuple[str, Decimal], ...] = ()  # fully qualified name -> minimum
-    tolerations: tuple[DeviceToleration, ...] = ()  # of device taints (controller.tolerations)
+    tolerations: tuple[Toleration, ...] = ()  # of device taints (controller.tolerations)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from decimal import Decimal
 from enum import StrEnum
 from typing import Any
 
+from controller.tolerations import Toleration
 from driver.cel import parse_kubernetes_quantity
 
 OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"
@@ -57,23 +58,6 @@ class Taint:
     key: str
     value: str
     effect: TaintEffect
-
-
-@dataclass(frozen=True)
-class Toleration:
-    key: str  # "" with operator Exists tolerates every taint
-    operator: str  # "Equal" | "Exists"
-    value: str
-    effect: str  # "" matches every effect
-
-    def tolerates(self, taint: Taint) -> bool:
-        if self.effect and self.effect != taint.effect:
-            return False
-        if self.key and self.key != taint.key:
-            return False
-        if self.operator == "Exists":
-            return True
-        return self.value == taint.value
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""DRA device taints and claim tolerations (resource.k8s.io/v1 DeviceTaint, DeviceToleration),
+"""DRA device taints and claim tolerations (resource.k8s.io/v1 DeviceTaint, Toleration),
 as kube-scheduler applies them: a device with a NoSchedule or NoExecute taint is allocated only
 to a request that tolerates it; a taint with effect None affects nothing.
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 EFFECTS = frozenset({"NoSchedule", "NoExecute", "None"})
 _BLOCKING = frozenset({"NoSchedule", "NoExecute"})
@@ -39,14 +40,25 @@ class DeviceTaint:
         )
 
 
-@dataclass(frozen=True)
-class DeviceToleration:
-    key: str = ""
-    operator: str = "Equal"
-    value: str = ""
-    effect: str = ""
+class _Taint(Protocol):
+    """A device taint or a node taint: what a toleration is matched against."""
 
-    def tolerates(self, taint: DeviceTaint) -> bool:
+    @property
+    def key(self) -> str: ...
+    @property
+    def value(self) -> str: ...
+    @property
+    def effect(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class Toleration:
+    key: str = ""  # "" with operator Exists tolerates every taint
+    operator: str = "Equal"  # "Equal" | "Exists"
+    value: str = ""
+    effect: str = ""  # "" matches every effect
+
+    def tolerates(self, taint: _Taint) -> bool:
         if self.effect and self.effect != taint.effect:
             return False
         if self.key and self.key != taint.key:
@@ -54,9 +66,7 @@ class DeviceToleration:
         return self.operator == "Exists" or self.value == taint.value
 
 
-def blocking(
-    taints: Iterable[DeviceTaint], tolerations: Sequence[DeviceToleration]
-) -> list[DeviceTaint]:
+def blocking(taints: Iterable[DeviceTaint], tolerations: Sequence[Toleration]) -> list[DeviceTaint]:
     """The taints that keep a device from a request with these tolerations."""
     return [
         t
@@ -78,7 +88,7 @@ def parse_taints(raw: object) -> tuple[DeviceTaint, ...]:
     return tuple(out)
 
 
-def parse_tolerations(raw: object, where: str) -> tuple[DeviceToleration, ...]:
+def parse_tolerations(raw: object, where: str) -> tuple[Toleration, ...]:
     """A request's `tolerations` (API JSON), checked with messages naming the field."""
     if raw is None:
         return ()
@@ -118,5 +128,5 @@ def parse_tolerations(raw: object, where: str) -> tuple[DeviceToleration, ...]:
         seconds = entry.get("tolerationSeconds")
         if seconds is not None and (not isinstance(seconds, int) or isinstance(seconds, bool)):
             raise TolerationError(f"{w}.tolerationSeconds: must be an integer")
-        out.append(DeviceToleration(key, operator, value, effect))
+        out.append(Toleration(key, operator, value, effect))
     return tuple(out)

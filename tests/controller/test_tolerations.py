@@ -10,7 +10,7 @@ import pytest
 from controller.claims import ClaimSpecError, parse_claim_spec
 from controller.model import ClusterModel, inventories_from_slices
 from controller.placement import NoPlacement
-from controller.tolerations import DeviceTaint, DeviceToleration, blocking
+from controller.tolerations import DeviceTaint, Toleration, blocking
 from driver.catalog import gpu_model
 from driver.resourceslice import PublishedGpu, build_resource_slices
 from tests.controller.test_placement import claim, engine_for, place, placed
@@ -26,13 +26,13 @@ def test_toleration_matching_follows_kubernetes() -> None:
     degraded = DeviceTaint(KEY, "xid-92", "NoSchedule")
     none = DeviceTaint("other.io/x", "", "None")
     assert blocking([fatal, degraded, none], ()) == [fatal, degraded]  # None never blocks
-    exists = DeviceToleration(KEY, "Exists")
+    exists = Toleration(KEY, "Exists")
     assert blocking([fatal, degraded], (exists,)) == []
-    only_no_schedule = DeviceToleration(KEY, "Exists", effect="NoSchedule")
+    only_no_schedule = Toleration(KEY, "Exists", effect="NoSchedule")
     assert blocking([fatal, degraded], (only_no_schedule,)) == [fatal]
-    equal = DeviceToleration(KEY, "Equal", "xid-92")
+    equal = Toleration(KEY, "Equal", "xid-92")
     assert blocking([fatal, degraded], (equal,)) == [fatal]
-    assert blocking([fatal, degraded], (DeviceToleration(operator="Exists"),)) == []
+    assert blocking([fatal, degraded], (Toleration(operator="Exists"),)) == []
 
 
 @pytest.mark.parametrize(
@@ -62,7 +62,7 @@ def test_tolerations_are_parsed_into_the_request() -> None:
     }
     parsed = parse_claim_spec({"devices": {"requests": [{"name": "r", "exactly": body}]}}, DRIVER)
     spec = parsed.requests[0].alternatives[0].spec
-    assert spec.tolerations == (DeviceToleration(KEY, "Exists"),)
+    assert spec.tolerations == (Toleration(KEY, "Exists"),)
 
 
 def _model(*taints: tuple[dict[str, str], ...]) -> ClusterModel:

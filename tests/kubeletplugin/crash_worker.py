@@ -14,6 +14,7 @@ import fcntl
 import json
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,6 +28,8 @@ from kubeletplugin.checkpoint import Checkpoint, CheckpointStore
 from kubeletplugin.claims import ClaimGoneError, ClaimView, parse_claim
 from kubeletplugin.draservice import ClaimRef
 from kubeletplugin.prepare import Preparer, PreparerSettings
+
+_REPO = Path(__file__).resolve().parents[2]
 
 DRIVER = "mig.carve.dev"
 NODE = "node-a"
@@ -157,6 +160,24 @@ def main(argv: list[str]) -> int:
     backend.close()
     print(json.dumps(out))
     return 0
+
+
+def run_worker(
+    config: Path, root: Path, op: str, uid: str, crash_at: str = ""
+) -> subprocess.CompletedProcess[str]:
+    """Run this worker for one operation on claim `uid`, as the crash tests do: the
+    simulator's faults tagged `worker`, and CRASH_AT for the non-NVML crash points."""
+    env = {
+        **os.environ,
+        "CARVE_SIM_CONFIG": str(config),
+        "CARVE_SIM_FAULT_TAG": "worker",
+        "CRASH_AT": crash_at,
+        "PYTHONPATH": str(_REPO),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "tests.kubeletplugin.crash_worker", str(root), op, uid],
+        env=env, cwd=_REPO, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -10,9 +10,7 @@ checkpoint, NVML and the CDI directory agree.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -24,7 +22,7 @@ from driver.naming import mig_device_name
 from driver.nvml import sim
 from driver.nvml.backend import NvmlBackend
 from kubeletplugin.checkpoint import CheckpointStore, ClaimState
-from tests.kubeletplugin.crash_worker import DRIVER, NODE, FileClaims
+from tests.kubeletplugin.crash_worker import DRIVER, NODE, FileClaims, run_worker
 
 pytestmark = pytest.mark.slow
 
@@ -59,18 +57,7 @@ class Env:
         )  # fmt: skip
 
     def run(self, op: str, crash_at: str = "") -> subprocess.CompletedProcess[str]:
-        env = {
-            **os.environ,
-            "CARVE_SIM_CONFIG": str(self.config),
-            "CARVE_SIM_FAULT_TAG": "worker",
-            "CRASH_AT": crash_at,
-            "PYTHONPATH": str(REPO),
-        }
-        return subprocess.run(
-            [sys.executable, "-m", "tests.kubeletplugin.crash_worker", str(self.root), op,
-             self.uid],
-            env=env, cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
-        )  # fmt: skip
+        return run_worker(self.config, self.root, op, self.uid, crash_at)
 
     def result(self, proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
         assert proc.returncode == 0, proc.stderr[-3000:]
