@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -117,3 +118,31 @@ def test_stand_in_is_written_with_the_marker(tmp_path: Path) -> None:
     script = tmp_path / MPS_CONTROL
     assert script.stat().st_mode & 0o111
     assert driverfiles.MARKER in script.read_text()[:256]
+
+
+def test_a_command_sent_before_the_daemon_reads_is_answered(
+    mps: tuple[Path, dict[str, str]],
+) -> None:
+    """A client may write the moment `-d` returns, before the daemon has read anything: its
+    command must wait in the control FIFO, not be dropped (a FIFO that nobody holds open
+    discards what is written to it, and the client would wait for a reply forever)."""
+    binary, env = mps
+    pipe = Path(env["CUDA_MPS_PIPE_DIRECTORY"])
+    started = subprocess.run([str(binary), "-d"], env=env, timeout=10, start_new_session=True,
+                             capture_output=True, check=False)  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    pid = int((pipe / PID_FILE).read_text())
+    os.kill(pid, signal.SIGSTOP)  # the daemon reads nothing until it is continued
+    try:
+        client = subprocess.Popen(
+            [str(binary)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        assert client.stdin is not None
+        client.stdin.write("get_default_active_thread_percentage\n")
+        client.stdin.close()
+        time.sleep(0.5)  # the client has written its command by now, and waits
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert client.wait(timeout=10) == 0
+    assert client.stdout is not None and client.stdout.read().strip() == "100.0"
+    assert _client(binary, env, "quit\n").returncode == 0

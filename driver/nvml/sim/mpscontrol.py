@@ -87,8 +87,8 @@ answer() {
 }
 
 daemon_loop() {
+    # fd 3 is the control FIFO, opened by start_daemon before this process was started
     log "Starting control daemon, CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-}"
-    exec 3<>"$PIPE/control"
     while read -r reply cmd <&3; do
         log "CMD $cmd"
         case $reply in */* | '' | .*) continue ;; esac
@@ -119,6 +119,10 @@ start_daemon() {
     fi
     rm -f "$PIPE/control"
     mkfifo -m 600 "$PIPE/control" || exit 1
+    # Held open from before `-d` returns: a FIFO that nobody holds drops what is written to
+    # it, so a client quick enough to write before the daemon had opened it would wait for a
+    # reply forever. The daemon inherits this descriptor.
+    exec 3<>"$PIPE/control"
     # exec, not a redirection of the call: dash keeps copies of redirected descriptors, and a
     # copy of the caller's stdout would keep whoever started `-d` waiting for end of file.
     (
