@@ -114,6 +114,31 @@ class ControllerMetrics:
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800),
             registry=r,
         )
+        # Only the placement engine's own work (Planner.plan): the allocation latency above also
+        # holds queueing and API writes, and its buckets are too coarse for a millisecond target.
+        self.decision_latency = Histogram(
+            "carve_decision_seconds",
+            "Time the placement engine took to decide one pod (placed or not).",
+            buckets=(
+                0.0001,
+                0.00025,
+                0.0005,
+                0.00075,
+                0.001,
+                0.0015,
+                0.002,
+                0.003,
+                0.005,
+                0.01,
+                0.025,
+                0.05,
+                0.1,
+                0.25,
+                1,
+                5,
+            ),
+            registry=r,
+        )
         self.queue_depth = Gauge(
             "carve_pending_pods", "Pods waiting for the controller to place them.", registry=r
         )
@@ -143,6 +168,9 @@ class ControllerMetrics:
         self.allocation_latency.observe(seconds)
         for p in profiles:
             self.allocations.labels(profile=p).inc()
+
+    def observe_decision(self, seconds: float) -> None:
+        self.decision_latency.observe(seconds)
 
     def set_queue_depth(self, depth: int) -> None:
         self.queue_depth.set(depth)

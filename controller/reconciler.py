@@ -119,6 +119,8 @@ class Recorder(Protocol):
 class Metrics(Protocol):
     def observe_allocation(self, seconds: float, profiles: Sequence[str]) -> None: ...
 
+    def observe_decision(self, seconds: float) -> None: ...
+
     def set_queue_depth(self, depth: int) -> None: ...
 
     def count_outcome(self, outcome: str) -> None: ...
@@ -126,6 +128,9 @@ class Metrics(Protocol):
 
 class _NullMetrics:
     def observe_allocation(self, seconds: float, profiles: Sequence[str]) -> None:
+        return None
+
+    def observe_decision(self, seconds: float) -> None:
         return None
 
     def set_queue_depth(self, depth: int) -> None:
@@ -946,7 +951,9 @@ class Reconciler:
             )
         else:
             try:
+                started = time.perf_counter()
                 verdict = self._planner.plan(pod, claims, classes)
+                self._metrics.observe_decision(time.perf_counter() - started)
             except Exception as exc:
                 _log.exception("planner failed for pod %s", key, extra={"pod": key})
                 verdict = Unplaceable("PlannerError", f"placement engine error: {exc}", True)
