@@ -70,6 +70,26 @@ def node_slices(node: FleetNode, driver: str, gpus_per_node: int = 8) -> list[di
     )
 
 
+def plain_pod(name: str, node: str) -> dict[str, Any]:
+    """A pod of some other workload, already bound to `node` (created with spec.nodeName)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": "other-workload"}},
+        "spec": {
+            "nodeName": node,
+            "containers": [
+                {
+                    "name": "app",
+                    "image": "registry.invalid/other:never-pulled",
+                    "env": [{"name": "MODE", "value": "serve"}],
+                    "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
+                }
+            ],
+        },
+    }
+
+
 def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
@@ -85,7 +105,11 @@ class GpuFleet:
         gpus_per_node: int = 8,
         workers: int = 8,
         renew_seconds: float = LEASE_RENEW_SECONDS,
+        plain_pods_per_node: int = 0,
+        plain_namespace: str = "plain",
     ) -> None:
+        """`plain_pods_per_node` pods that are not carve's (no claims) are bound to each node,
+        as the other workloads of a real cluster are; no kubelet runs them."""
         self._api = KubeJson(api_client, request_timeout=60.0)
         self._driver = driver
         self._gpus = gpus_per_node
@@ -97,6 +121,9 @@ class GpuFleet:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.renew_failures = 0
+        self._plain = plain_pods_per_node
+        self._plain_ns = plain_namespace
+        self.plain_pods = 0
 
     @property
     def gpu_count(self) -> int:
@@ -133,8 +160,15 @@ class GpuFleet:
             self._api.request("POST", "/apis/resource.k8s.io/v1/resourceslices", body=manifest)
             with self._lock:
                 self.slices += 1
+        for i in range(self._plain):
+            self._api.request(
+                "POST",
+                f"/api/v1/namespaces/{self._plain_ns}/pods",
+                body=plain_pod(f"{node.name}-{i}", node.name),
+            )
         with self._lock:
             self.nodes[node.name] = uid
+            self.plain_pods += self._plain
 
     def _wait_untainted(self, names: Sequence[str], timeout: float = 300.0) -> None:
         """Admission gives every new Node the not-ready taint; node-lifecycle lifts it once it

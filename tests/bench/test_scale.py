@@ -1,0 +1,56 @@
+"""The scale benchmark's machinery on a small fleet, so `python -m bench.scale` cannot rot:
+a real control plane, 20 fake GPU nodes with the plugin's slices, the real carve-controller
+process, pods churned through it. Only outcomes are checked, never timings."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from devcluster.cluster import LocalCluster
+from devcluster.pytest_plugin import k8s_cluster  # noqa: F401  (fixture, used by name)
+from tests.support.gpufleet import fleet_node, node_slices
+from tests.support.scale import ScaleBench, ScaleConfig
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+NODES = 20
+
+
+def test_fleet_nodes_publish_the_plugins_pool() -> None:
+    slices = node_slices(fleet_node(3), "mig.carve.dev")
+    pools = {s["spec"]["pool"]["name"] for s in slices}
+    assert pools == {fleet_node(3).name}
+    assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {len(slices)}
+    # Counters in their own slices (1.35+), one counter set and one device slice per GPU.
+    assert sum(1 for s in slices if s["spec"].get("sharedCounters")) == 8
+    assert sum(1 for s in slices if s["spec"].get("devices")) == 8
+
+
+def test_scale_machinery_places_and_releases_every_pod(
+    k8s_cluster: LocalCluster,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    cfg = ScaleConfig(
+        node_counts=(NODES,), rate=4.0, duration_s=5.0, hold_s=1.0, drain_s=180.0, creators=2
+    )
+    bench = ScaleBench(k8s_cluster.info, tmp_path, cfg, progress=print)
+    try:
+        bench.install()
+        [figures] = bench.run_size(NODES)
+    finally:
+        bench.close()
+    print(figures)
+    assert (figures.nodes, figures.gpus) == (NODES, NODES * 8)
+    assert figures.slices == NODES * 16
+    assert figures.created == 20
+    assert figures.placed == figures.created, "every churned pod is placed by carve"
+    assert figures.bound == figures.created, "and bound by kube-scheduler"
+    assert figures.bound_off_fleet == 0
+    assert not figures.left_behind, "deleted pods' claims were released"
+    assert figures.decisions >= figures.created
+    assert not math.isnan(figures.decision_p99_ms)
+    assert figures.requests > 0, "the controller's FlowSchema counted its requests"
+    assert figures.rss_peak_mb >= figures.rss_start_mb > 0

@@ -1,0 +1,622 @@
+"""The scale benchmark's machinery (`python -m bench.scale` is the command line, and the
+figures it prints are explained there): a fake GPU fleet (`tests.support.gpufleet`), one
+carve-controller process at a time against it, pod churn and the figures of one run.
+
+It lives here, not in bench/, so that tests/bench/test_scale.py can run it on a small fleet
+(tests never import bench/)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import socket
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from driver.contract import DEFAULT_CONTRACT
+from tests.support import promtext
+from tests.support.gpufleet import GpuFleet
+
+NAMESPACE = "scale"
+PLAIN_NAMESPACE = "plain"
+CONTROLLER_USER = "carve-scale-controller"
+FLOW_SCHEMA = CONTROLLER_USER
+PROFILES = ("1g", "1g", "2g", "3g")
+_ATTRS = f'device.attributes["{DEFAULT_CONTRACT.driver}"]'
+_GATE = DEFAULT_CONTRACT.scheduling_gate
+
+
+@dataclass(frozen=True)
+class ScaleConfig:
+    node_counts: tuple[int, ...] = (100, 300, 1000)
+    rate: float = 200.0
+    duration_s: float = 30.0
+    hold_s: float = 10.0
+    drain_s: float = 90.0
+    creators: int = 4
+    gpus_per_node: int = 8
+    plain_pods_per_node: int = 0  # pods of other workloads bound to every node
+    # (label, source tree whose controller/ runs; None: this tree), run in this order per size.
+    controllers: tuple[tuple[str, Path | None], ...] = (("this", None),)
+
+
+@dataclass(frozen=True)
+class ScaleFigures:
+    controller: str
+    nodes: int
+    gpus: int
+    slices: int
+    ready_s: float
+    model_s: float
+    rss_start_mb: float
+    rss_peak_mb: float
+    created: int
+    placed: int
+    bound: int
+    churn_s: float
+    placed_in_churn: int
+    bound_in_churn: int
+    run_s: float  # first create to last placement
+    decisions: int
+    decision_p50_ms: float
+    decision_p99_ms: float
+    requests: float
+    requests_per_placement: float
+    bound_off_fleet: int = 0  # pods bound to a node that is not a fleet node (a bench bug)
+    left_behind: bool = False  # pods or claims still there after the clean-up wait
+
+    @property
+    def create_rate(self) -> float:
+        return self.created / self.churn_s if self.churn_s else math.nan
+
+    @property
+    def placement_rate(self) -> float:
+        return self.placed_in_churn / self.churn_s if self.churn_s else math.nan
+
+    @property
+    def bound_rate(self) -> float:
+        return self.bound_in_churn / self.churn_s if self.churn_s else math.nan
+
+    @property
+    def overall_rate(self) -> float:
+        return self.placed / self.run_s if self.run_s else math.nan
+
+
+# -- pods --------------------------------------------------------------------------------------
+
+
+def claim_template(profile: str) -> dict[str, Any]:
+    selector = {"cel": {"expression": f'{_ATTRS}.profile.startsWith("{profile}.")'}}
+    request = {"deviceClassName": DEFAULT_CONTRACT.mig_class, "selectors": [selector]}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": f"slice-{profile}"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "mig", "exactly": request}]}}},
+    }
+
+
+def pod_manifest(name: str, profile: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 0,
+            "resourceClaims": [{"name": "mig", "resourceClaimTemplateName": f"slice-{profile}"}],
+            "containers": [
+                {
+                    "name": "work",
+                    "image": "registry.invalid/bench:never-pulled",
+                    "resources": {
+                        "requests": {"cpu": "100m", "memory": "128Mi"},
+                        "claims": [{"name": "mig"}],
+                    },
+                }
+            ],
+        },
+    }
+
+
+@dataclass(frozen=True)
+class _Startup:
+    ready_s: float
+    model_s: float
+    rss_mb: float
+
+
+@dataclass
+class _PodTimes:
+    created: float = math.nan
+    placed: float = math.nan
+    bound: float = math.nan
+    node: str = ""
+
+
+@dataclass
+class PodTracker:
+    """Watch-fed times at which each bench pod was created, placed (gate gone) and bound."""
+
+    pods: dict[str, _PodTimes] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def created(self, name: str, when: float) -> None:
+        with self.lock:
+            self.pods.setdefault(name, _PodTimes()).created = when
+
+    def on_pod(self, _kind: Any, type_: Any, obj: dict[str, Any]) -> None:
+        now = time.monotonic()
+        if str(type_) == "DELETED":
+            return
+        name = obj["metadata"]["name"]
+        spec = obj.get("spec") or {}
+        gates = {g.get("name") for g in spec.get("schedulingGates") or []}
+        with self.lock:
+            times = self.pods.setdefault(name, _PodTimes())
+            if _GATE not in gates and math.isnan(times.placed):
+                times.placed = now
+            if spec.get("nodeName") and math.isnan(times.bound):
+                times.bound = now
+                times.node = str(spec["nodeName"])
+
+    def snapshot(self) -> dict[str, _PodTimes]:
+        with self.lock:
+            return {
+                k: _PodTimes(v.created, v.placed, v.bound, v.node) for k, v in self.pods.items()
+            }
+
+
+# -- processes and endpoints -------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rss_mb(pid: int) -> float:
+    """Resident set size from /proc (what the kernel charges the process)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return math.nan
+
+
+def _http_text(url: str, timeout: float = 10.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return str(resp.read().decode())
+
+
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return int(resp.status) == 200
+    except OSError:
+        return False
+
+
+def apiserver_metrics(api_client: Any) -> str:
+    method, url, headers, body, _ = api_client.param_serialize(
+        method="GET",
+        resource_path="/metrics",
+        header_params={"Accept": "text/plain"},
+        auth_settings=["BearerToken"],
+    )
+    resp = api_client.call_api(method, url, header_params=headers, body=body, _request_timeout=30)
+    data = resp.read() or b""
+    return data.decode() if isinstance(data, bytes) else str(data)
+
+
+def controller_requests(apiserver_text: str) -> float:
+    return promtext.counter_sum(
+        apiserver_text, "apiserver_flowcontrol_dispatched_requests_total", flow_schema=FLOW_SCHEMA
+    )
+
+
+class ControllerUnderTest:
+    """One carve-controller process as the benchmark runs it: its own user (so the apiserver
+    can count its requests), its metrics port, optionally another source tree's code."""
+
+    def __init__(self, kubeconfig: Path, log: Path, source: Path | None) -> None:
+        from devcluster.processes import ManagedProcess, console_script
+
+        self.port = _free_port()
+        env = dict(os.environ)
+        if source is not None:
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (str(source), env.get("PYTHONPATH", "")) if p
+            )
+        argv = [
+            *console_script("carve-controller", "controller.main"),
+            f"--kubeconfig={kubeconfig}",
+            "--leader-elect=false",
+            f"--http-address=127.0.0.1:{self.port}",
+            "--log-format=text",
+            f"--driver-name={DEFAULT_CONTRACT.driver}",
+        ]
+        self.started = time.monotonic()
+        self.process = ManagedProcess("carve-controller", argv, log, tie_to_parent=True, env=env)
+
+    def metrics(self) -> str:
+        return _http_text(f"http://127.0.0.1:{self.port}/metrics")
+
+    def ready(self) -> bool:
+        return _ready(f"http://127.0.0.1:{self.port}/readyz")
+
+    def rss_mb(self) -> float:
+        return rss_mb(self.process.pid)
+
+    def alive(self) -> bool:
+        return self.process.exit_code() is None
+
+    def stop(self) -> None:
+        self.process.stop(grace_seconds=10.0)
+
+
+# -- the benchmark -----------------------------------------------------------------------------
+
+
+class ScaleBench:
+    """Everything one benchmark session needs on one running control plane."""
+
+    def __init__(
+        self,
+        cluster_info: Any,
+        workdir: Path,
+        config: ScaleConfig,
+        progress: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True),
+    ) -> None:
+        from devcluster.cluster import api_client_for
+        from kubeletplugin.claims import KubeJson
+
+        self.info = cluster_info
+        self.workdir = workdir
+        self.cfg = config
+        self.say = progress
+        self.admin = api_client_for(Path(cluster_info.kubeconfig))
+        self.api = KubeJson(self.admin, request_timeout=60.0)
+        self.fleet = GpuFleet(
+            self.admin,
+            DEFAULT_CONTRACT.driver,
+            gpus_per_node=config.gpus_per_node,
+            plain_pods_per_node=config.plain_pods_per_node,
+            plain_namespace=PLAIN_NAMESPACE,
+        )
+        self.kubeconfig = self._controller_identity()
+        self._serial = 0
+
+    # -- set-up --------------------------------------------------------------------------------
+
+    def _controller_identity(self) -> Path:
+        """A user of its own for the controller, allowed everything, and a FlowSchema that
+        matches only it: APF then counts exactly its requests."""
+        from devcluster.cluster import client_for_user
+
+        client_for_user(self.info, CONTROLLER_USER)
+        path = Path(self.info.root) / "users" / f"{CONTROLLER_USER}.kubeconfig"
+        if not path.exists():
+            raise RuntimeError(f"devcluster did not write the controller's kubeconfig at {path}")
+        rbac = "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings"
+        self._create(
+            rbac,
+            {
+                "metadata": {"name": CONTROLLER_USER},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": "cluster-admin",
+                },
+                "subjects": [
+                    {
+                        "apiGroup": "rbac.authorization.k8s.io",
+                        "kind": "User",
+                        "name": CONTROLLER_USER,
+                    }
+                ],
+            },
+        )
+        everything = {"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"]}
+        self._create(
+            "/apis/flowcontrol.apiserver.k8s.io/v1/flowschemas",
+            {
+                "metadata": {"name": FLOW_SCHEMA},
+                "spec": {
+                    "matchingPrecedence": 500,
+                    "priorityLevelConfiguration": {"name": "workload-high"},
+                    "distinguisherMethod": {"type": "ByUser"},
+                    "rules": [
+                        {
+                            "subjects": [{"kind": "User", "user": {"name": CONTROLLER_USER}}],
+                            "resourceRules": [
+                                {**everything, "clusterScope": True, "namespaces": ["*"]}
+                            ],
+                            "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}],
+                        }
+                    ],
+                },
+            },
+        )
+        return path
+
+    def _create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        from kubeletplugin.claims import ApiError
+
+        try:
+            return self.api.request("POST", path, body=body)
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+            return {}
+
+    def install(self) -> None:
+        """carve's DeviceClasses and admission gate, the bench namespace and templates."""
+        from devcluster.waiting import wait_for
+        from nodesim.stack import CarveStack, gates_pod
+
+        stack = CarveStack(Path(self.info.kubeconfig), self.workdir / "stack")
+        try:
+            stack.install()
+        finally:
+            stack.heartbeater.stop()
+        for ns in (NAMESPACE, PLAIN_NAMESPACE):
+            self._create("/api/v1/namespaces", {"metadata": {"name": ns}})
+            path = f"/api/v1/namespaces/{ns}/serviceaccounts"
+            wait_for(
+                f"the {ns} namespace's default ServiceAccount",
+                lambda p=path: self.api.request("GET", p).get("items"),  # type: ignore[misc]
+            )
+        for profile in sorted(set(PROFILES)):
+            self._create(
+                f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaimtemplates",
+                claim_template(profile),
+            )
+        for profile in sorted(set(PROFILES)):
+            wait_for(
+                "the admission policy to see the templates",
+                lambda p=profile: gates_pod(  # type: ignore[misc]
+                    self.api, NAMESPACE, {"resourceClaimTemplateName": f"slice-{p}"}
+                ),
+            )
+
+    def close(self) -> None:
+        self.fleet.stop()
+
+    # -- one measurement -----------------------------------------------------------------------
+
+    def run_size(self, nodes: int) -> list[ScaleFigures]:
+        took = self.fleet.grow_to(nodes, self.say)
+        self.fleet.start()
+        self.say(
+            f"fleet: {len(self.fleet.nodes)} nodes, {self.fleet.gpu_count} GPUs, "
+            f"{self.fleet.slices} ResourceSlices, {self.fleet.plain_pods} other pods "
+            f"(grew in {took:.0f}s)"
+        )
+        return [self.run_controller(label, source) for label, source in self.cfg.controllers]
+
+    def _new_name(self, what: str) -> str:
+        self._serial += 1
+        return f"{what}-{self._serial:06d}"
+
+    def _create_pod(self, name: str, profile: str, tracker: PodTracker) -> None:
+        self.api.request(
+            "POST", f"/api/v1/namespaces/{NAMESPACE}/pods", body=pod_manifest(name, profile)
+        )
+        tracker.created(name, time.monotonic())
+
+    def _delete_pod(self, name: str) -> None:
+        from kubeletplugin.claims import ApiError
+
+        with contextlib.suppress(ApiError):
+            self.api.request(
+                "DELETE",
+                f"/api/v1/namespaces/{NAMESPACE}/pods/{name}",
+                body={"gracePeriodSeconds": 0},
+            )
+
+    def run_controller(self, label: str, source: Path | None) -> ScaleFigures:
+        from controller.informers import Informer, InformerConfig
+        from controller.reconciler import Kind
+
+        tracker = PodTracker()
+        pods_path = f"/api/v1/namespaces/{NAMESPACE}/pods"
+
+        def list_pods(**kwargs: Any) -> Any:
+            from kubernetes import client
+
+            return client.CoreV1Api(self.admin).list_namespaced_pod(NAMESPACE, **kwargs)
+
+        watcher = Informer(
+            Kind.POD,
+            list_pods,
+            tracker.on_pod,
+            lambda _k: None,
+            InformerConfig(watch_timeout_s=120, resync_period_s=3600.0),
+        )
+        threading.Thread(target=watcher.run, args=(time.monotonic,), daemon=True).start()
+        while not watcher.has_synced:
+            time.sleep(0.05)
+        probe = self._new_name("probe")
+        self._create_pod(probe, "1g", tracker)
+        log = self.workdir / f"controller-{label}-{len(self.fleet.nodes)}.log"
+        ctl = ControllerUnderTest(self.kubeconfig, log, source)
+        try:
+            ready_s = self._wait(ctl, ctl.ready, 600, "readyz") - ctl.started
+            model_s = (
+                self._wait(
+                    ctl,
+                    lambda: not math.isnan(tracker.snapshot()[probe].placed),
+                    600,
+                    "the probe pod to be placed",
+                )
+                - ctl.started
+            )
+            rss_start = ctl.rss_mb()
+            self.say(
+                f"[{label} @ {len(self.fleet.nodes)} nodes] ready in {ready_s:.1f}s, "
+                f"first placement {model_s:.1f}s after start, RSS {rss_start:.0f} MB; churning"
+            )
+            figures = self._churn(label, ctl, tracker, _Startup(ready_s, model_s, rss_start))
+        finally:
+            clean = self._clean_up(pods_path, ctl)
+            ctl.stop()
+            watcher.stop()
+        figures = dataclasses.replace(figures, left_behind=not clean)
+        self.say(f"[{label} @ {figures.nodes} nodes] {format_row(figures)}")
+        return figures
+
+    def _wait(
+        self, ctl: ControllerUnderTest, done: Callable[[], bool], timeout: float, what: str
+    ) -> float:
+        deadline = time.monotonic() + timeout
+        while not done():
+            if not ctl.alive():
+                raise RuntimeError(
+                    f"carve-controller exited ({ctl.process.exit_code()}) waiting for {what}:\n"
+                    + ctl.process.log_tail(30)
+                )
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"carve-controller: {what} not reached in {timeout:.0f}s")
+            time.sleep(0.05)
+        return time.monotonic()
+
+    def _churn(
+        self,
+        label: str,
+        ctl: ControllerUnderTest,
+        tracker: PodTracker,
+        startup: _Startup,
+    ) -> ScaleFigures:
+        cfg = self.cfg
+        m0, a0 = ctl.metrics(), apiserver_metrics(self.admin)
+        placed0 = promtext.counter_sum(m0, "carve_placement_outcomes_total", outcome="allocated")
+        total = max(1, round(cfg.rate * cfg.duration_s))
+        names = [self._new_name("pod") for _ in range(total)]
+        stop = threading.Event()
+        rss_peak = [startup.rss_mb]
+        deleted: set[str] = set()
+
+        def sample_and_delete() -> None:
+            with ThreadPoolExecutor(2) as pool:
+                while not stop.wait(0.5):
+                    with contextlib.suppress(OSError):
+                        rss_peak[0] = max(rss_peak[0], ctl.rss_mb())
+                    now = time.monotonic()
+                    due = [
+                        n
+                        for n, t in tracker.snapshot().items()
+                        if n not in deleted and now - t.bound >= cfg.hold_s
+                    ]
+                    deleted.update(due)
+                    list(pool.map(self._delete_pod, due))
+
+        janitor = threading.Thread(target=sample_and_delete, daemon=True)
+        janitor.start()
+        begin = time.monotonic()
+
+        def create(worker: int) -> None:
+            for i in range(worker, total, cfg.creators):
+                delay = begin + i / cfg.rate - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                self._create_pod(names[i], PROFILES[i % len(PROFILES)], tracker)
+
+        with ThreadPoolExecutor(cfg.creators) as pool:
+            list(pool.map(create, range(cfg.creators)))
+        churn_end = max(time.monotonic(), begin + cfg.duration_s)
+        while time.monotonic() < churn_end:
+            time.sleep(0.05)
+        snap = tracker.snapshot()
+        placed_in_churn = sum(1 for n in names if snap[n].placed <= churn_end)
+        bound_in_churn = sum(1 for n in names if snap[n].bound <= churn_end)
+        drain_until = time.monotonic() + cfg.drain_s
+        while time.monotonic() < drain_until:
+            snap = tracker.snapshot()
+            if all(not math.isnan(snap[n].placed) for n in names):
+                break
+            time.sleep(0.2)
+        m1, a1 = ctl.metrics(), apiserver_metrics(self.admin)
+        stop.set()
+        janitor.join(timeout=30)
+        snap = tracker.snapshot()
+        placed_times = [snap[n].placed for n in names if not math.isnan(snap[n].placed)]
+        placements = (
+            promtext.counter_sum(m1, "carve_placement_outcomes_total", outcome="allocated")
+            - placed0
+        )
+        requests = controller_requests(a1) - controller_requests(a0)
+        b0 = promtext.buckets(m0, "carve_decision_seconds")
+        b1 = promtext.buckets(m1, "carve_decision_seconds")
+        decisions = int(b1.get(math.inf, 0.0) - b0.get(math.inf, 0.0))
+        return ScaleFigures(
+            controller=label,
+            nodes=len(self.fleet.nodes),
+            gpus=self.fleet.gpu_count,
+            slices=self.fleet.slices,
+            ready_s=startup.ready_s,
+            model_s=startup.model_s,
+            rss_start_mb=startup.rss_mb,
+            rss_peak_mb=rss_peak[0],
+            created=total,
+            placed=len(placed_times),
+            bound=sum(1 for n in names if not math.isnan(snap[n].bound)),
+            churn_s=churn_end - begin,
+            placed_in_churn=placed_in_churn,
+            bound_in_churn=bound_in_churn,
+            run_s=(max(placed_times) - begin) if placed_times else math.nan,
+            decisions=decisions,
+            decision_p50_ms=promtext.quantile(b0, b1, 0.5) * 1000,
+            decision_p99_ms=promtext.quantile(b0, b1, 0.99) * 1000,
+            requests=requests,
+            requests_per_placement=requests / placements if placements else math.nan,
+            bound_off_fleet=sum(
+                1 for n in names if snap[n].node and snap[n].node not in self.fleet.nodes
+            ),
+        )
+
+    def _clean_up(self, pods_path: str, ctl: ControllerUnderTest, timeout: float = 300.0) -> bool:
+        """Delete every bench pod and wait for their claims to go (the controller, still
+        running, drops its finalizer), so the next controller starts on an empty cluster."""
+        from kubeletplugin.claims import ApiError
+
+        with contextlib.suppress(ApiError):
+            self.api.request("DELETE", pods_path, query=[("gracePeriodSeconds", "0")], body={})
+        claims = f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            pods = self.api.request("GET", pods_path, query=[("limit", "1")]).get("items")
+            left = self.api.request("GET", claims, query=[("limit", "1")]).get("items")
+            if not pods and not left:
+                return True
+            if not ctl.alive():
+                break
+            time.sleep(0.5)
+        self.say("warning: bench pods or claims were left behind; later figures may suffer")
+        return False
+
+
+HEADER = (
+    f"{'controller':<11}{'nodes':>6}{'GPUs':>6}{'ready s':>8}{'model s':>8}{'RSS MB':>8}"
+    f"{'peak MB':>8}{'dec p50':>8}{'dec p99':>8}{'create/s':>9}{'placed/s':>9}{'bound/s':>8}"
+    f"{'all/s':>7}{'req/pl':>7}{'placed':>9}"
+)
+
+
+def format_row(f: ScaleFigures) -> str:
+    return (
+        f"{f.controller:<11}{f.nodes:>6}{f.gpus:>6}{f.ready_s:>8.1f}{f.model_s:>8.1f}"
+        f"{f.rss_start_mb:>8.0f}{f.rss_peak_mb:>8.0f}{f.decision_p50_ms:>8.2f}"
+        f"{f.decision_p99_ms:>8.2f}{f.create_rate:>9.1f}{f.placement_rate:>9.1f}"
+        f"{f.bound_rate:>8.1f}{f.overall_rate:>7.1f}{f.requests_per_placement:>7.1f}"
+        f"{f.placed:>5}/{f.created:<4}"
+    )
