@@ -5,9 +5,11 @@ underscores), so the Deployment can be configured either way; flags win over the
 Those shared with `carve-kubelet-plugin` (kubeconfig, driver name, ops address, logging, resync
 period) are declared there once; a bad value exits 2 with the flag and an example.
 
-Process shape: five informer threads feed one reconciler thread; a leader-election thread gates
-the reconciler (followers keep their caches warm, so a failover decides on a full picture at once
-but still only after its informers have listed); an HTTP thread serves /metrics, /healthz and
+Process shape: five informer threads feed one reconciler thread, which makes every decision and
+the writes that carry it; events and pod conditions go to side-writer threads; a
+leader-election thread gates the reconciler (followers keep their caches warm, so a failover
+decides on a full picture at once but still only after its informers have listed); an HTTP
+thread serves /metrics, /healthz and
 /readyz. Losing the lease ends the process (exit code 3): a restart is the simplest way to be sure
 that no decision of the old term survives into the next.
 """
@@ -29,6 +31,7 @@ from controller.informers import Informer, InformerConfig, standard_informers, s
 from controller.leader import LeaderElector, LeaseConfig
 from controller.metrics import ControllerMetrics
 from controller.reconciler import CarveClasses, Planner, Reconciler, ReconcilerConfig
+from controller.sidewrites import DeferredRecorder, SideWriter
 from controller.status import KubeClaimWriter
 from driver.contract import Contract
 from process import flags
@@ -93,7 +96,11 @@ LEASE_NAMESPACE: Flag[str] = Flag(
 LEASE_DURATION = flags.duration("lease-duration", "lease duration", "15s")
 RENEW_DEADLINE = flags.duration("renew-deadline", "renew deadline", "10s")
 RETRY_PERIOD = flags.duration("retry-period", "leader-election retry period", "2s")
-RESYNC_PERIOD = flags.resync_period("10m", "full relist and re-examination period")
+RESYNC_PERIOD = flags.resync_period(
+    "10m",
+    "how often every cached pod and claim is examined again (informers watch and relist only "
+    "when a watch cannot resume)",
+)
 RETRY_INTERVAL = flags.duration(
     "retry-interval", "how often a waiting pod is retried without any change", "30s"
 )
@@ -252,13 +259,17 @@ class Controller:
             controller=contract.event_source,
             instance=opts.identity,
         )
+        # Events and pod conditions are best effort: written beside the decision thread, not
+        # on it, so a placement waits only for the writes that make it (controller.sidewrites).
+        self.side_writes = SideWriter()
         self.reconciler = Reconciler(
             planner or default_planner(opts.driver_name),
             self.writer,
-            self.recorder,
+            DeferredRecorder(self.recorder, self.side_writes),
             config=self.config,
             metrics=self.metrics,
             is_leader=fence,
+            defer=self.side_writes.submit,
         )
         self.resync_s = opts.resync_period
         self.informers: list[Informer] = standard_informers(
@@ -266,7 +277,8 @@ class Controller:
             resource,
             self.reconciler.enqueue,
             self.reconciler.mark_synced,
-            InformerConfig(resync_period_s=self.resync_s),
+            InformerConfig(),
+            gate=contract.scheduling_gate,
         )
         self._http: OpsServer | None = None
 
@@ -313,6 +325,7 @@ class Controller:
     def shutdown(self) -> None:
         for inf in self.informers:
             inf.stop()
+        self.side_writes.stop()
         if self.elector is not None:
             self.elector.stop(release=self.exit_code != EXIT_LOST_LEASE)
         if self._http is not None:

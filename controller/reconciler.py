@@ -415,8 +415,12 @@ class Reconciler:
         is_leader: Callable[[], bool] = lambda: True,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+        defer: Callable[[str, Callable[[], None]], None] | None = None,
     ) -> None:
+        """`defer(key, write)` runs a best-effort write (a pod condition) later and in order per
+        key (`controller.sidewrites`); by default it runs at once, on this thread."""
         self._planner = planner
+        self._defer = defer or _run_now
         self._writer = writer
         self._recorder = recorder
         self._cfg = config or ReconcilerConfig()
@@ -428,6 +432,9 @@ class Reconciler:
         self._synced: set[Kind] = set()
         self.stores: dict[Kind, dict[str, Obj]] = {k: {} for k in Kind}
         self._pods: dict[str, _PodState] = {}
+        # Pods for which `pod_work` can be anything but NONE: a pass looks at these only, not
+        # at every pod the cache holds (bound and foreign pods never need the controller).
+        self._candidates: set[str] = set()
         self._dirty_claims: set[str] = set()
         self._event_sent: dict[str, dict[str, float]] = {}
         # Ungated pods whose allocation kube-scheduler cleared: how often, and when to retry.
@@ -475,6 +482,7 @@ class Reconciler:
             self._planner.observe(kind, obj)
         if kind is Kind.POD:
             self._index_pod(key, None if type_ is EventType.DELETED else obj)
+            self._index_candidate(key, None if type_ is EventType.DELETED else obj)
             self._on_pod(key, obj, type_)
         elif kind is Kind.CLAIM:
             self._dirty_claims.add(key)
@@ -519,12 +527,28 @@ class Reconciler:
             for claim_key in claim_keys:
                 self._users.setdefault(claim_key, set()).add(key)
 
+    def _index_candidate(self, key: str, pod: Obj | None) -> None:
+        if pod is not None and _may_need_work(pod, self._cfg.gate):
+            self._candidates.add(key)
+        elif key in self._candidates:
+            self._candidates.discard(key)
+            self._forget_pod(key)
+
+    def _set_pod(self, key: str, pod: Obj) -> None:
+        """Store a pod this controller just wrote."""
+        self.stores[Kind.POD][key] = pod
+        self._index_candidate(key, pod)
+
     def _condition(self, pod: Obj, status: bool, reason: str, message: str) -> None:
         """Best effort, like events: a failed condition write never blocks a decision."""
-        try:
-            self._writer.set_pod_condition(pod, status, reason, message)
-        except Exception as exc:
-            _log.info("pod %s: could not set condition: %s", key_of(pod), exc)
+
+        def write() -> None:
+            try:
+                self._writer.set_pod_condition(pod, status, reason, message)
+            except Exception as exc:
+                _log.info("pod %s: could not set condition: %s", key_of(pod), exc)
+
+        self._defer(key_of(pod), write)
 
     def _forget_pod(self, key: str) -> None:
         """The pod needs nothing more from us: drop its queue state and event memory."""
@@ -805,7 +829,13 @@ class Reconciler:
         work: list[tuple[Obj, PodWork]] = []
         now = self._clock()
         claims = self.stores[Kind.CLAIM]
-        for key, pod in self.stores[Kind.POD].items():
+        pods = self.stores[Kind.POD]
+        for key in list(self._candidates):
+            pod = pods.get(key)
+            if pod is None:
+                self._candidates.discard(key)
+                self._forget_pod(key)
+                continue
             w = pod_work(pod, claims, self._cfg.classes, self._cfg.contract)
             if w.kind is WorkKind.NONE:
                 self._forget_pod(key)
@@ -928,8 +958,7 @@ class Reconciler:
     def _ungate(self, pod: Obj, claims: Sequence[Obj]) -> None:
         key = key_of(pod)
         if has_gate(pod, self._cfg.gate):
-            fresh = self._writer.remove_gate(pod)
-            self.stores[Kind.POD][key] = fresh
+            self._set_pod(key, self._writer.remove_gate(pod))
         self._forget_pod(key)
         if claims:
             _log.info("pod %s: claims already allocated; gate removed", key, extra={"pod": key})
@@ -999,8 +1028,7 @@ class Reconciler:
             raise
         self._planner.committed(pod, plan)
         if has_gate(pod, self._cfg.gate):
-            fresh = self._writer.remove_gate(pod)
-            self.stores[Kind.POD][key] = fresh
+            self._set_pod(key, self._writer.remove_gate(pod))
         latency = self._clock() - state.first_seen
         self._metrics.observe_allocation(latency, profiles)
         self._metrics.count_outcome("allocated")
@@ -1069,7 +1097,7 @@ class Reconciler:
             f"unplaceable for longer than {self._cfg.native_fallback_after:.0f}s "
             f"({why.message}); gate removed so kube-scheduler can allocate natively",
         )
-        self.stores[Kind.POD][key] = self._writer.remove_gate(pod)
+        self._set_pod(key, self._writer.remove_gate(pod))
 
 
 _RAW_BYTES_HINT = (
@@ -1112,6 +1140,19 @@ def _scheduling_message(pod: Obj) -> str:
         if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
             return str(cond.get("message") or cond.get("reason") or "")
     return ""
+
+
+def _run_now(_key: str, write: Callable[[], None]) -> None:
+    write()
+
+
+def _may_need_work(pod: Obj, gate: str) -> bool:
+    """False exactly when `pod_work` is NONE whatever the claims say: the pod ended, is bound,
+    is being deleted, or has neither claims nor carve's gate."""
+    spec = pod.get("spec") or {}
+    if is_terminal(pod) or spec.get("nodeName") or pod.get("metadata", {}).get("deletionTimestamp"):
+        return False
+    return bool(spec.get("resourceClaims")) or has_gate(pod, gate)
 
 
 def _rv(obj: Obj | None) -> int | None:

@@ -1,0 +1,85 @@
+"""Best-effort writes (events, pod conditions) off the decision thread.
+
+A placement needs three writes in order (claim finalizer, allocation, gate removal); the events
+and the pod condition that tell the user about it are best effort by design (a failed one is
+logged and never blocks a decision), yet written inline they were half of every placement's
+round trips. Here they run on a few worker threads. Writes about one object go to one worker,
+so they land in the order they were made (a "waits" condition never overtakes the "Placed"
+one); a worker whose queue is full drops the write, counts it and logs it.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+from controller.reconciler import Kind, Recorder, key_of
+
+Obj = dict[str, Any]
+Write = Callable[[], None]
+
+_log = logging.getLogger(__name__)
+
+
+class SideWriter:
+    def __init__(self, workers: int = 4, capacity: int = 10_000) -> None:
+        self._queues: list[queue.Queue[Write | None]] = [
+            queue.Queue(maxsize=capacity) for _ in range(workers)
+        ]
+        self.dropped = 0
+        self._threads = [
+            threading.Thread(target=self._run, args=(q,), name=f"side-writes-{i}", daemon=True)
+            for i, q in enumerate(self._queues)
+        ]
+        for t in self._threads:
+            t.start()
+
+    def submit(self, key: str, write: Write) -> None:
+        """Run `write` later, after every write submitted earlier for the same key."""
+        q = self._queues[zlib.crc32(key.encode()) % len(self._queues)]
+        try:
+            q.put_nowait(write)
+        except queue.Full:
+            self.dropped += 1
+            _log.warning("dropped a best-effort write about %s: %d queued", key, q.qsize())
+
+    def _run(self, q: queue.Queue[Write | None]) -> None:
+        while True:
+            write = q.get()
+            if write is None:
+                return
+            try:
+                write()
+            except Exception:
+                _log.exception("best-effort write failed")
+
+    def pending(self) -> int:
+        return sum(q.qsize() for q in self._queues)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Let queued writes finish for up to `timeout`, then leave the rest."""
+        for q in self._queues:
+            try:
+                q.put_nowait(None)
+            except queue.Full:
+                continue
+        for t in self._threads:
+            t.join(timeout / len(self._threads))
+
+
+class DeferredRecorder:
+    """A `Recorder` whose events are written by a `SideWriter`, in order per object."""
+
+    def __init__(self, recorder: Recorder, side: SideWriter) -> None:
+        self._recorder = recorder
+        self._side = side
+
+    def event(self, obj: Obj, kind: Kind, type_: str, reason: str, message: str) -> None:
+        def write() -> None:
+            self._recorder.event(obj, kind, type_, reason, message)
+
+        self._side.submit(key_of(obj), write)
