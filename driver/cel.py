@@ -18,7 +18,9 @@ selector in one claim can never take the controller down.
 
 from __future__ import annotations
 
+import functools
 import re
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
@@ -145,9 +147,12 @@ class CelDevice:
         attributes: Mapping[str, AttributeValue],
         capacity: Mapping[str, Decimal] | None = None,
     ) -> CelDevice:
-        attrs = {qualify(driver, k): v for k, v in attributes.items()}
-        caps = {qualify(driver, k): v for k, v in (capacity or {}).items()}
-        return cls(driver, tuple(sorted(attrs.items())), tuple(sorted(caps.items())))
+        # A fleet publishes the same names, values and capacity maps on every GPU of a model:
+        # share them, so a device's facts cost its own few values only (1,000 nodes x 8 GPUs
+        # hold over a million facts, most of them equal).
+        attrs = sorted(_attribute_fact(_qualified(driver, k), v) for k, v in attributes.items())
+        caps = sorted(_capacity_fact(_qualified(driver, k), v) for k, v in (capacity or {}).items())
+        return cls(driver, tuple(attrs), _shared_capacity(tuple(caps)))
 
     def attribute(self, qualified_name: str) -> AttributeValue | None:
         for name, value in self.attributes:
@@ -159,6 +164,28 @@ class CelDevice:
 def qualify(driver: str, name: str) -> str:
     """``name`` with the driver's domain when it has none (unqualified names are the driver's)."""
     return name if "/" in name else f"{driver}/{name}"
+
+
+@functools.lru_cache(maxsize=4096)
+def _qualified(driver: str, name: str) -> str:
+    return sys.intern(qualify(driver, name))
+
+
+@functools.lru_cache(maxsize=1 << 16, typed=True)  # typed: 1 and True stay apart
+def _attribute_fact(name: str, value: AttributeValue) -> tuple[str, AttributeValue]:
+    return (name, value)
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _capacity_fact(name: str, value: Decimal) -> tuple[str, Decimal]:
+    return (name, value)
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _shared_capacity(
+    facts: tuple[tuple[str, Decimal], ...],
+) -> tuple[tuple[str, Decimal], ...]:
+    return facts
 
 
 # ---------------------------------------------------------------------------------------------
