@@ -7,7 +7,7 @@ the cluster rather than the cluster.
   they end. Pods that use claims, or carry the gate, are kept whole (the reconciler writes to
   them and reads their claims, conditions and containers).
 - ResourceSlices: kept whole (the placement engine re-reads a node's whole pool when one slice
-  changes, and the usage gauges read the counters), but with their small containers shared: the
+  changes, and the usage gauges read the counters), but with their repeated parts shared: the
   plugin publishes the same capacity maps, counter consumptions and attribute values for every
   GPU of a model, so a fleet of a few GPU models holds a few thousand distinct ones.
 - Every object loses `metadata.managedFields` and the last-applied annotation, which nothing in
@@ -18,6 +18,7 @@ Objects from the cache are read-only: the interned containers are shared between
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -100,95 +101,82 @@ def pod_view(gate: str) -> Callable[[Obj], Obj | None]:
     return view
 
 
-class Interner:
-    """Makes equal small JSON containers (and all strings) one shared object.
+class SharedParts:
+    """One object per distinct JSON value at the places a ResourceSlice repeats itself: every
+    attribute value, every device's capacity map and counter consumption, every counter set's
+    counters. The key is the value's compact JSON text (C-speed, and it keeps 1, 1.0 and true
+    apart); device and attribute names are interned strings.
 
-    A dict or list is shared when it has at most `max_items` entries and every container in
-    it is shared already, so the table holds small keys only; the large per-device and
-    per-slice containers stay private and point at shared parts. Entries that no cached
-    object uses any more are dropped whenever the table has doubled since the last sweep.
+    Entries that no cached object uses any more are dropped whenever the table has doubled
+    since the last sweep, so replaced slices do not pin their parts.
     """
 
-    def __init__(self, max_items: int = 8) -> None:
-        self._max = max_items
-        self._table: dict[tuple[object, ...], Any] = {}
+    def __init__(self) -> None:
+        self._table: dict[str, Any] = {}
+        self._attributes: dict[tuple[str, type, object], Any] = {}
         self._sweep_at = 4096
 
     def __len__(self) -> int:
-        return len(self._table)
+        return len(self._table) + len(self._attributes)
+
+    def share(self, value: Any) -> Any:
+        key = json.dumps(value, separators=(",", ":"))
+        return self._table.setdefault(key, value)
 
     def __call__(self, obj: Obj) -> Obj:
-        value, _ = self._intern(obj)
-        if len(self._table) >= self._sweep_at:
+        spec = strip_bookkeeping(obj).get("spec")
+        if isinstance(spec, dict):
+            for device in spec.get("devices") or ():
+                if isinstance(device, dict):
+                    self._device(device)
+            for counter_set in spec.get("sharedCounters") or ():
+                if isinstance(counter_set, dict) and "counters" in counter_set:
+                    counter_set["counters"] = self.share(counter_set["counters"])
+        if len(self) >= self._sweep_at:
             self.sweep()
-        result: Obj = value
-        return result
+        return obj
 
-    def _intern(self, value: Any) -> tuple[Any, bool]:
-        """The (possibly shared) value and whether it is shared (or a scalar)."""
-        if isinstance(value, str):
-            return sys.intern(value), True
-        if isinstance(value, dict):
-            out: dict[str, Any] = {}
-            shareable = len(value) <= self._max
-            for k, raw in value.items():
-                v, shared = self._intern(raw)
-                out[sys.intern(k) if isinstance(k, str) else k] = v
-                shareable = shareable and shared
-            if not shareable:
-                return out, False
-            return self._share(("d", *((k, _token(v)) for k, v in out.items())), out)
-        if isinstance(value, list):
-            items = []
-            shareable = len(value) <= self._max
-            for raw in value:
-                v, shared = self._intern(raw)
-                items.append(v)
-                shareable = shareable and shared
-            if not shareable:
-                return items, False
-            return self._share(("l", *(_token(v) for v in items)), items)
-        return value, True
+    def _device(self, device: Obj) -> None:
+        name = device.get("name")
+        if isinstance(name, str):
+            device["name"] = sys.intern(name)
+        attributes = device.get("attributes")
+        if isinstance(attributes, dict):
+            device["attributes"] = {
+                sys.intern(k): self._attribute(v)
+                for k, v in attributes.items()
+                if isinstance(k, str)
+            }
+        for key in ("capacity", "consumesCounters"):
+            if key in device:
+                device[key] = self.share(device[key])
 
-    def _share(self, key: tuple[object, ...], value: Any) -> tuple[Any, bool]:
-        return self._table.setdefault(key, value), True
+    def _attribute(self, value: Any) -> Any:
+        """An attribute value is one `{type: value}` pair: keyed without JSON, by the pair."""
+        if isinstance(value, dict) and len(value) == 1:
+            ((kind, item),) = value.items()
+            if isinstance(item, str | int | bool) and not isinstance(item, float):
+                return self._attributes.setdefault((kind, type(item), item), value)
+        return self.share(value)
 
     def sweep(self) -> int:
-        """Drop entries only the table still holds; returns how many went."""
-        dropped = 0
-        while True:
-            probe: list[int] = []
-            self._table[("probe",)] = probe
-            del probe
-            floor = _refcount(self._table, ("probe",))
-            stale = [k for k in self._table if _refcount(self._table, k) <= floor]
-            for k in stale:
-                del self._table[k]
-            dropped += len(stale) - 1  # the probe itself
-            if len(stale) <= 1:
-                break
-        self._sweep_at = max(4096, 2 * len(self._table))
+        """Drop entries only the tables still hold; returns how many went."""
+        dropped = _sweep(self._table, "\0probe") + _sweep(self._attributes, ("", type(None), None))
+        self._sweep_at = max(4096, 2 * len(self))
         return dropped
 
 
-def _refcount(table: Mapping[tuple[object, ...], Any], key: tuple[object, ...]) -> int:
-    return sys.getrefcount(table[key])
-
-
-def _token(value: Any) -> object:
-    """What identifies a shared value inside its parent's key: containers by identity (they
-    are table entries, alive as long as the parent is), scalars by type and value (so that
-    1, 1.0 and True stay apart)."""
-    if isinstance(value, dict | list):
-        return id(value)
-    return (type(value), value)
+def _sweep(table: dict[Any, Any], probe_key: Any) -> int:
+    """Delete the entries of `table` that nothing else references. The floor is measured on a
+    fresh probe entry, read exactly as the others are, so it holds on any interpreter."""
+    table[probe_key] = []
+    floor = sys.getrefcount(table[probe_key])
+    stale = [k for k in table if sys.getrefcount(table[k]) <= floor]
+    for k in stale:
+        del table[k]
+    return len(stale) - 1  # the probe itself
 
 
 def slice_view() -> Callable[[Obj], Obj]:
-    """The ResourceSlice informer's transform (one interner per informer thread)."""
-    interner = Interner()
-
-    def view(obj: Obj) -> Obj:
-        return interner(strip_bookkeeping(obj))
-
-    return view
+    """The ResourceSlice informer's transform (one table per informer thread)."""
+    return SharedParts()

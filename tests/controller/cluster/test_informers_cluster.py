@@ -96,3 +96,66 @@ def test_list_then_watch_then_relist_after_expiry(k8s_api: ApiClient, namespace:
         inf.stop()
         t.join(10)
     assert not t.is_alive()
+
+
+def _pod(name: str, **spec: Any) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": "x"}},
+        "spec": {
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "registry.invalid/x",
+                    "resources": {"requests": {"cpu": "100m"}},
+                }
+            ],
+            **spec,
+        },
+    }
+
+
+def test_pod_view_caches_only_what_the_controller_needs(
+    k8s_api: ApiClient,
+    namespace: str,
+    fake_node: Any,
+) -> None:
+    """Unbound pods without claims are not cached; once bound they are, trimmed; a pod that
+    leaves the view (it ended) is delivered as DELETED; a label change to a trimmed pod
+    changes nothing kept and is skipped."""
+    from controller.cache import pod_view
+
+    core = client.CoreV1Api(k8s_api)
+    node = fake_node()
+    rec = Recorder()
+    inf = Informer(
+        Kind.POD,
+        lambda **kw: core.list_namespaced_pod(namespace, **kw),
+        rec.handler,
+        rec.synced.append,
+        InformerConfig(watch_timeout_s=5),
+        transform=pod_view("mig.carve.dev/placement"),
+        skip_unchanged=True,
+    )
+    # No node matches: kube-scheduler leaves it unbound.
+    core.create_namespaced_pod(namespace, _pod("unbound", nodeSelector={"carve.test/none": "x"}))
+    t = threading.Thread(target=inf.run, args=(time.monotonic,), daemon=True)
+    t.start()
+    try:
+        wait_for("initial sync", lambda: rec.synced == [Kind.POD])
+        core.create_namespaced_pod(namespace, _pod("bound", nodeName=node))
+        wait_for("the bound pod", lambda: rec.seen(EventType.ADDED, "bound"))
+        assert set(inf.cache) == {f"{namespace}/bound"}, "the unbound plain pod is not kept"
+        kept = inf.cache[f"{namespace}/bound"]
+        assert kept["spec"]["nodeName"] == node and "labels" not in kept["metadata"]
+        skipped = inf.skipped
+        core.patch_namespaced_pod("bound", namespace, {"metadata": {"labels": {"app": "y"}}})
+        wait_for("the label change to be skipped", lambda: inf.skipped > skipped)
+        assert not rec.seen(EventType.MODIFIED, "bound")
+        core.patch_namespaced_pod_status("bound", namespace, {"status": {"phase": "Succeeded"}})
+        wait_for("the ended pod to leave", lambda: rec.seen(EventType.DELETED, "bound"))
+        assert inf.cache == {}
+    finally:
+        inf.stop()
+        t.join(10)

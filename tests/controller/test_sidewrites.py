@@ -1,0 +1,80 @@
+"""Best-effort writes beside the decision thread (controller/sidewrites.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from controller.reconciler import Kind
+from controller.sidewrites import DeferredRecorder, SideWriter
+
+
+def _wait(done: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, "side writes did not run"
+        time.sleep(0.01)
+
+
+def test_writes_about_one_object_land_in_order() -> None:
+    side = SideWriter(workers=3)
+    seen: dict[str, list[int]] = {}
+    lock = threading.Lock()
+
+    def write(key: str, i: int) -> None:
+        time.sleep(0.001 * (i % 3))
+        with lock:
+            seen.setdefault(key, []).append(i)
+
+    for i in range(30):
+        for key in ("ns/a", "ns/b", "ns/c"):
+            side.submit(key, lambda k=key, n=i: write(k, n))
+    _wait(lambda: side.pending() == 0 and sum(len(v) for v in seen.values()) == 90)
+    side.stop()
+    assert seen == {k: list(range(30)) for k in ("ns/a", "ns/b", "ns/c")}
+
+
+def test_a_failing_write_neither_stops_the_worker_nor_escapes() -> None:
+    side = SideWriter(workers=1)
+    done: list[str] = []
+
+    def boom() -> None:
+        raise RuntimeError("apiserver said no")
+
+    side.submit("k", boom)
+    side.submit("k", lambda: done.append("after"))
+    _wait(lambda: done == ["after"])
+    side.stop()
+
+
+def test_a_full_queue_drops_and_counts() -> None:
+    side = SideWriter(workers=1, capacity=2)
+    gate = threading.Event()
+    side.submit("k", gate.wait)  # occupies the worker
+    _wait(lambda: side.pending() == 0)
+    for _ in range(5):
+        side.submit("k", lambda: None)
+    assert side.dropped == 3
+    gate.set()
+    side.stop()
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str]] = []
+
+    def event(self, obj: dict[str, Any], kind: Kind, type_: str, reason: str, message: str) -> None:
+        self.events.append((obj["metadata"]["name"], reason))
+
+
+def test_deferred_recorder_writes_through_the_side_writer() -> None:
+    inner = _Recorder()
+    side = SideWriter(workers=2)
+    rec = DeferredRecorder(inner, side)
+    pod = {"metadata": {"name": "p", "namespace": "ns"}}
+    rec.event(pod, Kind.POD, "Normal", "Placed", "on n1")
+    rec.event(pod, Kind.POD, "Warning", "Later", "x")
+    _wait(lambda: len(inner.events) == 2)
+    side.stop()
+    assert inner.events == [("p", "Placed"), ("p", "Later")]
