@@ -30,7 +30,7 @@ from controller.events import KubeRecorder
 from controller.informers import Informer, InformerConfig, standard_informers, start_informers
 from controller.leader import LeaderElector, LeaseConfig
 from controller.metrics import ControllerMetrics
-from controller.reconciler import CarveClasses, Planner, Reconciler, ReconcilerConfig
+from controller.reconciler import CarveClasses, Kind, Planner, Reconciler, ReconcilerConfig
 from controller.sidewrites import DeferredRecorder, SideWriter
 from controller.status import KubeClaimWriter
 from driver.contract import Contract
@@ -43,6 +43,7 @@ from process.opshttp import OpsServer
 _log = logging.getLogger("carve.controller")
 
 PROG = "carve-controller"
+_USAGE_KINDS = (Kind.SLICE, Kind.CLAIM)
 EXIT_LOST_LEASE = 3
 
 # -- flags -------------------------------------------------------------------------------------
@@ -281,6 +282,7 @@ class Controller:
             gate=contract.scheduling_gate,
         )
         self._http: OpsServer | None = None
+        self._usage_thread: threading.Thread | None = None
 
     def ready(self) -> bool:
         return all(i.has_synced for i in self.informers)
@@ -314,13 +316,29 @@ class Controller:
                     self.reconciler.resync()
                     next_resync = now + self.resync_s
                 if now >= next_usage and self.reconciler.synced:
-                    self.metrics.update_usage(self.reconciler.stores, self.config.driver)
+                    self._update_usage_beside()
                     next_usage = now + 15.0
             except Exception:
                 _log.exception("reconcile step failed; continuing")
                 self.stop_event.wait(1.0)
         self.shutdown()
         return self.exit_code
+
+    def _update_usage_beside(self) -> None:
+        """The usage gauges read every slice and claim (over a second at 1,000 GPU nodes):
+        snapshot the stores here, on the decision thread that owns them, and compute on a
+        thread of its own, one at a time. Cached objects are replaced, never changed, so the
+        snapshot stays consistent."""
+        if self._usage_thread is not None and self._usage_thread.is_alive():
+            return
+        stores = {k: dict(v) for k, v in self.reconciler.stores.items() if k in _USAGE_KINDS}
+        self._usage_thread = threading.Thread(
+            target=self.metrics.update_usage,
+            args=(stores, self.config.driver),
+            name="usage-gauges",
+            daemon=True,
+        )
+        self._usage_thread.start()
 
     def shutdown(self) -> None:
         for inf in self.informers:
