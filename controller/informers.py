@@ -92,9 +92,14 @@ class Informer:
     # -- list ----------------------------------------------------------------------------------
 
     def _list(self) -> str:
-        """Full paginated list; returns the list's resourceVersion to watch from."""
-        items: list[Obj] = []
+        """Full paginated list; returns the list's resourceVersion to watch from.
+
+        Each page is transformed as it arrives: holding the raw collection until the end made
+        the list's peak (and so the process's resident size, which Python rarely gives back)
+        the size of everything the cache then throws away."""
+        fresh: dict[str, Obj] = {}
         token: str | None = None
+        kind_name = str(self.kind)
         while True:
             kwargs: dict[str, Any] = {"limit": self._cfg.page_size, "_preload_content": False}
             if token:
@@ -104,21 +109,19 @@ class Informer:
             except Exception as exc:
                 if getattr(exc, "status", None) == 410 and token:
                     # Continue token expired mid-list: start over for a consistent snapshot.
-                    items, token = [], None
+                    fresh, token = {}, None
                     continue
                 raise
-            items.extend(page.get("items") or [])
+            for raw in page.get("items") or []:
+                raw.setdefault("kind", kind_name)
+                item = raw if self._transform is None else self._transform(raw)
+                if item is not None:
+                    fresh[key_of(item)] = item
             token = page.get("metadata", {}).get("continue")
             if not token:
                 rv = str(page.get("metadata", {}).get("resourceVersion", ""))
                 break
-        kind_name = str(self.kind)
-        fresh = {}
-        for raw in items:
-            raw.setdefault("kind", kind_name)
-            item = raw if self._transform is None else self._transform(raw)
-            if item is not None:
-                fresh[key_of(item)] = item
+            del page
         self._replace(fresh)
         self.relists += 1
         return rv
