@@ -96,3 +96,26 @@ def test_metrics_are_exported() -> None:
     assert "carve_allocation_latency_seconds_count 1.0" in text
     assert "carve_slice_utilization_ratio 0.125" in text
     assert 'carve_placement_outcomes_total{outcome="allocated"} 1.0' in text
+
+
+def test_usage_index_agrees_with_a_full_read_and_sees_a_new_version() -> None:
+    from controller.metrics import SliceUsageIndex
+
+    store: dict[str, Obj] = {}
+    for s in _slices("n1", 2) + _slices("n2", 1):
+        s["metadata"]["resourceVersion"] = "1"
+        store[s["metadata"]["name"]] = s
+    dev = next(d["name"] for s in store.values() for d in s["spec"].get("devices") or [])
+    claims = [_claim(("n1", dev))]
+    index = SliceUsageIndex(DRIVER)
+    assert index.usage(store, claims) == slice_usage(store.values(), claims, DRIVER)
+    assert index.usage(store, claims).used > 0
+    # n2 republishes a pool of two GPUs under a new generation: the next pass must see it.
+    for s in [s for s in store.values() if s["spec"]["pool"]["name"] == "n2"]:
+        del store[s["metadata"]["name"]]
+    for s in _slices("n2", 2):
+        s["spec"]["pool"]["generation"] = 2
+        s["metadata"]["resourceVersion"] = "2"
+        store[s["metadata"]["name"]] = s
+    assert index.usage(store, claims) == slice_usage(store.values(), claims, DRIVER)
+    assert index.usage(store, claims).gpus == 4
