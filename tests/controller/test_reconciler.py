@@ -851,3 +851,41 @@ def test_missing_generated_claim_is_reported_only_when_it_lasts() -> None:
     (ev,) = [e for e in h.recorder.events if e[0] == "p"]
     assert ev[2] == "ClaimsNotReady"
     assert "kube-controller-manager" in ev[3]
+
+
+def test_a_pass_looks_only_at_pods_that_can_need_the_controller(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Bound pods, pods without claims or gate, and pods being deleted are not examined (the
+    reconciler keeps a candidate set rather than scanning every cached pod)."""
+    import controller.reconciler as reconciler_module
+
+    examined: list[str] = []
+    real_pod_work = reconciler_module.pod_work
+
+    def counting_pod_work(p: Obj, *args: Any) -> Any:
+        examined.append(p["metadata"]["name"])
+        return real_pod_work(p, *args)
+
+    monkeypatch.setattr(reconciler_module, "pod_work", counting_pod_work)
+    h = Harness()
+    h.add(Kind.CLAIM, claim("c1"))
+    h.add(Kind.POD, pod("waiting", ["c1"]))
+    bound = pod("bound", ["c1"], gated=False)
+    bound["spec"]["nodeName"] = "n1"
+    h.add(Kind.POD, bound)
+    plain = pod("plain", [], gated=False)
+    h.add(Kind.POD, plain)
+    leaving = pod("leaving", ["c1"])
+    leaving["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:01Z"
+    h.add(Kind.POD, leaving)
+    h.rec.drain()
+    assert h.rec.pending() == ["ns/waiting"]
+    assert set(examined) == {"waiting"}
+    # The waiting pod is bound by someone else: it leaves the candidates, and the queue.
+    now_bound = h.current("waiting")
+    now_bound["spec"]["nodeName"] = "n1"
+    now_bound["spec"].pop("schedulingGates")
+    h.update(Kind.POD, now_bound)
+    h.rec.drain()
+    assert h.rec.pending() == []
