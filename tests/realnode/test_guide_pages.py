@@ -12,7 +12,6 @@ from __future__ import annotations
 import shlex
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import yaml
@@ -21,7 +20,7 @@ from devcluster.cluster import run_kubectl
 from realnode.images import TEST_IMAGE
 from tests.realnode.conftest import NODE_H
 from tests.realnode.harness import REAL_GROUP, REAL_GROUP_LABEL, RealEnv
-from tests.support.guide import Step, missing_lines, read_page
+from tests.support.guide import Step, expected_in, read_page, run_step
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guide"
 # Commands that only read may be asked again until what the page shows has happened.
@@ -53,31 +52,23 @@ def _argv(step: Step, files: Path, namespace: str) -> list[str]:
     return [*out, "-n", namespace]
 
 
-def _run(env: RealEnv, step: Step, argv: list[str], timeout: float = 120.0) -> str:
-    deadline = time.monotonic() + timeout
+def _run(env: RealEnv, step: Step, argv: list[str]) -> str:
     kubeconfig = Path(env.stack.kubeconfig)
-    while True:
-        if argv[0] == "carve":
-            cli = [sys.executable, "-m", "carvecli.main", *argv[1:], f"--kubeconfig={kubeconfig}"]
-            done = subprocess.run(cli, capture_output=True, text=True, timeout=60, check=False)
-            namespace = env.namespace
-        else:
-            done = run_kubectl(kubeconfig, *argv, check=False, timeout=timeout)
-            namespace = argv[argv.index("-n") + 1]
-        output = done.stdout + done.stderr
-        expected = [
-            e.replace(" from default namespace", f" from {namespace} namespace")
-            for e in step.expected
-        ]
-        missing = missing_lines(expected, output)
-        if done.returncode == 0 and not missing:
-            return output
-        if (argv[0] != "carve" and argv[0] not in _READS) or time.monotonic() > deadline:
-            raise AssertionError(
-                f"$ {step.command}\nexit {done.returncode}, missing {missing}, printed:\n{output}"
-                f"\n{env.diagnostics()}"
-            )
-        time.sleep(1.0)
+    if argv[0] == "carve":
+        cli = [sys.executable, "-m", "carvecli.main", *argv[1:], f"--kubeconfig={kubeconfig}"]
+
+        def attempt() -> subprocess.CompletedProcess[str]:
+            return subprocess.run(cli, capture_output=True, text=True, timeout=60, check=False)
+
+        namespace, retry = env.namespace, True
+    else:
+
+        def attempt() -> subprocess.CompletedProcess[str]:
+            return run_kubectl(kubeconfig, *argv, check=False, timeout=120)
+
+        namespace, retry = argv[argv.index("-n") + 1], argv[0] in _READS
+    expected = expected_in(step, namespace)
+    return run_step(step, attempt, expected, retry=retry, diagnostics=env.diagnostics)
 
 
 def _run_page(env: RealEnv, tmp_path: Path, page_name: str) -> dict[str, str]:

@@ -23,7 +23,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,7 +39,7 @@ from realnode.cluster import RealNodes
 from realnode.images import TEST_IMAGE, ImageArchive, default_cache
 from realnode.node import RealNode, RealNodeSpec, free_ports
 from tests.deploy.conftest import CHART, REPO, Helm, helm_binary
-from tests.support.guide import Step, missing_lines, read_page
+from tests.support.guide import Step, expected_in, read_page, run_step
 
 pytestmark = pytest.mark.realnode
 
@@ -123,34 +122,32 @@ class InCluster:
         """One ``$`` line of the page, renamed, with the test's values file given to helm;
         read-only commands are asked again until what the page shows has happened."""
         argv = shlex.split(_renamed(step.command))
-        expected = [
-            _renamed(e).replace(" from default namespace", f" from {USER_NAMESPACE} namespace")
-            for e in step.expected
-        ]
-        deadline = time.monotonic() + 120
-        while True:
-            if argv[0] == "helm":
-                args = [str(CHART) if a == "deploy/helm/carve" else a for a in argv[1:]]
-                if args[0] in ("install", "upgrade"):
-                    args += ["-f", str(self.values_file)]
-                done = self.helm.run(*args, kubeconfig=str(self.kubeconfig), check=False)
-            elif argv[0] == "kubectl":
-                args = [str(files / a) if argv[i] == "-f" else a for i, a in enumerate(argv[1:])]
-                if "-n" not in args and "--namespace" not in args:
-                    args += ["-n", USER_NAMESPACE]
-                done = run_kubectl(self.kubeconfig, *args, check=False, timeout=240)
-            else:
-                raise AssertionError(f"the page may only run helm and kubectl: {step.command}")
-            output = done.stdout + done.stderr
-            missing = missing_lines(expected, output)
-            if done.returncode == 0 and not missing:
-                return output
-            if argv[1] not in _READS or time.monotonic() > deadline:
-                raise AssertionError(
-                    f"$ {step.command}\nexit {done.returncode}, missing {missing}, printed:\n"
-                    f"{output}\n{self.diagnostics()}"
-                )
-            time.sleep(1.0)
+        renamed = Step(step.command, tuple(_renamed(e) for e in step.expected))
+        if argv[0] == "helm":
+            args = [str(CHART) if a == "deploy/helm/carve" else a for a in argv[1:]]
+            if args[0] in ("install", "upgrade"):
+                args += ["-f", str(self.values_file)]
+
+            def attempt() -> subprocess.CompletedProcess[str]:
+                return self.helm.run(*args, kubeconfig=str(self.kubeconfig), check=False)
+
+        elif argv[0] == "kubectl":
+            args = [str(files / a) if argv[i] == "-f" else a for i, a in enumerate(argv[1:])]
+            if "-n" not in args and "--namespace" not in args:
+                args += ["-n", USER_NAMESPACE]
+
+            def attempt() -> subprocess.CompletedProcess[str]:
+                return run_kubectl(self.kubeconfig, *args, check=False, timeout=240)
+
+        else:
+            raise AssertionError(f"the page may only run helm and kubectl: {step.command}")
+        return run_step(
+            step,
+            attempt,
+            expected_in(renamed, USER_NAMESPACE),
+            retry=argv[1] in _READS,
+            diagnostics=self.diagnostics,
+        )
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
         done = run_kubectl(self.kubeconfig, *args, input=input, check=False, timeout=120)

@@ -12,7 +12,9 @@ from what carve does.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,3 +73,38 @@ def missing_lines(expected: Sequence[str], output: str) -> list[str]:
         if not any(re.fullmatch(pattern, line) for line in lines):
             missing.append(want)
     return missing
+
+
+def expected_in(step: Step, namespace: str) -> list[str]:
+    """The step's output lines as they read when its commands run in ``namespace`` instead of
+    the reader's ``default`` (kubectl names the namespace when it deletes)."""
+    return [
+        e.replace(" from default namespace", f" from {namespace} namespace") for e in step.expected
+    ]
+
+
+def run_step(
+    step: Step,
+    attempt: Callable[[], subprocess.CompletedProcess[str]],
+    expected: Sequence[str],
+    *,
+    retry: bool,
+    diagnostics: Callable[[], str],
+    timeout: float = 120.0,
+) -> str:
+    """Run one step (``attempt`` runs its command once) until it succeeds and prints every
+    ``expected`` line; its output. A read-only command (``retry``) is asked again for up to
+    ``timeout`` seconds, until what the page shows has happened; any other fails at once."""
+    deadline = time.monotonic() + timeout
+    while True:
+        done = attempt()
+        output = done.stdout + done.stderr
+        missing = missing_lines(expected, output)
+        if done.returncode == 0 and not missing:
+            return output
+        if not retry or time.monotonic() > deadline:
+            raise AssertionError(
+                f"$ {step.command}\nexit {done.returncode}, missing {missing}, printed:\n"
+                f"{output}\n{diagnostics()}"
+            )
+        time.sleep(1.0)
