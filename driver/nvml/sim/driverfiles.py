@@ -10,11 +10,16 @@ choice (never the real / or /dev):
   (``libnvidia-ml.so.<version>``, ``libcuda.so.<version>``, their ``.so.1`` links), a GSP
   firmware file, and ``usr/bin/nvidia-smi``: a POSIX sh script (busybox is enough) that answers
   ``nvidia-smi -L`` like the real one for the devices the container's ``NVIDIA_VISIBLE_DEVICES``
-  names. The script carries the node's GPUs and MIG devices in itself and is replaced (new file,
-  then rename) whenever an instance is created or destroyed. A container's bind mount pins the
-  file it was created with, and containers are created after the claim was prepared, so each
-  sees the MIG devices that existed when it started: nothing simulator-specific is needed in
-  the CDI code, which mounts ``usr/bin/nvidia-smi`` like any driver binary.
+  names. The script carries the node's GPUs and MIG devices in a table at its end, which is
+  rewritten *in place* whenever an instance is created or destroyed, so the file's inode never
+  changes after it was first written. A container's bind mount holds that inode, and the
+  stand-in answers from the node's current state as the real one asks the driver: nothing
+  simulator-specific is needed in the CDI code, which mounts ``usr/bin/nvidia-smi`` like any
+  driver binary. (Replacing the file instead, new file then rename, raced with the container
+  runtime: runc opens a bind mount's source and then checks its path, and refuses a source
+  that was replaced in between with "possibly malicious path detected ... (deleted)".) The
+  script reads its table twice until two complete reads agree, so a read that overlaps a
+  rewrite is never used.
 - the driver root also gets ``usr/bin/nvidia-cuda-mps-control``, a stand-in for the MPS control
   daemon and its client that speaks the real one's control protocol (``mpscontrol``).
 - the dev root gets ``dev/nvidiactl``, ``dev/nvidia<minor>``, ``dev/nvidia-uvm(-tools)`` and
@@ -92,9 +97,10 @@ def cuda_version_text(cuda_driver_version: int) -> str:
 _SCRIPT = r"""#!/bin/sh
 # @@MARKER@@: nvidia-smi stand-in.
 #
-# Written by carve's NVML simulator (driver/nvml/sim/driverfiles.py) and replaced (new file, then
-# rename) whenever a GPU or compute instance is created or destroyed; a container's bind mount
-# keeps the file it was created with. Simulated: -L/--list-gpus, --version, and the header of a
+# Written by carve's NVML simulator (driver/nvml/sim/driverfiles.py). The device table at the end
+# is rewritten in place whenever a GPU or compute instance is created or destroyed (the file is
+# never replaced, so a container's bind mount shows the current one). Simulated: -L/--list-gpus,
+# --version, and the header of a
 # bare `nvidia-smi`. Inside a container (where /dev/nvidiactl exists) the devices shown are those
 # whose device nodes the container has, as the real driver decides: a GPU by /dev/nvidia<minor>,
 # a MIG device by its compute instance's /dev/nvidia-caps/nvidia-cap<N>. Elsewhere they are those
@@ -103,9 +109,30 @@ _SCRIPT = r"""#!/bin/sh
 
 DRIVER_VERSION='@@VERSION@@'
 CUDA_VERSION='@@CUDA@@'
-# G <NVML index> <minor> <GPU UUID> <name> / M <NVML index of its GPU> <cap minor> <profile> <MIG>
-TABLE='@@TABLE@@'
 DEV=${CARVE_SIM_DEV_DIR:-/dev}
+
+load_table() {
+    # The table's rows: G <NVML index> <minor> <GPU UUID> <name>
+    #                   M <NVML index of its GPU> <cap minor> <profile> <MIG UUID>
+    # A read that overlaps a rewrite may be torn; two equal complete reads are not.
+    last=
+    tries=0
+    while [ "$tries" -lt 100 ]; do
+        now=$(sed -n '/^#@@ TABLE$/,/^#@@ END$/p' "$0") || break
+        case $now in
+        *'#@@ END')
+            if [ "$now" = "$last" ]; then
+                TABLE=$(printf '%s\n' "$now" | sed -e '1d' -e '$d' -e 's/^#//')
+                return 0
+            fi
+            ;;
+        esac
+        last=$now
+        tries=$((tries + 1))
+    done
+    echo "nvidia-smi (carve NVML simulator): cannot read the device table from $0" >&2
+    exit 9
+}
 
 in_list() {
     # in_list ",a,b," word...: is any word an element of the list?
@@ -171,6 +198,7 @@ EOF
     return 0
 }
 
+load_table
 case ${1-} in
 -L | --list-gpus)
     list_gpus
@@ -191,7 +219,10 @@ case ${1-} in
     exit 2
     ;;
 esac
+exit 0
 """
+_TABLE_BEGIN = "#@@ TABLE\n"
+_TABLE_END = "#@@ END\n"
 
 
 def _safe(text: str) -> str:
@@ -206,12 +237,12 @@ def nvidia_smi_script(version: str, cuda_version: str, gpus: Sequence[SmiGpu]) -
     for index, gpu in enumerate(gpus):
         rows.append(f"G {index} {gpu.minor} {_safe(gpu.uuid)} {_safe(gpu.name)}")
         rows.extend(f"M {index} {m.cap_minor} {_safe(m.profile)} {_safe(m.uuid)}" for m in gpu.migs)
-    return (
+    body = (
         _SCRIPT.replace("@@MARKER@@", MARKER)
         .replace("@@VERSION@@", _safe(version))
         .replace("@@CUDA@@", _safe(cuda_version))
-        .replace("@@TABLE@@", "\n".join(rows))
     )
+    return body + _TABLE_BEGIN + "".join(f"#{row}\n" for row in rows) + _TABLE_END
 
 
 # --- writing files that are ours ------------------------------------------------------------------
@@ -293,9 +324,30 @@ def populate_driver_root(root: Path, version: str) -> None:
 
 
 def write_nvidia_smi(root: Path, script: str) -> bool:
-    """Install the stand-in (only when its text changed); True if the file was replaced."""
+    """Install the stand-in; True if its text changed.
+
+    A file that already holds the same script body gets only its table rewritten, in place
+    (see the module's docstring for why the inode must stay); anything else (no file yet, a new
+    driver version) is replaced whole, which happens when the node is provisioned, before any
+    container mounts it."""
     target = root / NVIDIA_SMI
     _claim(target, root)
+    cut = script.index(_TABLE_BEGIN)
+    body, table = script[:cut].encode(), script[cut:].encode()
+    try:  # never through a link: that is replaced by a file of ours
+        f = os.fdopen(os.open(target, os.O_RDWR | os.O_NOFOLLOW), "r+b")
+    except OSError:
+        return _write_if_changed(target, script, 0o755)
+    with f:
+        current = f.read()
+        if current == body + table:
+            return False
+        in_place = current.startswith(body) and stat.S_IMODE(os.fstat(f.fileno()).st_mode) == 0o755
+        if in_place:
+            # One write, then cut what an old, longer table left behind its end marker.
+            os.pwrite(f.fileno(), table, len(body))
+            os.ftruncate(f.fileno(), len(body) + len(table))
+            return True
     return _write_if_changed(target, script, 0o755)
 
 

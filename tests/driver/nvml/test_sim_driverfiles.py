@@ -9,6 +9,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -135,19 +136,50 @@ def test_nvidia_smi_lists_exactly_the_visible_devices(
     assert _smi(smi, "all", "-q", shell=shell)[0] == 2
 
 
-def test_nvidia_smi_follows_the_state_and_a_mounted_copy_keeps_its_own(
-    make_sim: SimFactory, tmp_path: Path
-) -> None:
+def test_nvidia_smi_follows_the_state_in_place(make_sim: SimFactory, tmp_path: Path) -> None:
+    """The file is rewritten, never replaced: a bind mount (here a hard link, which holds the
+    inode as a mount does) sees the current devices, and runc never finds its source deleted."""
     backend = _node(make_sim, tmp_path)
     gpu = backend.gpus()[0]
-    carved = backend.carve(gpu.uuid, 19, 0)
     smi = tmp_path / "driver/usr/bin/nvidia-smi"
-    pinned = tmp_path / "pinned"  # what a bind mount holds: the inode of container creation
-    os.link(smi, pinned)
+    mounted = tmp_path / "mounted"
+    os.link(smi, mounted)
+    inode = smi.stat().st_ino
+    carved = backend.carve(gpu.uuid, 19, 0)
+    assert carved.mig_uuid in _smi(mounted, carved.mig_uuid, "-L")[1]
     backend.destroy(gpu.uuid, carved.gi_id)
-    assert _smi(smi, carved.mig_uuid, "-L") == (6, "No devices were found\n")
-    assert carved.mig_uuid in _smi(pinned, carved.mig_uuid, "-L")[1]
+    assert _smi(mounted, carved.mig_uuid, "-L") == (6, "No devices were found\n")
+    assert smi.stat().st_ino == inode
+    assert mounted.read_bytes() == smi.read_bytes()
     assert not [p for p in smi.parent.iterdir() if p.name.startswith(".")]  # no temp files left
+
+
+def test_a_listing_during_rewrites_is_never_torn(make_sim: SimFactory, tmp_path: Path) -> None:
+    """Containers run nvidia-smi while neighbours carve on the same node: every answer is the
+    listing of one state, the one before a rewrite or the one after it."""
+    backend = _node(make_sim, tmp_path)
+    gpu = backend.gpus()[0]
+    smi = tmp_path / "driver/usr/bin/nvidia-smi"
+    keep = backend.carve(gpu.uuid, 19, 0)
+    expected_line = f"  MIG 1g.5gb      Device  0: (UUID: {keep.mig_uuid})"
+    stop = threading.Event()
+    answers: list[tuple[int, str]] = []
+
+    def churn() -> None:
+        while not stop.is_set():
+            other = backend.carve(gpu.uuid, 19, 6)  # changes the table's length each time
+            backend.destroy(gpu.uuid, other.gi_id)
+
+    writer = threading.Thread(target=churn)
+    writer.start()
+    try:
+        for _ in range(40):
+            answers.append(_smi(smi, keep.mig_uuid, "-L"))
+    finally:
+        stop.set()
+        writer.join()
+    want = (0, f"GPU 0: NVIDIA A100-SXM4-40GB (UUID: {gpu.uuid})\n{expected_line}\n")
+    assert [a for a in answers if a != want] == []
 
 
 def test_another_process_keeps_the_files_current(make_sim: SimFactory, tmp_path: Path) -> None:
