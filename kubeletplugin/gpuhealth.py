@@ -5,7 +5,9 @@ One thread: it waits on an NVML event set for XID and ECC events of every GPU th
 them, and every poll interval reads each GPU's recovery action and volatile uncorrected-ECC
 count (the only signal for GPUs without events, and what shows a reset). A change of any GPU's
 condition calls `on_change`, which republishes the ResourceSlices with or without the GPU's
-device taints. NVML errors are logged and retried; the monitor never stops the plugin.
+device taints, saves the conditions (kubeletplugin.healthstate: a restarted plugin starts from
+them) and posts an Event on the Node per GPU that turned unhealthy or healthy. NVML errors are
+logged and retried; the monitor never stops the plugin.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
-from driver.gpuhealth import HealthPolicy, HealthTracker, Probe
+from driver.gpuhealth import Condition, HealthPolicy, HealthTracker, Probe, Severity
 from driver.nvml.backend import HealthEvent, HealthEvents
+from kubeletplugin.healthstate import HealthStateFile
+from kubeletplugin.nodeevents import NodeEvents
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +43,8 @@ class HealthMonitor:
         poll_seconds: float = 5.0,
         on_change: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
+        state: HealthStateFile | None = None,
+        events: NodeEvents | None = None,
     ) -> None:
         self._backend = backend
         self._gpus = tuple(gpus)
@@ -52,6 +58,9 @@ class HealthMonitor:
         self._thread: threading.Thread | None = None
         self._events: HealthEvents | None = None
         self._next_poll = 0.0
+        self._state = state
+        self._node_events = events
+        self._told: dict[str, Condition] = {}  # what the Node's events said last, per GPU
 
     # -- what others read ------------------------------------------------------------------
 
@@ -68,6 +77,7 @@ class HealthMonitor:
     # -- the loop -------------------------------------------------------------------------
 
     def start(self) -> None:
+        self._restore()
         try:
             self._events = self._backend.health_events(self._gpus)
         except Exception as e:
@@ -154,11 +164,67 @@ class HealthMonitor:
         with self._lock:
             return self._tracker.probe(gpu, probe, now)
 
+    def _restore(self) -> None:
+        """Start from the saved conditions of this node's GPUs (see kubeletplugin.healthstate)."""
+        if self._state is None:
+            return
+        saved = {g: c for g, c in self._state.load().items() if g in self._gpus}
+        with self._lock:
+            self._tracker.conditions.update(saved)
+        self._told = dict(saved)
+        if saved:
+            log.warning(
+                "GPU health restored from the last run",
+                extra={"unhealthy": {g: c.reason for g, c in saved.items()}},
+            )
+
     def _changed(self) -> None:
         with self._lock:
-            now = dict(self._tracker.unhealthy())
-        log.warning("GPU health changed", extra={"unhealthy": now})
+            conditions = dict(self._tracker.conditions)
+        log.warning(
+            "GPU health changed", extra={"unhealthy": {g: c.reason for g, c in conditions.items()}}
+        )
+        if self._state is not None:
+            try:
+                self._state.save(conditions)
+            except OSError as e:
+                log.warning("could not save GPU health", extra={"error": str(e)})
         try:
             self._on_change()
         except Exception as e:
             log.warning("republishing after a GPU health change failed", extra={"error": str(e)})
+        self._tell(conditions)
+
+    def _tell(self, conditions: Mapping[str, Condition]) -> None:
+        """One Node event per GPU whose condition (severity, value) changed since the last."""
+        if self._node_events is None:
+            return
+        for gpu in sorted(set(conditions) | set(self._told)):
+            new, old = conditions.get(gpu), self._told.get(gpu)
+            if (new and (new.severity, new.value)) == (old and (old.severity, old.value)):
+                continue
+            if new is None:
+                self._node_events.event(
+                    type_="Normal",
+                    reason="GpuHealthy",
+                    message=f"GPU {gpu} is healthy again (it was: {old.reason if old else '?'}); "
+                    "its devices are no longer tainted",
+                )
+            else:
+                taint = self._tracker.taints(self._key).get(gpu)
+                effect = taint[0]["effect"] if taint else "no scheduling effect"
+                what = (
+                    "fatal, until the GPU is reset"
+                    if new.severity is Severity.FATAL
+                    else (
+                        f"degraded, until {self._tracker.policy.recovery_seconds:g}s without a new "
+                        "error"
+                    )
+                )
+                self._node_events.event(
+                    type_="Warning",
+                    reason="GpuUnhealthy",
+                    message=f"GPU {gpu}: {new.reason} ({what}); its devices are tainted "
+                    f"{self._key}={new.value}:{effect}",
+                )
+        self._told = dict(conditions)

@@ -367,6 +367,9 @@ class NodePlugin:
     def _health_monitor(self) -> HealthMonitor:
         from driver.contract import Contract
         from kubeletplugin.gpuhealth import HealthMonitor
+        from kubeletplugin.healthstate import FILE_NAME as HEALTH_FILE
+        from kubeletplugin.healthstate import HealthStateFile
+        from kubeletplugin.nodeevents import KubernetesNodeEvents
 
         return HealthMonitor(
             self.node.mig,
@@ -375,6 +378,10 @@ class NodePlugin:
             taint_key=Contract(self.opts.driver_name).health_taint_key,
             poll_seconds=self.opts.health_poll_period,
             on_change=self._republish,
+            state=HealthStateFile(self.opts.checkpoint_dir / HEALTH_FILE),
+            events=KubernetesNodeEvents(
+                self.api, driver=self.opts.driver_name, node=self.opts.node_name
+            ),
         )
 
     def _republish(self) -> None:

@@ -98,6 +98,15 @@ def test_a_fatal_xid_evicts_and_taints_until_reset_and_a_degraded_one_only_block
         for _, eff in taints
     }
     assert effects == {"NoSchedule"}
+    # A plugin crash forgets nothing: the XID 92 event was read once, and only the saved
+    # condition still knows of it. The restarted plugin republishes the taint at once.
+    node.kill_plugin()
+    node.start_plugin()
+    node.wait_plugin_ready()
+    assert "GPU health restored from the last run" in wait_for(
+        "the restarted plugin's log", lambda: _restored(node), timeout=30
+    )
+    assert any(n.startswith(f"gpu-{degraded}") for n in _taints(e2e, node))
     e2e.pod("d", {"mig": {"resourceClaimTemplateName": "one-1g"}})
     e2e.wait_phase("d", "Running")
     assert _on_gpu(e2e, "d") not in (gpu, degraded)  # neither sick GPU takes new work
@@ -115,4 +124,18 @@ def test_a_fatal_xid_evicts_and_taints_until_reset_and_a_degraded_one_only_block
         lambda: not any(n.startswith(f"gpu-{gpu}") for n in _taints(e2e, node)),
         timeout=30,
     )
+    # What an operator reads: `kubectl describe node` lists the plugin's events.
+    told = wait_for("the node's GPU health events", lambda: _described(e2e, node), timeout=30)
+    assert "GpuUnhealthy" in told and "XID 79 (GPU has fallen off the bus)" in told, told
+    assert "XID 92" in told
     assert e2e.check_invariants() == []
+
+
+def _described(e2e: E2E, node: SimNode) -> str | None:
+    out = e2e.stack.kubectl("describe", "node", node.name, check=False).stdout
+    return out if "GpuHealthy" in out else None
+
+
+def _restored(node: SimNode) -> str | None:
+    text = node.plugin_log.read_text(errors="replace")
+    return text if "GPU health restored from the last run" in text else None

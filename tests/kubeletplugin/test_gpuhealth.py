@@ -13,6 +13,7 @@ from driver.gpuhealth import HealthPolicy, TaintEffect
 from driver.nvml import sim
 from driver.nvml.backend import NvmlBackend
 from kubeletplugin.gpuhealth import HealthMonitor
+from kubeletplugin.healthstate import HealthStateFile
 from kubeletplugin.main import UsageError, parse_options
 from kubeletplugin.migbackend import NodeHardware
 from tests.kubeletplugin.node_harness import sim_config
@@ -39,7 +40,22 @@ def hw(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[NodeHardware]
     sim.configure(None)
 
 
-def _monitor(hw: NodeHardware, clock: Clock, **policy: object) -> tuple[HealthMonitor, list[int]]:
+class NodeEventLog:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, str]] = []
+
+    def event(self, *, type_: str, reason: str, message: str) -> None:
+        self.events.append((type_, reason, message))
+
+
+def _monitor(
+    hw: NodeHardware,
+    clock: Clock,
+    *,
+    state: HealthStateFile | None = None,
+    events: NodeEventLog | None = None,
+    **policy: object,
+) -> tuple[HealthMonitor, list[int]]:
     changes: list[int] = []
     m = HealthMonitor(
         hw.mig,
@@ -49,6 +65,8 @@ def _monitor(hw: NodeHardware, clock: Clock, **policy: object) -> tuple[HealthMo
         poll_seconds=0.2,
         on_change=lambda: changes.append(1),
         clock=clock,
+        state=state,
+        events=events,
     )
     m.start()
     return m, changes
@@ -132,6 +150,74 @@ def test_without_events_the_poll_finds_a_gpu_that_needs_a_reset(hw: NodeHardware
         _until(m, clock, lambda: not m.taints())
     finally:
         m.stop()
+
+
+def test_the_node_is_told_when_a_gpu_turns_unhealthy_and_healthy_again(hw: NodeHardware) -> None:
+    clock, told = Clock(), NodeEventLog()
+    m, _ = _monitor(hw, clock, events=told)
+    a100 = hw.mig.gpus()[1].uuid
+    try:
+        sim.sim_inject_xid(1, 79)
+        _until(m, clock, m.taints)
+        sim.sim_inject_xid(1, 79)  # the same condition again: nothing new to say
+        for _ in range(4):
+            clock.now += 0.25
+            m.step()
+        sim.sim_reset_gpu(1)
+        _until(m, clock, lambda: not m.taints())
+    finally:
+        m.stop()
+    assert [(t, r) for t, r, _ in told.events] == [
+        ("Warning", "GpuUnhealthy"),
+        ("Normal", "GpuHealthy"),
+    ]
+    sick, healthy = told.events[0][2], told.events[1][2]
+    assert sick.startswith(f"GPU {a100}: XID 79 (GPU has fallen off the bus)")
+    assert f"tainted {KEY}=xid-79:NoExecute" in sick and "until the GPU is reset" in sick
+    assert healthy.startswith(f"GPU {a100} is healthy again")
+
+
+def test_a_restarted_monitor_keeps_a_degraded_gpu_tainted(hw: NodeHardware, tmp_path: Path) -> None:
+    """The XID event is gone once read, so only the saved condition still knows of it."""
+    clock, state = Clock(), HealthStateFile(tmp_path / "gpu-health.json")
+    first, _ = _monitor(hw, clock, state=state, recovery_seconds=60.0)
+    try:
+        sim.sim_inject_xid(0, 92)
+        _until(first, clock, first.taints)
+    finally:
+        first.stop()
+    told = NodeEventLog()
+    clock.now += 30
+    second, _ = _monitor(hw, clock, state=state, events=told, recovery_seconds=60.0)
+    try:
+        assert set().union(*_tainted(hw, second).values()) == {"NoSchedule"}  # at once
+        assert told.events == []  # the node was told by the first run
+        clock.now += 31  # 61 s after the error, not 61 s after the restart
+        second.poll()
+        assert second.taints() == {}
+        assert [r for _, r, _ in told.events] == ["GpuHealthy"]
+    finally:
+        second.stop()
+    assert HealthStateFile(tmp_path / "gpu-health.json").load() == {}
+
+
+def test_a_reset_while_the_plugin_was_down_is_seen_at_start(
+    hw: NodeHardware, tmp_path: Path
+) -> None:
+    clock, state = Clock(), HealthStateFile(tmp_path / "gpu-health.json")
+    first, _ = _monitor(hw, clock, state=state)
+    try:
+        sim.sim_inject_xid(1, 79)
+        _until(first, clock, first.taints)
+    finally:
+        first.stop()
+    assert state.load()[hw.mig.gpus()[1].uuid].recovery_asked
+    sim.sim_reset_gpu(1)
+    second, _ = _monitor(hw, clock, state=state)
+    try:
+        assert second.taints() == {}  # the first poll saw the recovery action back to none
+    finally:
+        second.stop()
 
 
 def test_health_flags_are_checked_with_a_specific_message() -> None:

@@ -1,0 +1,107 @@
+"""Events on this node's Node object, for what concerns the node rather than one claim (a GPU
+turning unhealthy or healthy again): ``kubectl describe node`` and ``kubectl get events``
+show them next to the kubelet's own.
+
+Node events live in the ``default`` namespace, as the kubelet's do (a Node has none). They are
+events.k8s.io/v1, the API the plugin's ClusterRole grants ``create`` on, and name the Node by
+its UID when the plugin could read it (``kubectl describe node`` finds either spelling).
+Best effort: a failure is logged, never raised into the caller.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import uuid as uuidlib
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from kubeletplugin.claims import KubeJson, plugin_component
+
+log = logging.getLogger(__name__)
+
+NODE_EVENT_NAMESPACE = "default"
+
+
+class NodeEvents(Protocol):
+    def event(self, *, type_: str, reason: str, message: str) -> None:
+        """Post an Event about the node; a failure is logged, not raised."""
+
+
+def node_event_body(
+    node: str,
+    node_uid: str,
+    *,
+    type_: str,
+    reason: str,
+    message: str,
+    driver: str,
+    now: dt.datetime,
+) -> dict[str, Any]:
+    component = plugin_component(driver)
+    return {
+        "apiVersion": "events.k8s.io/v1",
+        "kind": "Event",
+        "metadata": {
+            "name": f"{node}.{uuidlib.uuid4().hex[:16]}"[:253],
+            "namespace": NODE_EVENT_NAMESPACE,
+        },
+        "eventTime": now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "reportingController": component,
+        "reportingInstance": f"{component}-{node}"[:128],
+        "action": "GpuHealth",
+        "reason": reason,
+        "note": message[:1024],
+        "type": type_,
+        "regarding": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid},
+    }
+
+
+class KubernetesNodeEvents:
+    """NodeEvents over the apiserver."""
+
+    def __init__(
+        self,
+        api: KubeJson,
+        *,
+        driver: str,
+        node: str,
+        clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+    ) -> None:
+        self._api = api
+        self._driver = driver
+        self._node = node
+        self._clock = clock
+        self._uid: str | None = None
+
+    def _node_uid(self) -> str:
+        if self._uid is None:
+            try:
+                node = self._api.request("GET", f"/api/v1/nodes/{self._node}")
+                self._uid = str(node["metadata"]["uid"])
+            except Exception as e:  # the kubelet's spelling: the node's name as its UID
+                log.info("node UID unknown for events", extra={"error": str(e)})
+                return self._node
+        return self._uid
+
+    def event(self, *, type_: str, reason: str, message: str) -> None:
+        body = node_event_body(
+            self._node,
+            self._node_uid(),
+            type_=type_,
+            reason=reason,
+            message=message,
+            driver=self._driver,
+            now=self._clock(),
+        )
+        try:
+            self._api.request(
+                "POST",
+                f"/apis/events.k8s.io/v1/namespaces/{NODE_EVENT_NAMESPACE}/events",
+                body=body,
+            )
+        except Exception as e:
+            log.warning(
+                "could not post event on node",
+                extra={"node": self._node, "reason": reason, "error": str(e)},
+            )
