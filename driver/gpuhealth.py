@@ -14,8 +14,15 @@ Facts carried over from NVIDIA's public XID catalog and drivers (not their code)
   the GPU was found needing one means it was reset;
 - a double-bit (uncorrected) ECC error is fatal; single-bit ones are corrected by the hardware.
 
-Every other XID degrades the GPU: new work should go elsewhere, running work may stay. The
-default effects are `NoSchedule` for degraded and `NoExecute` for fatal (kube-controller-manager
+Every other XID degrades the GPU: new work should go elsewhere, running work may stay.
+
+On a GPU in MIG mode NVML says which GPU instance an XID is attributable to (the event's
+`gpuInstanceId`; all ones for the whole GPU), as NVIDIA's device plugin reads it to mark one
+MIG device unhealthy. A degrading XID of one instance stays with that instance: only its
+device is tainted, until the instance is destroyed or the quiet period passes. A fatal XID is
+the whole GPU's even when an instance is named, since its fix, a reset, takes every instance.
+
+The default effects are `NoSchedule` for degraded and `NoExecute` for fatal (kube-controller-manager
 evicts pods from devices tainted `NoExecute`). A degraded GPU is healthy again after a quiet
 period without a new event; a fatal one only once a reset is seen (the recovery action back to
 none, or the volatile ECC counter restarted).
@@ -164,11 +171,52 @@ class HealthTracker:
 
     policy: HealthPolicy = field(default_factory=HealthPolicy)
     conditions: dict[str, Condition] = field(default_factory=dict)
+    # (GPU UUID, GPU instance id) -> a degrading XID of that MIG instance
+    instance_conditions: dict[tuple[str, int], Condition] = field(default_factory=dict)
     _last_probe: dict[str, Probe] = field(default_factory=dict)
+    _instance_identity: dict[tuple[str, int], object] = field(default_factory=dict)
 
-    def xid(self, gpu: str, xid: int, now: float) -> bool:
+    def xid(self, gpu: str, xid: int, now: float, instance: int | None = None) -> bool:
         severity = self.policy.xid(xid)
+        if instance is not None and severity is Severity.DEGRADED:
+            return self._raise_instance(gpu, instance, xid, now)
         return self._raise(gpu, severity, f"xid-{xid}", describe_xid(xid), now)
+
+    def _raise_instance(self, gpu: str, instance: int, xid: int, now: float) -> bool:
+        key = (gpu, instance)
+        current = self.instance_conditions.get(key)
+        value = f"xid-{xid}"
+        self.instance_conditions[key] = Condition(
+            severity=Severity.DEGRADED,
+            value=value,
+            reason=f"{describe_xid(xid)} in GPU instance {instance}",
+            since=current.since if current is not None else now,
+            last_event=now,
+        )
+        return current is None or current.value != value
+
+    def restore_instance(
+        self, key: tuple[str, int], condition: Condition, identity: object
+    ) -> None:
+        """An instance's condition saved by an earlier run, with what identified the instance."""
+        self.instance_conditions[key] = condition
+        self._instance_identity[key] = identity
+
+    def instances_now(self, gpu: str, live: Mapping[int, object]) -> bool:
+        """The GPU instances of `gpu` that exist now (GI id -> anything that tells a re-created
+        instance from the old one, e.g. its placement): a condition whose instance is gone, or
+        was re-created, ends with it. The first call for an instance records it."""
+        changed = False
+        for key in [k for k in self.instance_conditions if k[0] == gpu]:
+            seen = self._instance_identity.get(key)
+            now_is = live.get(key[1])
+            if now_is is None or (seen is not None and seen != now_is):
+                del self.instance_conditions[key]
+                self._instance_identity.pop(key, None)
+                changed = True
+            else:
+                self._instance_identity[key] = now_is
+        return changed
 
     def ecc(self, gpu: str, *, uncorrected: bool, now: float) -> bool:
         if not uncorrected:
@@ -218,15 +266,20 @@ class HealthTracker:
         return False
 
     def expire(self, now: float) -> list[str]:
-        """Degraded GPUs quiet for the recovery time are healthy again."""
+        """Degraded GPUs and instances quiet for the recovery time are healthy again; returns
+        the GPUs whose condition (or an instance's) ended."""
+        quiet = self.policy.recovery_seconds
         done = [
             gpu
             for gpu, c in self.conditions.items()
-            if c.severity is Severity.DEGRADED
-            and now - c.last_event >= self.policy.recovery_seconds
+            if c.severity is Severity.DEGRADED and now - c.last_event >= quiet
         ]
         for gpu in done:
             del self.conditions[gpu]
+        for key in [k for k, c in self.instance_conditions.items() if now - c.last_event >= quiet]:
+            del self.instance_conditions[key]
+            self._instance_identity.pop(key, None)
+            done.append(key[0])
         return done
 
     def _raise(self, gpu: str, severity: Severity, value: str, reason: str, now: float) -> bool:
@@ -260,6 +313,16 @@ class HealthTracker:
                 continue
             out[gpu] = [{"key": key, "value": c.value, "effect": effect.value}]
         return out
+
+    def instance_taints(self, key: str) -> dict[tuple[str, int], list[dict[str, str]]]:
+        """(GPU UUID, GPU instance id) -> the device taints of that instance's device."""
+        effect = self.policy.effect(Severity.DEGRADED)
+        if effect is None or effect is TaintEffect.NONE:
+            return {}
+        return {
+            k: [{"key": key, "value": c.value, "effect": effect.value}]
+            for k, c in self.instance_conditions.items()
+        }
 
     def unhealthy(self) -> dict[str, str]:
         """GPU UUID -> why, for the kubelet's health stream."""

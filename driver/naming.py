@@ -83,6 +83,11 @@ def memory_slice_counter(unit: int) -> str:
     return f"memory-slice-{unit}"
 
 
+DevicePlace = tuple[int, int]
+"""A MIG device's (GPU instance profile id, placement start): what its name encodes besides the
+GPU, and what tells one MIG instance's device from the others."""
+
+
 @dataclass(frozen=True)
 class ParsedDeviceName:
     """What a carve device name encodes. MIG fields are None for a whole-GPU device."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from types import MappingProxyType
 from typing import Any
@@ -103,13 +103,22 @@ class PublishedGpu:
     # DRA device taints every device of the GPU carries ({key, value, effect}), e.g. while the
     # GPU is unhealthy (driver.gpuhealth)
     taints: tuple[Mapping[str, str], ...] = ()
+    # more taints for single MIG devices, by (profile id, placement start): the device of a
+    # MIG instance that had an error of its own
+    device_taints: Mapping[tuple[int, int], tuple[Mapping[str, str], ...]] = field(
+        default_factory=dict
+    )
 
     def __post_init__(self) -> None:
         if not (self.offers_mig or self.offers_whole):
             raise ValueError(f"GPU {self.minor} ({self.uuid}) must offer MIG devices or itself")
-        if len(self.taints) > _MAX_TAINTS:
+        for taints in (self.taints, *self.device_taints.values()):
+            self._check_taints(taints)
+
+    def _check_taints(self, taints: tuple[Mapping[str, str], ...]) -> None:
+        if len(taints) > _MAX_TAINTS:
             raise ValueError(f"GPU {self.minor}: at most {_MAX_TAINTS} taints per device")
-        for t in self.taints:
+        for t in taints:
             if t.get("effect") not in _TAINT_EFFECTS or not t.get("key"):
                 raise ValueError(
                     f"GPU {self.minor}: taint {dict(t)} needs a key and an effect of "
@@ -271,12 +280,20 @@ def _devices(gpu: PublishedGpu) -> list[dict[str, Any]]:
     _check_placements_fit_alone(geometry, placements)
     devices = []
     if gpu.offers_mig:
-        devices = [_mig_device(gpu, spec, start) for spec, start in placements]
+        for spec, start in placements:
+            device = _mig_device(gpu, spec, start)
+            own = gpu.device_taints.get((spec.id, start), ())
+            if own:
+                device["taints"] = [dict(t) for t in own]
+            devices.append(device)
     if gpu.offers_whole:
         devices.append(_whole_gpu_device(gpu))
     if gpu.taints:
         for d in devices:
-            d["taints"] = [dict(t) for t in gpu.taints]
+            mine = d.get("taints", [])
+            d["taints"] = [dict(t) for t in gpu.taints] + [t for t in mine if t not in gpu.taints][
+                : max(0, _MAX_TAINTS - len(gpu.taints))
+            ]
     return devices
 
 

@@ -19,7 +19,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from driver.gpuhealth import Condition, HealthPolicy, HealthTracker, Probe, Severity
+from driver.naming import DevicePlace
 from driver.nvml.backend import HealthEvent, HealthEvents
+from driver.nvml.types import GpuInstance
 from kubeletplugin.healthstate import HealthStateFile
 from kubeletplugin.nodeevents import NodeEvents
 
@@ -30,6 +32,7 @@ class HealthBackend(Protocol):
     def health_events(self, gpu_uuids: tuple[str, ...]) -> HealthEvents | None: ...
     def recovery_action(self, gpu_uuid: str) -> int | None: ...
     def uncorrected_ecc_errors(self, gpu_uuid: str) -> int | None: ...
+    def instances(self, gpu_uuid: str) -> tuple[GpuInstance, ...]: ...
 
 
 class HealthMonitor:
@@ -60,7 +63,8 @@ class HealthMonitor:
         self._next_poll = 0.0
         self._state = state
         self._node_events = events
-        self._told: dict[str, Condition] = {}  # what the Node's events said last, per GPU
+        self._told: dict[str | tuple[str, int], Condition] = {}  # what Node events said last
+        self._places: dict[tuple[str, int], DevicePlace] = {}  # (GPU, GI id) -> its device's place
 
     # -- what others read ------------------------------------------------------------------
 
@@ -73,6 +77,26 @@ class HealthMonitor:
         """GPU UUID -> why it is unhealthy (for the kubelet's health stream)."""
         with self._lock:
             return self._tracker.unhealthy()
+
+    def device_taints(self) -> Mapping[str, Mapping[DevicePlace, tuple[Mapping[str, str], ...]]]:
+        """GPU UUID -> the taints of single MIG devices (an instance's XID), by place."""
+        out: dict[str, dict[DevicePlace, tuple[Mapping[str, str], ...]]] = {}
+        with self._lock:
+            for (gpu, gi), taints in self._tracker.instance_taints(self._key).items():
+                place = self._places.get((gpu, gi))
+                if place is not None:
+                    out.setdefault(gpu, {})[place] = tuple(taints)
+        return out
+
+    def unhealthy_devices(self) -> Mapping[str, Mapping[DevicePlace, str]]:
+        """GPU UUID -> why single MIG devices are unhealthy, by place (health stream)."""
+        out: dict[str, dict[DevicePlace, str]] = {}
+        with self._lock:
+            for (gpu, gi), c in self._tracker.instance_conditions.items():
+                place = self._places.get((gpu, gi))
+                if place is not None:
+                    out.setdefault(gpu, {})[place] = c.reason
+        return out
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -126,17 +150,24 @@ class HealthMonitor:
         now = self._clock()
         with self._lock:
             if event.kind == "xid" and event.xid is not None:
-                changed = self._tracker.xid(event.gpu_uuid, event.xid, now)
+                changed = self._tracker.xid(event.gpu_uuid, event.xid, now, event.gpu_instance)
             else:
                 uncorrected = event.kind == "ecc-uncorrected"
                 changed = self._tracker.ecc(event.gpu_uuid, uncorrected=uncorrected, now=now)
         log.warning(
             "GPU health event",
-            extra={"gpu": event.gpu_uuid, "kind": event.kind, "xid": event.xid},
+            extra={
+                "gpu": event.gpu_uuid,
+                "kind": event.kind,
+                "xid": event.xid,
+                "gpuInstance": event.gpu_instance,
+            },
         )
         # Read what the driver asks for now, so that the reset that follows is recognised even
-        # if it comes before the next poll.
+        # if it comes before the next poll; and which instance the event names, before it goes.
         changed = self._probe(event.gpu_uuid, now) or changed
+        if event.gpu_instance is not None:
+            changed = self._check_instances(event.gpu_uuid) or changed
         if changed:
             self._changed()
 
@@ -147,6 +178,10 @@ class HealthMonitor:
         changed = False
         for gpu in self._gpus:
             changed = self._probe(gpu, now) or changed
+        with self._lock:
+            with_instances = sorted({gpu for gpu, _ in self._tracker.instance_conditions})
+        for gpu in with_instances:
+            changed = self._check_instances(gpu) or changed
         with self._lock:
             changed = bool(self._tracker.expire(now)) or changed
         if changed:
@@ -164,67 +199,115 @@ class HealthMonitor:
         with self._lock:
             return self._tracker.probe(gpu, probe, now)
 
+    def _check_instances(self, gpu: str) -> bool:
+        """End the conditions of `gpu`'s instances that were destroyed (or re-created)."""
+        try:
+            live = {
+                gi.gi_id: (gi.profile_id, gi.placement.start) for gi in self._backend.instances(gpu)
+            }
+        except Exception as e:
+            log.warning("listing GPU instances failed", extra={"gpu": gpu, "error": str(e)})
+            return False
+        with self._lock:
+            changed = self._tracker.instances_now(gpu, live)
+            for key in list(self._places):
+                if key[0] == gpu and key not in self._tracker.instance_conditions:
+                    del self._places[key]
+            for g, gi in self._tracker.instance_conditions:
+                if g == gpu and gi in live:
+                    self._places[(g, gi)] = live[gi]
+        return changed
+
     def _restore(self) -> None:
         """Start from the saved conditions of this node's GPUs (see kubeletplugin.healthstate)."""
         if self._state is None:
             return
-        saved = {g: c for g, c in self._state.load().items() if g in self._gpus}
+        loaded = self._state.load()
+        saved = {g: c for g, c in loaded.gpus.items() if g in self._gpus}
+        instances = {k: c for k, c in loaded.instances.items() if k[0] in self._gpus}
         with self._lock:
             self._tracker.conditions.update(saved)
-        self._told = dict(saved)
-        if saved:
+            for key, condition in instances.items():
+                place = loaded.places.get(key)
+                if place is not None:
+                    self._tracker.restore_instance(key, condition, place)
+                    self._places[key] = place
+        # An instance destroyed (or re-created) while the plugin was down ends its condition.
+        for gpu in sorted({g for g, _ in instances}):
+            self._check_instances(gpu)
+        self._told = {}
+        self._told.update(saved)
+        for key, c in instances.items():
+            self._told[key] = c
+        if saved or instances:
             log.warning(
                 "GPU health restored from the last run",
-                extra={"unhealthy": {g: c.reason for g, c in saved.items()}},
+                extra={"unhealthy": {str(k): c.reason for k, c in self._told.items()}},
             )
 
     def _changed(self) -> None:
         with self._lock:
             conditions = dict(self._tracker.conditions)
+            instances = dict(self._tracker.instance_conditions)
         log.warning(
             "GPU health changed", extra={"unhealthy": {g: c.reason for g, c in conditions.items()}}
         )
         if self._state is not None:
             try:
-                self._state.save(conditions)
+                self._state.save(conditions, instances, self._places)
             except OSError as e:
                 log.warning("could not save GPU health", extra={"error": str(e)})
         try:
             self._on_change()
         except Exception as e:
             log.warning("republishing after a GPU health change failed", extra={"error": str(e)})
-        self._tell(conditions)
+        self._tell(conditions, instances)
 
-    def _tell(self, conditions: Mapping[str, Condition]) -> None:
-        """One Node event per GPU whose condition (severity, value) changed since the last."""
+    def _tell(
+        self,
+        conditions: Mapping[str, Condition],
+        instances: Mapping[tuple[str, int], Condition],
+    ) -> None:
+        """One Node event per GPU or instance whose condition (severity, value) changed."""
         if self._node_events is None:
             return
-        for gpu in sorted(set(conditions) | set(self._told)):
-            new, old = conditions.get(gpu), self._told.get(gpu)
+        now: dict[str | tuple[str, int], Condition] = {}
+        now.update(conditions)
+        for key, c in instances.items():
+            now[key] = c
+        gpu_taints = self._tracker.taints(self._key)
+        gi_taints = self._tracker.instance_taints(self._key)
+        for subject in sorted(set(now) | set(self._told), key=str):
+            new, old = now.get(subject), self._told.get(subject)
             if (new and (new.severity, new.value)) == (old and (old.severity, old.value)):
                 continue
+            if isinstance(subject, tuple):
+                gpu, gi = subject
+                who, what = f"GPU {gpu} instance {gi}", "its device is"
+                taint = gi_taints.get(subject)
+            else:
+                who, what = f"GPU {subject}", "its devices are"
+                taint = gpu_taints.get(subject)
             if new is None:
                 self._node_events.event(
                     type_="Normal",
                     reason="GpuHealthy",
-                    message=f"GPU {gpu} is healthy again (it was: {old.reason if old else '?'}); "
-                    "its devices are no longer tainted",
+                    message=f"{who} is healthy again (it was: {old.reason if old else '?'}); "
+                    f"{what} no longer tainted",
                 )
+                continue
+            effect = taint[0]["effect"] if taint else "no scheduling effect"
+            if new.severity is Severity.FATAL:
+                until = "fatal, until the GPU is reset"
             else:
-                taint = self._tracker.taints(self._key).get(gpu)
-                effect = taint[0]["effect"] if taint else "no scheduling effect"
-                what = (
-                    "fatal, until the GPU is reset"
-                    if new.severity is Severity.FATAL
-                    else (
-                        f"degraded, until {self._tracker.policy.recovery_seconds:g}s without a new "
-                        "error"
-                    )
+                quiet = f"{self._tracker.policy.recovery_seconds:g}s without a new error"
+                until = f"degraded, until {quiet}" + (
+                    " or the instance is destroyed" if isinstance(subject, tuple) else ""
                 )
-                self._node_events.event(
-                    type_="Warning",
-                    reason="GpuUnhealthy",
-                    message=f"GPU {gpu}: {new.reason} ({what}); its devices are tainted "
-                    f"{self._key}={new.value}:{effect}",
-                )
-        self._told = dict(conditions)
+            self._node_events.event(
+                type_="Warning",
+                reason="GpuUnhealthy",
+                message=f"GPU {subject[0] if isinstance(subject, tuple) else subject}: "
+                f"{new.reason} ({until}); {what} tainted {self._key}={new.value}:{effect}",
+            )
+        self._told = now

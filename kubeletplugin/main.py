@@ -451,6 +451,7 @@ class NodePlugin:
                 exclude=set(preparer.refused_gpus()),
                 whole=preparer.whole_gpus(),
                 taints=self.health.taints(),
+                device_taints=self.health.device_taints(),
             ),
             self.metrics,
         )
@@ -471,6 +472,7 @@ class NodePlugin:
                 self.preparer.mps_down_devices,
                 whole=self.preparer.whole_gpus,
                 sick=self.health.unhealthy,
+                sick_devices=self.health.unhealthy_devices,
             ),
         )
 

@@ -17,7 +17,7 @@ from typing import Any
 from driver.cdi import DeviceNode, uvm_device_nodes
 from driver.devnodes import parse_char_major
 from driver.driverroot import LIBRARY_DIRS, DriverRootError, nvml_library
-from driver.naming import parse_device_name
+from driver.naming import DevicePlace, parse_device_name
 from driver.nvml.backend import NvmlBackend
 from driver.resourceslice import PublishedGpu, build_resource_slices
 
@@ -47,6 +47,8 @@ class NodeHardware:
         exclude: Collection[str] = (),
         whole: Collection[str] = (),
         taints: Mapping[str, tuple[Mapping[str, str], ...]] | None = None,
+        device_taints: Mapping[str, Mapping[DevicePlace, tuple[Mapping[str, str], ...]]]
+        | None = None,
     ) -> list[PublishedGpu]:
         """MIG-capable GPUs of the node, minus refused ones (by UUID), each with what it offers.
 
@@ -55,9 +57,11 @@ class NodeHardware:
         (`whole`, by UUID) offers no MIG device until it is released. Ampere changes MIG mode
         only with a GPU reset, which carve never does: it offers MIG devices while MIG mode is
         on and the whole GPU only while it is off (a pending change counts once it applies).
-        `taints` (by UUID) go on every device of the GPU (an unhealthy GPU's).
+        `taints` (by UUID) go on every device of the GPU (an unhealthy GPU's), `device_taints`
+        (by UUID, then (profile id, placement start)) on single MIG devices.
         """
         taints = taints or {}
+        device_taints = device_taints or {}
         out: list[PublishedGpu] = []
         for g in self.mig.gpus():
             if g.uuid in exclude or not g.mig_capable or not g.profiles:
@@ -77,6 +81,7 @@ class NodeHardware:
                     offers_mig=offers_mig,
                     offers_whole=offers_whole,
                     taints=tuple(taints.get(g.uuid, ())),
+                    device_taints=dict(device_taints.get(g.uuid, {})),
                 )
             )
         return out
@@ -91,12 +96,14 @@ class NodeHardware:
         exclude: Collection[str] = (),
         whole: Collection[str] = (),
         taints: Mapping[str, tuple[Mapping[str, str], ...]] | None = None,
+        device_taints: Mapping[str, Mapping[DevicePlace, tuple[Mapping[str, str], ...]]]
+        | None = None,
     ) -> list[dict[str, Any]]:
         return build_resource_slices(
             driver=driver,
             node_name=node_name,
             pool_generation=generation,
-            gpus=self.published_gpus(exclude, whole, taints),
+            gpus=self.published_gpus(exclude, whole, taints, device_taints),
             split_counters=split,
         )
 
@@ -109,10 +116,12 @@ class NodeHardware:
         *,
         whole: Callable[[], Collection[str]] = frozenset,
         sick: Callable[[], Mapping[str, str]] = dict,
+        sick_devices: Callable[[], Mapping[str, Mapping[DevicePlace, str]]] = dict,
     ) -> Callable[[], list[tuple[str, str, bool, str]]]:
         """Device health for the kubelet: every published device healthy, except those of a
         GPU the agent refuses (foreign instances under policy refuse-gpu, `refused` by GPU
-        UUID), those of a GPU found unhealthy (XID or ECC errors, `sick` by GPU UUID) and those
+        UUID), those of a GPU found unhealthy (XID or ECC errors, `sick` by GPU UUID), single
+        MIG devices of an instance that had an error (`sick_devices`) and those
         whose claim's MPS control daemon is down (`mps_down` by device name), with the reasons.
         The devices are those published now (`whole`: GPUs held whole)."""
         minors = {g.uuid: g.minor for g in self.mig.gpus()}
@@ -123,6 +132,7 @@ class NodeHardware:
                 if u in minors:
                     bad[minors[u]] = f"{bad[minors[u]]}; {why}" if minors[u] in bad else why
             down = mps_down()
+            by_minor = {minors[u]: places for u, places in sick_devices().items() if u in minors}
             devices = [
                 (s["spec"]["pool"]["name"], d["name"])
                 for s in self.resource_slices(
@@ -132,7 +142,12 @@ class NodeHardware:
             ]
             out = []
             for pool, name in devices:
-                whys = [w for w in (bad.get(parse_device_name(name).minor), down.get(name)) if w]
+                parsed = parse_device_name(name)
+                own = None
+                if parsed.profile_id is not None and parsed.placement_start is not None:
+                    place = (parsed.profile_id, parsed.placement_start)
+                    own = by_minor.get(parsed.minor, {}).get(place)
+                whys = [w for w in (bad.get(parsed.minor), own, down.get(name)) if w]
                 out.append((pool, name, not whys, "; ".join(whys)))
             return out
 

@@ -70,6 +70,7 @@ _ARCHITECTURES = {7: Architecture.AMPERE, 9: Architecture.HOPPER, 10: Architectu
 _EVENT_SINGLE_BIT_ECC = 0x1
 _EVENT_DOUBLE_BIT_ECC = 0x2
 _EVENT_XID = 0x8
+_NO_INSTANCE = 0xFFFFFFFF  # nvmlEventData_t.gpuInstanceId of an event for the whole GPU
 _HEALTH_EVENTS = _EVENT_SINGLE_BIT_ECC | _EVENT_DOUBLE_BIT_ECC | _EVENT_XID
 _FI_GPU_RECOVERY_ACTION = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
 _ECC_UNCORRECTED = 1  # NVML_MEMORY_ERROR_TYPE_UNCORRECTED
@@ -80,11 +81,13 @@ _TIMEOUT = 10  # NVML_ERROR_TIMEOUT
 @dataclass(frozen=True)
 class HealthEvent:
     """One NVML health event on a GPU: kind "xid" (with the XID), "ecc-corrected" or
-    "ecc-uncorrected"."""
+    "ecc-uncorrected"; `gpu_instance` is the MIG GPU instance NVML attributes it to (None:
+    the whole GPU)."""
 
     gpu_uuid: str
     kind: str
     xid: int | None = None
+    gpu_instance: int | None = None
 
 
 class HealthEvents:
@@ -107,7 +110,10 @@ class HealthEvents:
         uuid = self._b._call("read the event's GPU", None, nv.nvmlDeviceGetUUID, data.device)
         kind = int(data.eventType)
         if kind & _EVENT_XID:
-            return HealthEvent(str(uuid), "xid", int(data.eventData))
+            gi = int(data.gpuInstanceId)
+            return HealthEvent(
+                str(uuid), "xid", int(data.eventData), None if gi == _NO_INSTANCE else gi
+            )
         if kind & _EVENT_DOUBLE_BIT_ECC:
             return HealthEvent(str(uuid), "ecc-uncorrected")
         return HealthEvent(str(uuid), "ecc-corrected")

@@ -75,7 +75,12 @@ def _monitor(
 def _tainted(hw: NodeHardware, m: HealthMonitor) -> dict[str, set[str]]:
     """Device name -> the effects of its taints, for every tainted published device."""
     slices = hw.resource_slices(
-        driver=DRIVER, node_name="n", generation=1, split=True, taints=m.taints()
+        driver=DRIVER,
+        node_name="n",
+        generation=1,
+        split=True,
+        taints=m.taints(),
+        device_taints=m.device_taints(),
     )
     return {
         d["name"]: {t["effect"] for t in d["taints"]}
@@ -198,7 +203,7 @@ def test_a_restarted_monitor_keeps_a_degraded_gpu_tainted(hw: NodeHardware, tmp_
         assert [r for _, r, _ in told.events] == ["GpuHealthy"]
     finally:
         second.stop()
-    assert HealthStateFile(tmp_path / "gpu-health.json").load() == {}
+    assert HealthStateFile(tmp_path / "gpu-health.json").load().gpus == {}
 
 
 def test_a_reset_while_the_plugin_was_down_is_seen_at_start(
@@ -211,13 +216,93 @@ def test_a_reset_while_the_plugin_was_down_is_seen_at_start(
         _until(first, clock, first.taints)
     finally:
         first.stop()
-    assert state.load()[hw.mig.gpus()[1].uuid].recovery_asked
+    assert state.load().gpus[hw.mig.gpus()[1].uuid].recovery_asked
     sim.sim_reset_gpu(1)
     second, _ = _monitor(hw, clock, state=state)
     try:
         assert second.taints() == {}  # the first poll saw the recovery action back to none
     finally:
         second.stop()
+
+
+def test_an_xid_of_one_mig_instance_taints_only_its_device_until_it_is_destroyed(
+    hw: NodeHardware,
+) -> None:
+    clock, told = Clock(), NodeEventLog()
+    m, _ = _monitor(hw, clock, events=told)
+    h100 = hw.mig.gpus()[0]
+    sick = hw.mig.carve(h100.uuid, 19, 2)  # 1g.10gb at 2
+    fine = hw.mig.carve(h100.uuid, 19, 3)
+    sick_device = f"gpu-0-mig-1g10gb-19-{sick.placement.start}"
+    try:
+        sim.sim_inject_xid(0, 94, gpu_instance=sick.gi_id)  # a contained ECC error
+        _until(m, clock, m.device_taints)
+        assert m.taints() == {}  # the GPU itself is fine
+        assert _tainted(hw, m) == {sick_device: {"NoSchedule"}}
+        source = hw.health_source(
+            DRIVER, "n", dict, sick=m.unhealthy, sick_devices=m.unhealthy_devices
+        )
+        bad = [(name, why) for _, name, ok, why in source() if not ok]
+        assert bad == [(sick_device, f"XID 94 (contained ECC error) in GPU instance {sick.gi_id}")]
+        hw.mig.destroy(h100.uuid, sick.gi_id)  # the pod ended, the slice was released
+        _until(m, clock, lambda: not m.device_taints())
+        assert _tainted(hw, m) == {}
+    finally:
+        m.stop()
+    assert [r for _, r, _ in told.events] == ["GpuUnhealthy", "GpuHealthy"]
+    assert f"GPU {h100.uuid} instance {sick.gi_id} is healthy again" in told.events[1][2]
+    assert "its device is tainted" in told.events[0][2]
+    hw.mig.destroy(h100.uuid, fine.gi_id)
+
+
+def test_a_fatal_xid_of_one_instance_is_the_whole_gpus(hw: NodeHardware) -> None:
+    """Its fix, a reset, takes every instance of the GPU."""
+    clock = Clock()
+    m, _ = _monitor(hw, clock)
+    h100 = hw.mig.gpus()[0]
+    one = hw.mig.carve(h100.uuid, 19, 0)
+    try:
+        sim.sim_inject_xid(0, 95, gpu_instance=one.gi_id)  # uncontained ECC error
+        _until(m, clock, m.taints)
+        assert m.device_taints() == {}
+        assert set(m.taints()) == {h100.uuid}
+    finally:
+        m.stop()
+        hw.mig.destroy(h100.uuid, one.gi_id)
+
+
+def test_an_instance_re_created_while_the_plugin_was_down_is_healthy(
+    hw: NodeHardware, tmp_path: Path
+) -> None:
+    clock, state = Clock(), HealthStateFile(tmp_path / "gpu-health.json")
+    h100 = hw.mig.gpus()[0]
+    first, _ = _monitor(hw, clock, state=state)
+    sick = hw.mig.carve(h100.uuid, 19, 4)
+    try:
+        sim.sim_inject_xid(0, 94, gpu_instance=sick.gi_id)
+        _until(first, clock, first.device_taints)
+    finally:
+        first.stop()
+    second, _ = _monitor(hw, clock, state=state)  # the instance is still there: still sick
+    try:
+        assert _tainted(hw, second) == {
+            f"gpu-0-mig-1g10gb-19-{sick.placement.start}": {"NoSchedule"}
+        }
+    finally:
+        second.stop()
+    hw.mig.destroy(h100.uuid, sick.gi_id)
+    again = hw.mig.carve(h100.uuid, 9, 4)  # a 3g.40gb that may reuse the GI id
+    third, _ = _monitor(hw, clock, state=state)
+    try:
+        assert third.device_taints() == {} and _tainted(hw, third) == {}
+    finally:
+        third.stop()
+        hw.mig.destroy(h100.uuid, again.gi_id)
+
+
+def test_an_xid_for_a_missing_instance_is_refused_by_the_simulator(hw: NodeHardware) -> None:
+    with pytest.raises(sim.SimConfigError, match=r"GPU 0 has no GPU instance 9 \(it has none\)"):
+        sim.sim_inject_xid(0, 94, gpu_instance=9)
 
 
 def test_health_flags_are_checked_with_a_specific_message() -> None:

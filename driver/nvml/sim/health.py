@@ -123,8 +123,9 @@ def nvmlEventSetWait_v2(event_set: Any, timeoutms: int) -> Any:
                 data.device = device_handle(e["gpu"])
                 data.eventType = e["type"]
                 data.eventData = e["data"]
-                data.gpuInstanceId = 0xFFFFFFFF  # whole-GPU event
-                data.computeInstanceId = 0xFFFFFFFF
+                # As NVML: the GPU instance the event is attributable to (MIG), else all ones.
+                data.gpuInstanceId = e.get("gi", _NO_INSTANCE)
+                data.computeInstanceId = _NO_INSTANCE
                 return data
         with _lock:
             s.after = max(s.after, newest)
@@ -174,9 +175,16 @@ def nvmlDeviceGetFieldValues(device: Any, field_ids: list[int]) -> Any:
 # --- injection (sim-only) -------------------------------------------------------------------
 
 
-def _raise_event(state: HwState, gpu: int, event_type: int, data: int) -> None:
+_NO_INSTANCE = 0xFFFFFFFF  # NVML's value for an event not attributable to one instance
+
+
+def _raise_event(
+    state: HwState, gpu: int, event_type: int, data: int, gi: int = _NO_INSTANCE
+) -> None:
     state.event_serial += 1
     event = {"serial": state.event_serial, "gpu": gpu, "type": event_type, "data": data}
+    if gi != _NO_INSTANCE:
+        event["gi"] = gi
     state.events.append(event)
     del state.events[:-_KEPT_EVENTS]
 
@@ -187,15 +195,23 @@ def _gpu_index(state: HwState, gpu: int) -> int:
     return gpu
 
 
-def sim_inject_xid(gpu: int, xid: int, *, recovery_action: int | None = None) -> None:
+def sim_inject_xid(
+    gpu: int, xid: int, *, recovery_action: int | None = None, gpu_instance: int | None = None
+) -> None:
     """The driver reports XID ``xid`` on GPU ``gpu`` (index): an XID critical-error event, and
     the recovery action it asks for (by default GPU_RESET for XIDs that need one, else none;
-    an action already pending is never lowered)."""
+    an action already pending is never lowered). With ``gpu_instance`` (a GI id that exists)
+    the event is attributable to that MIG instance, as NVML says in ``gpuInstanceId``."""
     if xid <= 0:
         raise SimConfigError(f"an XID is a positive number, not {xid}")
 
     def body(cfg: SimConfig, state: HwState) -> None:
         index = _gpu_index(state, gpu)
+        if gpu_instance is not None and all(g.id != gpu_instance for g in state.gpus[index].gis):
+            have = sorted(g.id for g in state.gpus[index].gis)
+            raise SimConfigError(
+                f"GPU {gpu} has no GPU instance {gpu_instance} (it has {have or 'none'})"
+            )
         action = recovery_action
         if action is None:
             action = (
@@ -207,7 +223,8 @@ def sim_inject_xid(gpu: int, xid: int, *, recovery_action: int | None = None) ->
         rec.recovery_action = max(rec.recovery_action, action)
         if xid == 48:
             rec.ecc_uncorrected += 1
-        _raise_event(state, index, pynvml.nvmlEventTypeXidCriticalError, xid)
+        gi = _NO_INSTANCE if gpu_instance is None else gpu_instance
+        _raise_event(state, index, pynvml.nvmlEventTypeXidCriticalError, xid, gi)
 
     admin(body)
 
