@@ -31,7 +31,14 @@ from controller.events import KubeRecorder
 from controller.informers import Informer, InformerConfig, standard_informers, start_informers
 from controller.leader import LeaderElector, LeaseConfig
 from controller.metrics import ControllerMetrics
-from controller.reconciler import CarveClasses, Kind, Planner, Reconciler, ReconcilerConfig
+from controller.reconciler import (
+    CarveClasses,
+    Kind,
+    Planner,
+    PreemptionHook,
+    Reconciler,
+    ReconcilerConfig,
+)
 from controller.sidewrites import DeferredRecorder, SideWriter
 from controller.status import KubeClaimWriter
 from driver.contract import Contract
@@ -83,6 +90,17 @@ NODE_LOSS_GRACE: Flag[float] = Flag(
     example="5m",
     metavar="DURATION",
 )
+PREEMPTION = flags.switch(
+    "preemption",
+    "evict the cheapest set of lower-priority pods whose MIG slices let an unplaceable pod fit "
+    "(through the Eviction API, honouring PodDisruptionBudgets)",
+    default=True,
+)
+PREEMPTION_HOLD = flags.duration(
+    "preemption-hold",
+    "how long slices freed by preemption are held for the preemptor before others may use them",
+    "5m",
+)
 LEADER_ELECT = flags.switch("leader-elect", "run leader election", default=True)
 LEASE_NAME: Flag[str] = Flag(
     "lease-name", "Lease object name", "carve-controller", flags.nonempty, example="carve"
@@ -127,6 +145,8 @@ def command_line() -> flags.CommandLine:
             DEVICE_CLASSES,
             NATIVE_FALLBACK_AFTER,
             NODE_LOSS_GRACE,
+            PREEMPTION,
+            PREEMPTION_HOLD,
             LEADER_ELECT,
             LEASE_NAME,
             LEASE_NAMESPACE,
@@ -164,6 +184,8 @@ class ControllerOptions:
     log_level: str
     deprecations: tuple[str, ...] = ()
     node_loss_grace: float | None = 300.0  # None: the NotReady signal is off
+    preemption: bool = True
+    preemption_hold: float = 300.0
 
 
 def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ControllerOptions:
@@ -199,6 +221,8 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
         log_level=got[flags.LOG_LEVEL],
         deprecations=got.deprecations,
         node_loss_grace=got[NODE_LOSS_GRACE] or None,
+        preemption=got[PREEMPTION],
+        preemption_hold=got[PREEMPTION_HOLD],
     )
 
 
@@ -224,6 +248,30 @@ def default_planner(driver: str) -> Planner:
     from controller.planner import EnginePlanner
 
     return EnginePlanner(driver)
+
+
+def _preemptor(
+    api_client: Any,
+    planner: Planner,
+    recorder: DeferredRecorder,
+    opts: ControllerOptions,
+    fence: Callable[[], bool],
+) -> PreemptionHook | None:
+    """MIG-aware preemption needs the engine's model to judge victim sets, so it runs only
+    with the engine planner, and only when --preemption is on."""
+    from controller.planner import EnginePlanner
+
+    if not opts.preemption or not isinstance(planner, EnginePlanner):
+        return None
+    from kubernetes import client
+
+    from controller.eviction import KubeEvictor
+    from controller.preemptor import PreemptionConfig, Preemptor
+
+    evictor = KubeEvictor(client.CoreV1Api(api_client), client.PolicyV1Api(api_client), fence=fence)
+    return Preemptor(
+        planner, evictor, recorder, config=PreemptionConfig(hold_s=opts.preemption_hold)
+    )
 
 
 class Controller:
@@ -264,14 +312,17 @@ class Controller:
         # Events and pod conditions are best effort: written beside the decision thread, not
         # on it, so a placement waits only for the writes that make it (controller.sidewrites).
         self.side_writes = SideWriter()
+        recorder = DeferredRecorder(self.recorder, self.side_writes)
+        planner = planner or default_planner(opts.driver_name)
         self.reconciler = Reconciler(
-            planner or default_planner(opts.driver_name),
+            planner,
             self.writer,
-            DeferredRecorder(self.recorder, self.side_writes),
+            recorder,
             config=self.config,
             metrics=self.metrics,
             is_leader=fence,
             defer=self.side_writes.submit,
+            preemption=_preemptor(api_client, planner, recorder, opts, fence),
         )
         self.resync_s = opts.resync_period
         self.informers: list[Informer] = standard_informers(

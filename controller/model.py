@@ -177,6 +177,10 @@ class ClusterModel:
                 del self._node_usage[node]
             self.version += 1
 
+    def pod_usage(self, key: str) -> tuple[str, Resources] | None:
+        """The node and requests a pod counts with, if it counts anywhere."""
+        return self._pods.get(key)
+
     def node_usage(self, node: str) -> Resources:
         return self._node_usage.get(node, NO_RESOURCES)
 
@@ -269,6 +273,9 @@ class ClusterModel:
             self._recompute(uuid)
             self._refresh_busy(self.gpus[uuid].node)
         self.version += 1
+
+    def hold_of(self, claim: ClaimKey) -> ClaimHold | None:
+        return self._holds.get(claim)
 
     def holds(self) -> Iterator[ClaimHold]:
         return iter(self._holds.values())

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
-from dataclasses import replace
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from controller.claims import (
@@ -68,11 +69,35 @@ Obj = dict[str, Any]
 _log = logging.getLogger(__name__)
 
 
+@dataclass
+class _Reservation:
+    """Slices freed by preemption, held for one pod until it is placed (or the hold ends).
+
+    ``waiting`` are the victims' claims (store key -> model key) still allocated; once one is
+    released its hold stays in the model as a *ghost* (in ``ghosts``), so no other pod can be
+    given those slices. The preemptor's own decision releases the ghosts and places at once.
+    """
+
+    node: str
+    victims: tuple[str, ...]
+    waiting: dict[str, ClaimKey]
+    expires_at: float
+    ghosts: dict[ClaimKey, ClaimHold] = field(default_factory=dict)
+
+
 class EnginePlanner:
     """`Planner` backed by `PlacementEngine` (best fit by default)."""
 
-    def __init__(self, driver: str = DEFAULT_DRIVER_NAME, policy: Policy = Policy.BEST_FIT) -> None:
+    def __init__(
+        self,
+        driver: str = DEFAULT_DRIVER_NAME,
+        policy: Policy = Policy.BEST_FIT,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.driver = driver
+        self._clock = clock
+        self._reservations: dict[str, _Reservation] = {}  # preemptor pod key -> its hold
         self.model = ClusterModel()
         self._classes: dict[str, DeviceClass] = {}
         self._bad_classes: dict[str, str] = {}
@@ -117,6 +142,8 @@ class EnginePlanner:
 
     def _observe_pod(self, key: str, pod: Obj) -> None:
         node = pod.get("spec", {}).get("nodeName")
+        if node or is_terminal(pod) or pod.get("metadata", {}).get("deletionTimestamp"):
+            self.drop_reservation(key)
         if is_terminal(pod):
             self._pinned.pop(key, None)
             self.model.remove_pod(key)
@@ -146,8 +173,9 @@ class EnginePlanner:
         old = self._claim_keys.get(key)
         if hold is None:
             if old is not None:
-                self.model.release(old)
                 del self._claim_keys[key]
+                if not self._keep_as_ghost(key, old):
+                    self.model.release(old)
             return
         if old is not None and old != hold.claim:
             self.model.release(old)
@@ -181,6 +209,7 @@ class EnginePlanner:
         elif kind is Kind.POD:
             self._pinned.pop(key, None)
             self.model.remove_pod(key)
+            self.drop_reservation(key)
         elif kind is Kind.SLICE:
             node = (obj.get("spec") or {}).get("nodeName")
             if node and key in self._slices.get(node, {}):
@@ -188,12 +217,107 @@ class EnginePlanner:
                 self._dirty_nodes.add(node)
         elif kind is Kind.CLAIM:
             old = self._claim_keys.pop(key, None)
-            if old is not None:
+            if old is not None and not self._keep_as_ghost(key, old):
                 self.model.release(old)
         elif kind is Kind.CLASS:
             name = str(obj.get("metadata", {}).get("name"))
             self._classes.pop(name, None)
             self._bad_classes.pop(name, None)
+
+    # -- preemption: what-if on the model, and the hold -----------------------------------------
+
+    def claim_key(self, store_key: str) -> ClaimKey | None:
+        """The model's key of an allocated claim (``namespace/name`` in the stores)."""
+        return self._claim_keys.get(store_key)
+
+    def placement_without(
+        self, request: PlacementRequest, node: str, claims: Iterable[str], pods: Iterable[str]
+    ) -> Placement | None:
+        """The engine's placement for ``request`` on ``node`` if the given allocated claims
+        (store keys) were released and the given pods gone; the model is left as it was.
+
+        This is the preemption search's oracle: the same engine, on the same model, as a real
+        decision, so a victim set is judged by whether its slices really combine.
+        """
+        holds = [
+            h
+            for k in claims
+            if (ck := self._claim_keys.get(k)) is not None
+            and (h := self.model.hold_of(ck)) is not None
+        ]
+        usage = [(p, u) for p in pods if (u := self.model.pod_usage(p)) is not None]
+        for h in holds:
+            self.model.release(h.claim)
+        for p, _ in usage:
+            self.model.remove_pod(p)
+        try:
+            result = self.engine.place(replace(request, node=node))
+        finally:
+            for h in holds:
+                self.model.hold(h)
+            for p, (n, r) in usage:
+                self.model.set_pod(p, n, r)
+        return result if isinstance(result, Placement) else None
+
+    def reserve(
+        self, pod_key: str, node: str, victims: Sequence[str], claims: Iterable[str], hold_s: float
+    ) -> None:
+        """Hold what the evicted ``victims``' ``claims`` free for ``pod_key`` for ``hold_s``."""
+        self.drop_reservation(pod_key)
+        waiting = {k: ck for k in claims if (ck := self._claim_keys.get(k)) is not None}
+        self._reservations[pod_key] = _Reservation(
+            node, tuple(victims), waiting, self._clock() + hold_s
+        )
+
+    def reservation(self, pod_key: str) -> tuple[str, tuple[str, ...]] | None:
+        """(node, victims) of the pod's hold, if it has one."""
+        r = self._reservations.get(pod_key)
+        return None if r is None else (r.node, r.victims)
+
+    def reservations(self) -> list[tuple[str, tuple[str, ...]]]:
+        """(node, victims) of every hold."""
+        return [(r.node, r.victims) for r in self._reservations.values()]
+
+    def drop_reservation(self, pod_key: str) -> None:
+        """End a hold: the ghosts' slices are free for everybody again."""
+        r = self._reservations.pop(pod_key, None)
+        if r is None:
+            return
+        for ck in r.ghosts:
+            self.model.release(ck)
+        if r.ghosts:
+            _log.info("hold for pod %s ended; %d freed claim(s) released", pod_key, len(r.ghosts))
+
+    def _keep_as_ghost(self, store_key: str, claim: ClaimKey) -> bool:
+        for r in self._reservations.values():
+            if r.waiting.get(store_key) == claim:
+                del r.waiting[store_key]
+                hold = self.model.hold_of(claim)
+                if hold is not None:
+                    r.ghosts[claim] = hold
+                return True
+        return False
+
+    def _expire_reservations(self) -> None:
+        now = self._clock()
+        for key in [k for k, r in self._reservations.items() if r.expires_at <= now]:
+            _log.info("hold for pod %s expired", key, extra={"pod": key})
+            self.drop_reservation(key)
+
+    def _take_reservation(self, pod_key: str) -> Unplaceable | None:
+        """For the preemptor: wait while victims still hold slices, else free the ghosts so
+        this decision (and only this one, it runs before any other) can use them."""
+        r = self._reservations.get(pod_key)
+        if r is None:
+            return None
+        if r.waiting:
+            return Unplaceable(
+                "PreemptionPending",
+                f"waiting for the slices of the preempted pod(s) {', '.join(r.victims)} on node "
+                f"{r.node} to be released; they are held for this pod",
+            )
+        self.drop_reservation(pod_key)
+        return None
 
     # -- decisions --------------------------------------------------------------------------------
 
@@ -201,6 +325,30 @@ class EnginePlanner:
         self, pod: Obj, claims: Sequence[Obj], classes: Mapping[str, Obj]
     ) -> Plan | Unplaceable:
         self.flush()
+        self._expire_reservations()
+        held = self._take_reservation(key_of(pod))
+        if held is not None:
+            return held
+        built = self._request(pod, claims)
+        if isinstance(built, Unplaceable):
+            return built
+        request, to_place, floors = built
+        result = self.engine.place(request)
+        if isinstance(result, NoPlacement):
+            return self._floor_refusal(to_place, floors) or Unplaceable(
+                str(result.reason), result.message, result.permanent
+            )
+        return self._plan_of(result, to_place)
+
+    def placement_request(self, pod: Obj, claims: Sequence[Obj]) -> PlacementRequest | Unplaceable:
+        """What `plan` would ask the engine for this pod (for the preemption search)."""
+        self.flush()
+        built = self._request(pod, claims)
+        return built if isinstance(built, Unplaceable) else built[0]
+
+    def _request(
+        self, pod: Obj, claims: Sequence[Obj]
+    ) -> tuple[PlacementRequest, list[ClaimToPlace], dict[tuple[ClaimKey, str], int]] | Unplaceable:
         pod_key = key_of(pod)
         try:
             needs: PodNeeds = parse_pod_needs(pod)
@@ -257,13 +405,7 @@ class EnginePlanner:
             return client_floors
         floored, floors = self._floored(to_place, mps, client_floors)
         node = next(iter(pinned), None) or pod.get("spec", {}).get("nodeName")
-        request = PlacementRequest(pod_key, needs, tuple(floored), node)
-        result = self.engine.place(request)
-        if isinstance(result, NoPlacement):
-            return self._floor_refusal(to_place, floors) or Unplaceable(
-                str(result.reason), result.message, result.permanent
-            )
-        return self._plan_of(result, to_place)
+        return PlacementRequest(pod_key, needs, tuple(floored), node), to_place, floors
 
     def check_allocated(self, pod: Obj, claims: Sequence[Obj]) -> Unplaceable | None:
         self.flush()

@@ -110,6 +110,19 @@ class Planner(Protocol):
         ...
 
 
+class PreemptionHook(Protocol):
+    """Called for a pod that fits nowhere (`controller.preemptor.Preemptor`): may evict
+    lower-priority pods for it and answers what to tell the pod instead."""
+
+    def unplaceable(
+        self,
+        pod: Obj,
+        claims: Sequence[Obj],
+        why: Unplaceable,
+        stores: Mapping[Kind, Mapping[str, Obj]],
+    ) -> Unplaceable: ...
+
+
 class Recorder(Protocol):
     """Events for users (`kubectl describe`); `controller.events.KubeRecorder` is the real one."""
 
@@ -416,10 +429,12 @@ class Reconciler:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
         defer: Callable[[str, Callable[[], None]], None] | None = None,
+        preemption: PreemptionHook | None = None,
     ) -> None:
         """`defer(key, write)` runs a best-effort write (a pod condition) later and in order per
         key (`controller.sidewrites`); by default it runs at once, on this thread."""
         self._planner = planner
+        self._preemption = preemption
         self._defer = defer or _run_now
         self._writer = writer
         self._recorder = recorder
@@ -988,6 +1003,8 @@ class Reconciler:
                 verdict = Unplaceable("PlannerError", f"placement engine error: {exc}", True)
         if isinstance(verdict, Unplaceable):
             self._metrics.count_outcome("unplaceable")
+            if self._preemption is not None and not verdict.permanent:
+                verdict = self._preemption.unplaceable(pod, claims, verdict, self.stores)
             self._wait(pod, state, verdict, claims)
             return
         self._commit(pod, state, claims, verdict)
