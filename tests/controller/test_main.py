@@ -114,3 +114,13 @@ def test_http_endpoints() -> None:
             assert b"carve_pending_pods 2.0" in r.read()
     finally:
         server.stop()
+
+
+def test_preemption_is_on_by_default_and_can_be_turned_off() -> None:
+    on = parse_options([], env={})
+    assert on.preemption is True
+    assert on.preemption_hold == 300.0
+    off = parse_options(["--preemption=false", "--preemption-hold=90s"], env={})
+    assert off.preemption is False
+    assert off.preemption_hold == 90.0
+    assert parse_options([], env={"CARVE_PREEMPTION": "false"}).preemption is False

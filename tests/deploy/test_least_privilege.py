@@ -77,6 +77,12 @@ CAN_I: tuple[tuple[str, str, str, str, bool], ...] = (
     (CONTROLLER, "list", "secrets", "", False),
     (CONTROLLER, "create", "pods", "", False),
     (CONTROLLER, "delete", "pods", "", False),
+    # Preemption: evictions through the Eviction API only, and the budgets it must honour.
+    (CONTROLLER, "create", "pods/eviction", "", True),
+    (CONTROLLER, "list", "poddisruptionbudgets.policy", "", True),
+    (CONTROLLER, "watch", "poddisruptionbudgets.policy", "", True),
+    (CONTROLLER, "update", "poddisruptionbudgets.policy", "", False),
+    (CONTROLLER, "deletecollection", "pods", "", False),
     (CONTROLLER, "create", "resourceslices.resource.k8s.io", "", False),
     (CONTROLLER, "update", "deviceclasses.resource.k8s.io", "", False),
     # Nobody else writes allocations.

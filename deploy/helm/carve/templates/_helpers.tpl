@@ -80,6 +80,8 @@ ConfigMap; their checksum is a pod-template annotation, so any change rolls the 
 CARVE_DRIVER_NAME: {{ .Values.driverName | quote }}
 CARVE_DEVICE_CLASSES: {{ printf "%s,%s" (include "carve.migClass" .) (include "carve.gpuClass" .) | quote }}
 CARVE_NATIVE_FALLBACK_AFTER: {{ .Values.controller.nativeFallbackAfter | quote }}
+CARVE_PREEMPTION: {{ .Values.controller.preemption | quote }}
+CARVE_PREEMPTION_HOLD: {{ .Values.controller.preemptionHold | quote }}
 CARVE_LEADER_ELECT: {{ include "carve.controller.leaderElect" . | quote }}
 CARVE_LEASE_NAME: "carve-controller"
 CARVE_HTTP_ADDRESS: {{ printf ":%s" (include "carve.controller.port" .) | quote }}
