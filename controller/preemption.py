@@ -80,7 +80,7 @@ class SearchLimits:
     calls (each is one placement-engine decision)."""
 
     max_victims: int = 8
-    max_checks: int = 4000
+    max_checks: int = 2000
 
 
 def victim_cost(node: str, victims: Sequence[Candidate]) -> Cost:

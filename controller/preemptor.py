@@ -83,6 +83,7 @@ class Preemptor:
         self._recorder = recorder
         self._cfg = config or PreemptionConfig()
         self._wall = wall_clock
+        self._index_cache: tuple[tuple[int, int], list[tuple[str, str, list[str]]]] | None = None
 
     def unplaceable(
         self,
@@ -159,6 +160,29 @@ class Preemptor:
         """Live pods of lower priority whose carve claims are allocated and theirs alone
         (evicting one user of a shared claim frees nothing)."""
         pods = stores[Kind.POD]
+        in_hold = {v for k in self._held_pods() for v in k}
+        now = self._wall()
+        out: list[Candidate] = []
+        claims_of: dict[str, list[str]] = {}
+        for key, node, held in self._index(pods):
+            p = pods.get(key)
+            if p is None or key == preemptor or key in in_hold:
+                continue
+            if p.get("metadata", {}).get("deletionTimestamp") or _priority(p) >= prio:
+                continue
+            started = _parse_time((p.get("status") or {}).get("startTime"))
+            running = max(0.0, (now - started).total_seconds()) if started else 0.0
+            out.append(Candidate(key, node, _priority(p), running))
+            claims_of[key] = held
+        return out, claims_of
+
+    def _index(self, pods: Mapping[str, Obj]) -> list[tuple[str, str, list[str]]]:
+        """(pod, node, claims) of every pod holding carve claims of its own, rebuilt only when
+        the model changed: every unplaceable pod asks, and a scan of all pods each time would
+        make a pass quadratic in the pending pods."""
+        version = (self._planner.model.version, len(pods))
+        if self._index_cache is not None and self._index_cache[0] == version:
+            return self._index_cache[1]
         users: dict[str, int] = {}
         uses: dict[str, list[str]] = {}
         for key, p in pods.items():
@@ -169,27 +193,16 @@ class Preemptor:
             uses[key] = names
             for n in names:
                 users[n] = users.get(n, 0) + 1
-        in_hold = {v for k in self._held_pods() for v in k}
-        now = self._wall()
-        out: list[Candidate] = []
-        claims_of: dict[str, list[str]] = {}
+        index: list[tuple[str, str, list[str]]] = []
         for key, names in uses.items():
-            p = pods[key]
-            if key == preemptor or key in in_hold or p.get("metadata", {}).get("deletionTimestamp"):
-                continue
-            if _priority(p) >= prio:
-                continue
             held = [n for n in names if self._planner.claim_key(n) is not None]
             if not held or any(users[n] > 1 for n in held):
                 continue
-            node = self._node_of(p, held)
-            if node is None:
-                continue
-            started = _parse_time((p.get("status") or {}).get("startTime"))
-            running = max(0.0, (now - started).total_seconds()) if started else 0.0
-            out.append(Candidate(key, node, _priority(p), running))
-            claims_of[key] = held
-        return out, claims_of
+            node = self._node_of(pods[key], held)
+            if node is not None:
+                index.append((key, node, held))
+        self._index_cache = (version, index)
+        return index
 
     def _held_pods(self) -> list[tuple[str, ...]]:
         return [r[1] for r in self._planner.reservations()]
