@@ -7,13 +7,15 @@ then plays kube-controller-manager and the kubelet by deleting the evicted pods.
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 from typing import Any
 
 from controller.eviction import EvictionOutcome, EvictionResult
 from controller.planner import EnginePlanner
 from controller.preemptor import Preemptor
-from controller.reconciler import EventType, Kind, Reconciler
+from controller.reconciler import EventType, Kind, Plan, Reconciler, Unplaceable
+from tests.controller.test_reconciler import pod
 from tests.controller.test_reconciler_engine import Cluster, profile_claim
 
 Obj = dict[str, Any]
@@ -204,3 +206,18 @@ def test_the_hold_ends_when_the_preemptor_goes_away() -> None:
     c.submit(profile_claim("late", "4g.20gb"), prio=1)
     c.rec.step()
     assert c.allocation("late") is not None
+
+
+def test_freed_slices_stay_held_until_the_hold_expires() -> None:
+    c = PreemptingCluster({"n1": ["A100-SXM4-40GB"]})
+    pods = _fill(c, [("big", "4g.20gb", 0)])
+    c.planner.reserve("ns/hi", "n1", [f"ns/{pods['big']}"], ["ns/big"], hold_s=10.0)
+    cleared = copy.deepcopy(c.writer.objects["big"])
+    del cleared["status"]["allocation"]
+    c.planner.observe(Kind.CLAIM, cleared)
+    classes = c.rec.stores[Kind.CLASS]
+    other = pod("other", ["o"])
+    want = profile_claim("o", "4g.20gb")
+    assert isinstance(c.planner.plan(other, [want], classes), Unplaceable)
+    c.clock[0] = 10.0
+    assert isinstance(c.planner.plan(other, [want], classes), Plan)
