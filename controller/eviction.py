@@ -48,6 +48,14 @@ def _message(body: object, fallback: str) -> str:
     return fallback
 
 
+def describe_failure(exc: BaseException) -> str:
+    """An unexpected Eviction API error in words for the pod's event (403 names the missing
+    permission, which is what an operator has to fix)."""
+    status = getattr(exc, "status", None)
+    text = _message(getattr(exc, "body", None), str(getattr(exc, "reason", "") or exc))
+    return f"the Eviction API answered {status}: {text}" if status else str(exc)
+
+
 class KubeEvictor:
     """`Evictor` with the official client; ``fence`` is checked before every eviction."""
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.eviction import EvictionOutcome, Evictor
+from controller.eviction import EvictionFencedError, EvictionOutcome, Evictor, describe_failure
 from controller.planner import EnginePlanner
 from controller.preemption import (
     Candidate,
@@ -252,7 +252,13 @@ class Preemptor:
     ) -> dict[str, str]:
         blocked: dict[str, str] = {}
         for v in chosen.victims:
-            res = self._evictor.evict(stores[Kind.POD][v.pod], dry_run=True)
+            try:
+                res = self._evictor.evict(stores[Kind.POD][v.pod], dry_run=True)
+            except EvictionFencedError:
+                raise
+            except Exception as exc:
+                blocked[v.pod] = describe_failure(exc)
+                continue
             if res.outcome is not EvictionOutcome.EVICTED:
                 blocked[v.pod] = res.message or res.outcome.value
         return blocked
@@ -282,7 +288,13 @@ class Preemptor:
         failed: list[str] = []
         for v in chosen.victims:
             victim = stores[Kind.POD][v.pod]
-            res = self._evictor.evict(victim, dry_run=False)
+            try:
+                res = self._evictor.evict(victim, dry_run=False)
+            except EvictionFencedError:
+                raise
+            except Exception as exc:
+                failed.append(f"{v.pod} ({describe_failure(exc)})")
+                continue
             if res.outcome is EvictionOutcome.BLOCKED:
                 failed.append(f"{v.pod} ({res.message})")
                 continue
@@ -303,8 +315,10 @@ class Preemptor:
             self._cfg.hold_s,
         )
         who = ", ".join(
-            f"{v.pod} (priority {v.priority}, ran {v.running_s:.0f}s)" for v in chosen.victims
-        )
+            f"{v.pod} (priority {v.priority}, ran {v.running_s:.0f}s)"
+            for v in chosen.victims
+            if v.pod in evicted
+        ) or "nobody"
         message = (
             f"preempting on node {chosen.node}: evicted {who}, the cheapest of the lower-priority "
             f"sets that free {target} ({checks} sets examined); their slices are held for this "

@@ -30,9 +30,12 @@ class FakeEvictionApi:
         self.dry_runs: list[str] = []
         self.evicted: list[str] = []
         self.budgets: list[Obj] = []
+        self.error: Exception | None = None
 
     def evict(self, pod: Obj, *, dry_run: bool) -> EvictionResult:
         name = pod["metadata"]["name"]
+        if self.error is not None:
+            raise self.error
         (self.dry_runs if dry_run else self.evicted).append(name)
         if name in self.refuse:
             return EvictionResult(EvictionOutcome.BLOCKED, PDB_REFUSAL)
@@ -221,3 +224,37 @@ def test_freed_slices_stay_held_until_the_hold_expires() -> None:
     assert isinstance(c.planner.plan(other, [want], classes), Unplaceable)
     c.clock[0] = 10.0
     assert isinstance(c.planner.plan(other, [want], classes), Plan)
+
+
+def test_an_eviction_api_error_is_told_on_the_pod_not_mistaken_for_a_write_failure() -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    c = PreemptingCluster({"n1": ["A100-SXM4-40GB"]})
+    _fill(c, [("big", "4g.20gb", 0)])
+    c.api.error = ApiException(status=403, reason="Forbidden")
+    c.api.error.body = (
+        '{"message": "pods \\"x\\" is forbidden: cannot create resource \\"pods/eviction\\""}'
+    )
+    hi = c.submit(profile_claim("hi", "4g.20gb"), prio=10)
+    c.rec.step()
+    (ev,) = [e for e in c.events_of(hi) if e[2] == "PreemptionBlocked"]
+    assert "403" in ev[3] and "pods/eviction" in ev[3]
+
+
+def test_a_budget_the_disruption_controller_observed_limits_the_set_before_any_dry_run() -> None:
+    c = PreemptingCluster({"n1": ["A100-SXM4-40GB", "A100-SXM4-40GB"]})
+    pods = _two_full_a100s(c)
+    big = c.writer.objects[pods["big"]]
+    big["metadata"]["labels"] = {"app": "big"}
+    c.rec.enqueue(Kind.POD, EventType.MODIFIED, c.writer.put(big))
+    c.api.budgets = [
+        {
+            "metadata": {"name": "big", "namespace": "ns", "generation": 1},
+            "spec": {"selector": {"matchLabels": {"app": "big"}}},
+            "status": {"observedGeneration": 1, "disruptionsAllowed": 0},
+        }
+    ]
+    c.submit(profile_claim("hi", "4g.20gb"), prio=10)
+    c.rec.step()
+    assert pods["big"] not in c.api.dry_runs
+    assert len(c.api.evicted) == 4

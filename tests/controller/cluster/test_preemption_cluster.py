@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,15 +26,19 @@ from kubernetes.client.exceptions import ApiException
 
 from controller.planner import EnginePlanner
 from controller.reconciler import Kind
+from devcluster.cluster import LocalCluster
 from devcluster.waiting import wait_for
 from tests.controller.cluster.objects import (
     claims_of,
+    ensure_cluster_object,
     events_for,
+    load_manifests,
     pods_of,
     profile_template,
     raw,
 )
 from tests.controller.cluster.test_controller_cluster import (  # noqa: F401  (fixtures)
+    ControllerProcess,
     _assert_consistent,
     carve,
     gpu_nodes,
@@ -129,6 +134,32 @@ def kubelet(k8s_api: ApiClient, namespace: str) -> Iterator[Kubelet]:
     yield k
     k.stop.set()
     k.thread.join(5)
+
+
+def _shipped_rbac_kubeconfig(cluster: LocalCluster, api: ApiClient) -> Path:
+    """A kubeconfig of carve-controller's ServiceAccount with only the shipped RBAC
+    (deploy/manifests/20-rbac-controller.yaml): evictions and PDB reads must be in it."""
+    from kubernetes import utils
+    from kubernetes.utils import FailToCreateError
+
+    try:
+        client.CoreV1Api(api).create_namespace({"metadata": {"name": "carve-system"}})
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    for obj in load_manifests("10-deviceclasses.yaml"):
+        ensure_cluster_object(api, obj)
+    for obj in load_manifests("20-rbac-controller.yaml"):
+        try:
+            utils.create_from_dict(api, obj)
+        except FailToCreateError as exc:
+            if any(e.status != 409 for e in exc.api_exceptions):
+                raise
+    user = "system:serviceaccount:carve-system:carve-controller"
+    cluster.client_for_user(user, ("system:serviceaccounts", "system:serviceaccounts:carve-system"))
+    kubeconfig = cluster.info.root / "users" / f"{user.replace(':', '_')}.kubeconfig"
+    assert kubeconfig.exists()
+    return kubeconfig
 
 
 def _owner(p: Obj) -> str:
@@ -288,13 +319,31 @@ def test_the_cheapest_victim_is_evicted_and_its_placement_goes_to_the_preemptor(
 
 @pytest.mark.usefixtures("kubelet", "priority_classes")
 def test_a_pdb_refusal_waits_with_a_reason_then_another_set_is_evicted(
+    k8s_cluster: LocalCluster,
     k8s_api: ApiClient,
     namespace: str,
     gpu_nodes: Callable[[list[str]], str],  # noqa: F811
-    carve: Any,  # noqa: F811
+    tmp_path: Path,
 ) -> None:
+    """With only the shipped RBAC, so that evictions and PDB reads are proven granted."""
     gpu_nodes(["A100-SXM4-40GB", "A100-SXM4-40GB"])
-    carve("carve-a")
+    log = tmp_path / "rbac.log"
+    proc = ControllerProcess(
+        _shipped_rbac_kubeconfig(k8s_cluster, k8s_api),
+        "carve-system",
+        log,
+        "carve-rbac",
+        ["--lease-name", f"preempt-{namespace}"[:60]],
+    ).start()
+    try:
+        _pdb_case(k8s_api, namespace)
+    finally:
+        proc.stop()
+    text = log.read_text()
+    assert "forbidden" not in text.lower(), text[-3000:]
+
+
+def _pdb_case(k8s_api: ApiClient, namespace: str) -> None:
     before = _fill(k8s_api, namespace)
     (big,) = [p["metadata"]["name"] for p in _running(k8s_api, namespace, "big")]
     policy = client.PolicyV1Api(k8s_api)
