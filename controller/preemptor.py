@@ -109,6 +109,8 @@ class Preemptor:
         request = self._planner.placement_request(pod, claims)
         if isinstance(request, Unplaceable):
             return why
+        if request.node is not None:  # some claims are allocated there, or the pod is bound
+            candidates = [c for c in candidates if c.node == request.node]
 
         def feasible(node: str, victims: frozenset[str]) -> bool:
             freed = [c for v in victims for c in claims_of[v]]
@@ -314,11 +316,14 @@ class Preemptor:
             [c for p in evicted for c in claims_of[p]],
             self._cfg.hold_s,
         )
-        who = ", ".join(
-            f"{v.pod} (priority {v.priority}, ran {v.running_s:.0f}s)"
-            for v in chosen.victims
-            if v.pod in evicted
-        ) or "nobody"
+        who = (
+            ", ".join(
+                f"{v.pod} (priority {v.priority}, ran {v.running_s:.0f}s)"
+                for v in chosen.victims
+                if v.pod in evicted
+            )
+            or "nobody"
+        )
         message = (
             f"preempting on node {chosen.node}: evicted {who}, the cheapest of the lower-priority "
             f"sets that free {target} ({checks} sets examined); their slices are held for this "

@@ -1003,7 +1003,11 @@ class Reconciler:
                 verdict = Unplaceable("PlannerError", f"placement engine error: {exc}", True)
         if isinstance(verdict, Unplaceable):
             self._metrics.count_outcome("unplaceable")
-            if self._preemption is not None and not verdict.permanent:
+            if (
+                self._preemption is not None
+                and not verdict.permanent
+                and not self._fallback_due(pod)  # handed to kube-scheduler now: evict nobody
+            ):
                 verdict = self._preemption.unplaceable(pod, claims, verdict, self.stores)
             self._wait(pod, state, verdict, claims)
             return

@@ -14,7 +14,14 @@ from typing import Any
 from controller.eviction import EvictionOutcome, EvictionResult
 from controller.planner import EnginePlanner
 from controller.preemptor import Preemptor
-from controller.reconciler import EventType, Kind, Plan, Reconciler, Unplaceable
+from controller.reconciler import (
+    EventType,
+    Kind,
+    Plan,
+    Reconciler,
+    ReconcilerConfig,
+    Unplaceable,
+)
 from tests.controller.test_reconciler import pod
 from tests.controller.test_reconciler_engine import Cluster, profile_claim
 
@@ -50,7 +57,7 @@ class FakeEvictionApi:
 
 
 class PreemptingCluster(Cluster):
-    def __init__(self, nodes: dict[str, list[str]]) -> None:
+    def __init__(self, nodes: dict[str, list[str]], config: ReconcilerConfig | None = None) -> None:
         super().__init__(nodes)
         self.api = FakeEvictionApi(self)
         self.clock = [0.0]
@@ -60,6 +67,7 @@ class PreemptingCluster(Cluster):
             self.writer,
             self.recorder,
             wall_clock=lambda: NOW,
+            config=config,
             preemption=Preemptor(self.planner, self.api, self.recorder, wall_clock=lambda: NOW),
         )
         for k in Kind:
@@ -258,3 +266,12 @@ def test_a_budget_the_disruption_controller_observed_limits_the_set_before_any_d
     c.rec.step()
     assert pods["big"] not in c.api.dry_runs
     assert len(c.api.evicted) == 4
+
+
+def test_a_pod_due_for_native_fallback_evicts_nobody() -> None:
+    c = PreemptingCluster({"n1": ["A100-SXM4-40GB"]}, ReconcilerConfig(native_fallback_after=60))
+    _fill(c, [("big", "4g.20gb", 0)])
+    hi = c.submit(profile_claim("hi", "4g.20gb"), prio=10)  # created an hour before NOW
+    c.rec.step()
+    assert c.api.evicted == [] and c.api.dry_runs == []
+    assert any(e[2] == "HandedToScheduler" for e in c.events_of(hi))
