@@ -142,6 +142,17 @@ class Preemptor:
                 stores=stores,
                 checks=result.checks,
             )
+        if not refused and allowances:
+            # Was it the budgets? A set that frees a placement when they are left out says so.
+            free = cheapest_victims(prio, pool, feasible, allowances={}, limits=self._cfg.limits)
+            if free.chosen is not None:
+                names = sorted({b for v in free.chosen.victims for b in v.budgets})
+                spent = [f"{b} (allows {allowances.get(b, 0)} more)" for b in names]
+                return Unplaceable(
+                    "PreemptionBlocked",
+                    f"{why.message}; evicting lower-priority pods would free a placement, but "
+                    f"their PodDisruptionBudgets forbid it: {', '.join(spent)}; waiting",
+                )
         if refused:
             return Unplaceable(
                 "PreemptionBlocked",

@@ -28,7 +28,8 @@ FEATURE_GATES: Mapping[str, bool] = {
 # Controllers a cluster without kubelets needs: claims from templates and their
 # reservedFor cleanup, garbage collection of owned objects, namespace/serviceaccount
 # lifecycle, node health (our fake nodes heartbeat against it) and the eviction that
-# follows taints, plus the workload controllers a demo uses to create pods.
+# follows taints, the workload controllers a demo uses to create pods, and the disruption
+# controller (PodDisruptionBudget status, which the Eviction API and carve's preemption read).
 CONTROLLERS: tuple[str, ...] = (
     "resourceclaim-controller",
     "garbage-collector-controller",
@@ -44,6 +45,7 @@ CONTROLLERS: tuple[str, ...] = (
     "deployment-controller",
     "replicaset-controller",
     "daemonset-controller",
+    "disruption-controller",
     "validatingadmissionpolicy-status-controller",
 )
 

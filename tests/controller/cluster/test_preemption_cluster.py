@@ -3,9 +3,8 @@
 One fake node with two A100-40GB GPUs is filled by ReplicaSets (kube-controller-manager runs
 the replicaset controller, so evicted pods come back as replacements). Priorities come from
 real PriorityClasses (the Priority admission plugin writes ``spec.priority``). Evictions go
-through the real Eviction API, where kube-apiserver itself enforces PodDisruptionBudgets: this
-devcluster runs no disruption controller, so a PDB's status is never observed and the apiserver
-refuses (429) every eviction it covers, which is exactly the refusal carve must handle.
+through the real Eviction API, where kube-apiserver itself enforces PodDisruptionBudgets, whose
+status (``disruptionsAllowed``) kube-controller-manager's disruption controller computes.
 
 No kubelet runs: the test plays it by marking bound pods Running and by finishing the deletion
 of pods that the Eviction API marked terminating.
@@ -120,7 +119,10 @@ class Kubelet:
                         self.core.delete_namespaced_pod(name, self.ns, grace_period_seconds=0)
                     elif p["spec"].get("nodeName") and p["status"].get("phase") == "Pending":
                         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-                        status = {"phase": "Running", "startTime": now}
+                        # Ready, as a kubelet reports it: the disruption controller counts
+                        # only ready pods as healthy when it computes a budget's allowance.
+                        ready = {"type": "Ready", "status": "True", "lastTransitionTime": now}
+                        status = {"phase": "Running", "startTime": now, "conditions": [ready]}
                         self.core.patch_namespaced_pod_status(name, self.ns, {"status": status})
             except ApiException:
                 pass
@@ -347,13 +349,25 @@ def _pdb_case(k8s_api: ApiClient, namespace: str) -> None:
     before = _fill(k8s_api, namespace)
     (big,) = [p["metadata"]["name"] for p in _running(k8s_api, namespace, "big")]
     policy = client.PolicyV1Api(k8s_api)
-    for app in ("big", "small"):
+    # `big` is one pod: minAvailable 1 leaves it no disruption; `small` allows none at first.
+    budgets = {"big": {"minAvailable": 1}, "small": {"maxUnavailable": 0}}
+    for app, budget in budgets.items():
         policy.create_namespaced_pod_disruption_budget(
             namespace,
             {
                 "metadata": {"name": app},
-                "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": app}}},
+                "spec": {**budget, "selector": {"matchLabels": {"app": app}}},
             },
+        )
+    for app in budgets:
+        wait_for(
+            f"the disruption controller to observe budget {app}",
+            lambda app=app: (
+                policy.read_namespaced_pod_disruption_budget(
+                    app, namespace
+                ).status.observed_generation
+            ),
+            timeout=30,
         )
     alive_before = {p["metadata"]["name"] for p in pods_of(k8s_api, namespace)}
     started = _preemptor(k8s_api, namespace, "urgent")
@@ -366,11 +380,16 @@ def _pdb_case(k8s_api: ApiClient, namespace: str) -> None:
         ],
         timeout=60,
     )
-    assert "disruption budget" in blocked[0]["note"], blocked[0]["note"]
+    note = blocked[0]["note"]
+    assert "their PodDisruptionBudgets forbid it" in note, note
+    assert f"{namespace}/big (allows 0 more)" in note, note  # the cheapest set is `big`
     assert {p["metadata"]["name"] for p in pods_of(k8s_api, namespace)} == alive_before | {"urgent"}
-    # The small pods' budget goes; the big pod's stays, so carve evicts the four 1g.5gb pods
-    # at slices 0-3 of the other GPU (never the peers of equal priority next to `big`).
-    policy.delete_namespaced_pod_disruption_budget("small", namespace)
+    # The small pods' budget now allows four; the big pod's stays, so carve evicts the four
+    # 1g.5gb pods at slices 0-3 of the other GPU (never the peers of equal priority next to
+    # `big`), within the budget the disruption controller computes.
+    policy.patch_namespaced_pod_disruption_budget(
+        "small", namespace, {"spec": {"maxUnavailable": 4}}
+    )
 
     def urgent_bound() -> bool:
         p = raw(
