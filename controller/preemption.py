@@ -25,6 +25,7 @@ has no feasible proper subset.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -89,7 +90,9 @@ def victim_cost(node: str, victims: Sequence[Candidate]) -> Cost:
         len(victims),
         max((v.priority for v in victims), default=-(2**31)),
         sum(v.priority for v in victims),
-        sum(v.running_s for v in victims),
+        # in pod-name order, so that one set costs the same however it was assembled
+        # (float addition is not associative)
+        math.fsum(v.running_s for v in ordered),
         node,
         tuple(v.pod for v in ordered),
     )
