@@ -28,7 +28,10 @@ __all__ = [
     "CONFIG_API_GROUP",
     "DEFAULT_CONTRACT",
     "DEFAULT_DRIVER_NAME",
+    "DEFAULT_MIG_RESOURCE_PREFIX",
+    "EXTENDED_RESOURCE_CLAIM_ANNOTATION",
     "IDENTITY_ATTRIBUTES",
+    "IMPLICIT_EXTENDED_RESOURCE_PREFIX",
     "PCI_BUS_ID_ATTRIBUTE",
     "Attr",
     "Contract",
@@ -73,6 +76,19 @@ CONFIG_API_GROUP = "mig.carve.dev"
 
 A schema name, like a CRD's group: it stays the same whatever the driver name, so a config
 written for one install works in another. Only `config[].opaque.driver` follows the driver."""
+
+DEFAULT_MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+"""Per-profile classes name the extended resource `<prefix><profile>` (the chart's
+`deviceClasses.extendedResources.migPrefix`): the NVIDIA device plugin's names, so pods written
+for it (`nvidia.com/mig-1g.10gb: 1`) work unchanged."""
+
+IMPLICIT_EXTENDED_RESOURCE_PREFIX = "deviceclass.resource.kubernetes.io/"
+"""Kubernetes maps `<this><class name>` to every DeviceClass, whether or not the class names an
+extended resource of its own (k8s.io/dynamic-resource-allocation extendedresourcecache)."""
+
+EXTENDED_RESOURCE_CLAIM_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"
+"""kube-scheduler marks the claim it creates for a pod's extended resources with this
+annotation set to "true" (resource.k8s.io/v1 `ExtendedResourceClaimAnnotation`)."""
 
 PCI_BUS_ID_ATTRIBUTE = "resource.kubernetes.io/pciBusID"
 """The standard (Kubernetes-domain) attribute for a device's PCI address."""
@@ -172,6 +188,10 @@ class Contract:
     def profile_class_suffix(self) -> str:
         """Any class named `<x>.<driver>` is carve's too (per-profile classes)."""
         return f".{self.driver}"
+
+    def profile_class(self, profile: str) -> str:
+        """The per-profile class the chart renders: `1g.10gb` -> `mig-1g-10gb.<driver>`."""
+        return f"mig-{profile.replace('.', '-')}{self.profile_class_suffix}"
 
     def attribute(self, name: str) -> str:
         """The fully qualified attribute name, as `matchAttribute` spells it."""

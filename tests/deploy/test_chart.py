@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -17,7 +18,8 @@ import yaml
 
 import controller.main as controller_main
 import kubeletplugin.main as plugin_main
-from driver.contract import Contract
+from driver.catalog import CATALOG
+from driver.contract import DEFAULT_MIG_RESOURCE_PREFIX, Contract
 from nodesim.stack import INSTALL_MANIFESTS, MANIFESTS, render_manifest
 from tests.deploy.conftest import CHART, REPO, Helm, by_kind, one
 
@@ -145,11 +147,58 @@ def test_every_name_follows_the_driver_name(helm: Helm) -> None:
         assert binding["spec"]["policyName"] == binding["metadata"]["name"]
 
 
+def _catalogue_profiles() -> list[str]:
+    """Every plain MIG profile (no +me/-me/+gfx variant) of the GPU catalogue."""
+    names = {p.name for m in CATALOG.values() for p in m.profiles}
+    return sorted(n for n in names if re.fullmatch(r"[0-9]+g\.[0-9]+gb", n))
+
+
+def test_the_default_profile_classes_are_the_catalogues_profiles() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert sorted(values["deviceClasses"]["profiles"]) == _catalogue_profiles(), (
+        "deviceClasses.profiles in deploy/helm/carve/values.yaml must list every plain profile "
+        "of driver/catalog"
+    )
+
+
+def test_profile_classes_name_the_device_plugins_resources_and_whole_gpu_is_opt_in(
+    helm: Helm,
+) -> None:
+    default = Contract()
+    docs = {d["metadata"]["name"]: d for d in by_kind(helm.template(), "DeviceClass")}
+    for profile in _catalogue_profiles():
+        cls = docs[default.profile_class(profile)]
+        assert cls["spec"]["extendedResourceName"] == f"{DEFAULT_MIG_RESOURCE_PREFIX}{profile}"
+        assert f'.profile == "{profile}"' in cls["spec"]["selectors"][0]["cel"]["expression"]
+    assert "extendedResourceName" not in docs[default.gpu_class]["spec"]
+    assert "extendedResourceName" not in docs[default.mig_class]["spec"]
+    opted = {
+        d["metadata"]["name"]: d
+        for d in by_kind(
+            helm.template("deviceClasses.extendedResources.wholeGpu=nvidia.com/gpu"),
+            "DeviceClass",
+        )
+    }
+    assert opted[default.gpu_class]["spec"]["extendedResourceName"] == "nvidia.com/gpu"
+    gate = one(
+        helm.template("deviceClasses.extendedResources.wholeGpu=nvidia.com/gpu"),
+        "MutatingAdmissionPolicy",
+        "carve-placement-gate-extended-resources",
+    )
+    names = next(v for v in gate["spec"]["variables"] if v["name"] == "names")
+    assert "nvidia.com/gpu" in yaml.safe_load(names["expression"])
+    off = helm.template("deviceClasses.extendedResources.enabled=false")
+    assert all("extendedResourceName" not in d["spec"] for d in by_kind(off, "DeviceClass"))
+    names = {d["metadata"]["name"] for d in by_kind(off, "MutatingAdmissionPolicy")}
+    assert "carve-placement-gate-extended-resources" not in names
+
+
 def test_the_default_names_are_the_contracts(helm: Helm) -> None:
     default = Contract()
     docs = helm.template()
     classes = {d["metadata"]["name"] for d in by_kind(docs, "DeviceClass")}
-    assert classes == set(default.default_classes)
+    profiles = {default.profile_class(p) for p in _catalogue_profiles()}
+    assert classes == set(default.default_classes) | profiles
     assert default.scheduling_gate in json.dumps(by_kind(docs, "MutatingAdmissionPolicy"))
     assert not by_kind(docs, "Namespace")  # helm install --create-namespace makes it
     assert not by_kind(docs, "ServiceMonitor")

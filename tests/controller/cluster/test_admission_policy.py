@@ -109,3 +109,53 @@ def test_existing_gates_are_kept_and_not_duplicated(k8s_api: ApiClient, gated_ns
     body["spec"]["schedulingGates"] = [{"name": "example.com/other"}, {"name": GATE}]
     created = create_pod_when_policy_ready(k8s_api, gated_ns, body)
     assert sorted(_gates(created)) == sorted(["example.com/other", GATE])
+
+
+def _limits_pod(name: str, resources: dict[str, str], *, init: bool = False) -> dict[str, Any]:
+    body = pod(name, "unused", gated=False)
+    body["spec"].pop("resourceClaims")
+    container = body["spec"]["containers"][0]
+    container["resources"] = {"limits": dict(resources)}
+    if init:
+        body["spec"]["initContainers"] = [dict(container, name="setup")]
+        container["resources"] = {}
+    return body
+
+
+@pytest.mark.parametrize(
+    ("resources", "init", "gated"),
+    [
+        ({"nvidia.com/mig-1g.10gb": "1"}, False, True),
+        ({"nvidia.com/mig-3g.40gb": "1"}, True, True),
+        ({"deviceclass.resource.kubernetes.io/mig-3g-40gb.mig.carve.dev": "1"}, False, True),
+        ({"deviceclass.resource.kubernetes.io/gpu.carve.dev": "1"}, False, True),
+        ({"nvidia.com/gpu": "1"}, False, False),  # whole-GPU name is opt-in (chart value)
+        ({"nvidia.com/mig-9g.99gb": "1"}, False, False),  # no class of carve's names it
+        ({"deviceclass.resource.kubernetes.io/gpu.nvidia.com": "1"}, False, False),
+    ],
+    ids=[
+        "profile",
+        "init-container",
+        "implicit-profile",
+        "implicit-gpu",
+        "gpu",
+        "unknown",
+        "foreign",
+    ],
+)
+def test_pods_asking_carve_extended_resources_get_the_gate(
+    k8s_api: ApiClient,
+    gated_ns: str,
+    resources: dict[str, str],
+    init: bool,
+    gated: bool,
+) -> None:
+    # Active policies first (a pod that must be gated), then the case under test.
+    create_pod_when_policy_ready(
+        k8s_api, gated_ns, _limits_pod("probe", {"nvidia.com/mig-1g.10gb": "1"})
+    )
+    body = _limits_pod("asks", resources, init=init)
+    created = raw(
+        client.CoreV1Api(k8s_api).create_namespaced_pod(gated_ns, body, _preload_content=False)
+    )
+    assert _gates(created) == ([GATE] if gated else [])
