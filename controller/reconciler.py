@@ -24,9 +24,16 @@ import logging
 import queue
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from controller.extres import (
+    ExtendedResourceError,
+    asks_carve_resources,
+    extended_stand_in,
+    in_users_words,
+    resource_classes,
+)
 from controller.nodeloss import NodeLoss, allocated_node, node_loss, not_ready_deadline
 from controller.status import (
     ClaimAllocation,
@@ -886,7 +893,10 @@ class Reconciler:
             if not self._is_leader():
                 return
             try:
-                if w.kind is WorkKind.UNGATE:
+                names = resource_classes(self.stores[Kind.CLASS], self._cfg.classes)
+                if has_gate(pod, self._cfg.gate) and asks_carve_resources(pod, names):
+                    self._place_extended(pod, state, w.claims, names)
+                elif w.kind is WorkKind.UNGATE:
                     refused = self._planner.check_allocated(pod, w.claims)
                     if refused is not None:
                         self._wait(pod, state, refused, w.claims)
@@ -907,6 +917,41 @@ class Reconciler:
                 why = _write_failure(exc)
                 state.permanent = why.permanent
                 self._tell(pod, state, w.claims, why)
+
+    def _place_extended(
+        self, pod: Obj, state: _PodState, claims: Sequence[Obj], names: Mapping[str, str]
+    ) -> None:
+        """A pod asking through extended resources: carve's best fit picks the node, the pod is
+        pinned there and ungated, and kube-scheduler allocates its claim on that node
+        (`controller.extres` says why carve cannot write that allocation itself)."""
+        try:
+            stand_in = extended_stand_in(pod, claims, names)
+        except ExtendedResourceError as exc:
+            self._wait(pod, state, Unplaceable(exc.reason, str(exc), permanent=True), claims)
+            return
+        started = time.perf_counter()
+        verdict = self._planner.plan(pod, [stand_in], self.stores[Kind.CLASS])
+        self._metrics.observe_decision(time.perf_counter() - started)
+        if isinstance(verdict, Unplaceable):
+            self._metrics.count_outcome("unplaceable")
+            message = in_users_words(verdict.message, pod, names)
+            self._wait(pod, state, replace(verdict, message=message))
+            return
+        key = key_of(pod)
+        self._set_pod(key, self._writer.pin_and_ungate(pod, verdict.node))
+        self._planner.committed(pod, verdict)
+        self._metrics.count_outcome("allocated")
+        chosen = ", ".join(
+            f"{r.request}={r.pool}/{r.device}" for a in verdict.allocations for r in a.results
+        )
+        message = (
+            f"carve's best fit chose node {verdict.node} ({chosen}); the pod is pinned there "
+            "and kube-scheduler allocates its extended resources on that node"
+        )
+        self._recorder.event(pod, Kind.POD, "Normal", "Placed", message)
+        self._condition(pod, True, "Placed", message)
+        _log.info("pod %s pinned to %s", key, verdict.node, extra={"pod": key})
+        self._forget_pod(key)
 
     def _replan(self, pod: Obj, state: _PodState, claims: Sequence[Obj], now: float) -> None:
         """Allocate again after kube-scheduler's PostFilter cleared an allocation of ours.

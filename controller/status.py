@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from controller.extres import pinned_affinity
 from driver.allocation import (
     AllocatedDevice,
     AllocationFormatError,
@@ -74,6 +75,11 @@ class ClaimWriter(Protocol):
         ...
 
     def remove_gate(self, pod: Obj) -> Obj: ...
+
+    def pin_and_ungate(self, pod: Obj, node: str) -> Obj:
+        """Narrow a gated pod's required node affinity to `node` and remove the gate, in one
+        write (a pod asking through extended resources, `controller.extres`)."""
+        ...
 
     def set_pod_condition(self, pod: Obj, status: bool, reason: str, message: str) -> None: ...
 
@@ -339,6 +345,15 @@ class KubeClaimWriter:
                 return None
             gates = [g for g in cur["spec"]["schedulingGates"] if g.get("name") != self._gate]
             return {"spec": {"schedulingGates": gates}}
+
+        return self._rmw(pod, self._get_pod, self._patch_pod, mutate)
+
+    def pin_and_ungate(self, pod: Obj, node: str) -> Obj:
+        def mutate(cur: Obj) -> Obj | None:
+            if not has_gate(cur, self._gate):
+                return None
+            gates = [g for g in cur["spec"]["schedulingGates"] if g.get("name") != self._gate]
+            return {"spec": {"affinity": pinned_affinity(cur, node), "schedulingGates": gates}}
 
         return self._rmw(pod, self._get_pod, self._patch_pod, mutate)
 

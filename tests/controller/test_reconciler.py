@@ -19,6 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from controller.extres import pinned_affinity
 from controller.reconciler import (
     CarveClasses,
     EventType,
@@ -240,6 +241,14 @@ class MemoryWriter:
 
     def remove_gate(self, pod: Obj) -> Obj:
         cur = self._call("remove_gate", pod)
+        cur["spec"]["schedulingGates"] = [
+            g for g in cur["spec"].get("schedulingGates", []) if g["name"] != SCHEDULING_GATE
+        ]
+        return self.put(cur)
+
+    def pin_and_ungate(self, pod: Obj, node: str) -> Obj:
+        cur = self._call("pin_and_ungate", pod)
+        cur["spec"]["affinity"] = pinned_affinity(cur, node)
         cur["spec"]["schedulingGates"] = [
             g for g in cur["spec"].get("schedulingGates", []) if g["name"] != SCHEDULING_GATE
         ]
