@@ -875,6 +875,7 @@ class Reconciler:
         work = self._queue()
         self._metrics.set_queue_depth(sum(1 for _, w in work if w.kind is not WorkKind.UNGATE))
         now = self._clock()
+        names = resource_classes(self.stores[Kind.CLASS], self._cfg.classes)
         for pod, w in work:
             key = key_of(pod)
             state = self._pods[key]
@@ -893,7 +894,6 @@ class Reconciler:
             if not self._is_leader():
                 return
             try:
-                names = resource_classes(self.stores[Kind.CLASS], self._cfg.classes)
                 if has_gate(pod, self._cfg.gate) and asks_carve_resources(pod, names):
                     self._place_extended(pod, state, w.claims, names)
                 elif w.kind is WorkKind.UNGATE:
