@@ -22,11 +22,13 @@ from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from driver.contract import IMPLICIT_EXTENDED_RESOURCE_PREFIX
+from driver.contract import EXTENDED_RESOURCE_CLAIM_ANNOTATION, IMPLICIT_EXTENDED_RESOURCE_PREFIX
 
 __all__ = [
+    "PINNED_SETTLE_SECONDS",
     "ExtendedRequest",
     "ExtendedResourceError",
+    "PinnedPods",
     "asks_carve_resources",
     "extended_requests",
     "extended_stand_in",
@@ -238,3 +240,71 @@ def pinned_affinity(pod: Obj, node: str) -> Obj:
         "nodeSelectorTerms": terms,
     }
     return affinity
+
+
+PINNED_SETTLE_SECONDS = 30.0
+"""How long a node stays reserved for a pinned pod whose claim has not appeared: long enough
+for kube-scheduler's cycle and PreBind, short enough that a pod the scheduler cannot bind (it
+fails there for a reason carve does not model) does not hold the node's placements for long."""
+
+
+@dataclass(frozen=True)
+class _Pin:
+    node: str
+    uid: str
+    until: float
+
+
+class PinnedPods:
+    """Nodes where kube-scheduler is about to allocate a pinned pod's extended resources.
+
+    Between the gate's removal and the scheduler's claim, carve's model does not know which
+    device the scheduler will take, so an allocation carve writes on that node in the meantime
+    could take the same one (two allocations of one placement). A decision that lands on such a
+    node therefore waits until the pinned pod's claim is in carve's claim store (its devices
+    then count in the model), the pod is gone or has ended, or `PINNED_SETTLE_SECONDS`
+    passed. Other nodes are not held up.
+    """
+
+    def __init__(self) -> None:
+        self._pins: dict[str, _Pin] = {}
+
+    def pin(self, pod_key: str, uid: str, node: str, now: float) -> None:
+        self._pins[pod_key] = _Pin(node, uid, now + PINNED_SETTLE_SECONDS)
+
+    def blocker(
+        self,
+        node: str,
+        pod_key: str,
+        now: float,
+        pods: Mapping[str, Obj],
+        claims: Mapping[str, Obj],
+    ) -> str | None:
+        """The pinned pod that `node` still waits for (None: free to decide there)."""
+        for key, pin in list(self._pins.items()):
+            if pin.node != node or key == pod_key:
+                continue
+            if now >= pin.until or _settled(key, pin.uid, pods, claims):
+                del self._pins[key]
+                continue
+            return key
+        return None
+
+
+def _settled(pod_key: str, uid: str, pods: Mapping[str, Obj], claims: Mapping[str, Obj]) -> bool:
+    pod = pods.get(pod_key)
+    if pod is None or pod.get("metadata", {}).get("uid") != uid:
+        return True
+    if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        return True
+    namespace = pod_key.partition("/")[0]
+    for key, claim in claims.items():
+        if not key.startswith(f"{namespace}/"):
+            continue
+        meta = claim.get("metadata", {})
+        if (meta.get("annotations") or {}).get(EXTENDED_RESOURCE_CLAIM_ANNOTATION) != "true":
+            continue
+        owned = any(ref.get("uid") == uid for ref in meta.get("ownerReferences") or [])
+        if owned and (claim.get("status") or {}).get("allocation"):
+            return True
+    return False

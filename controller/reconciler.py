@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 from controller.extres import (
     ExtendedResourceError,
+    PinnedPods,
     asks_carve_resources,
     extended_stand_in,
     in_users_words,
@@ -471,6 +472,7 @@ class Reconciler:
         self._nodes_changed = True
         self._next_loss_check: dt.datetime | None = None
         self._lost_cleared: dict[str, NodeLoss] = {}
+        self._pinned = PinnedPods()
         self._loss_told: dict[str, str] = {}
 
     # -- input (any thread) ----------------------------------------------------------------------
@@ -937,8 +939,11 @@ class Reconciler:
             message = in_users_words(verdict.message, pod, names)
             self._wait(pod, state, replace(verdict, message=message))
             return
+        if self._held_for_pinned(pod, state, verdict.node):
+            return
         key = key_of(pod)
         self._set_pod(key, self._writer.pin_and_ungate(pod, verdict.node))
+        self._pinned.pin(key, pod["metadata"].get("uid", ""), verdict.node, self._clock())
         self._planner.committed(pod, verdict)
         self._metrics.count_outcome("allocated")
         chosen = ", ".join(
@@ -952,6 +957,24 @@ class Reconciler:
         self._condition(pod, True, "Placed", message)
         _log.info("pod %s pinned to %s", key, verdict.node, extra={"pod": key})
         self._forget_pod(key)
+
+    def _held_for_pinned(self, pod: Obj, state: _PodState, node: str) -> bool:
+        """Whether a decision on `node` must wait for a pod pinned there (`PinnedPods`)."""
+        key, now = key_of(pod), self._clock()
+        blocker = self._pinned.blocker(
+            node, key, now, self.stores[Kind.POD], self.stores[Kind.CLAIM]
+        )
+        if blocker is None:
+            return False
+        _log.info(
+            "pod %s: node %s waits for kube-scheduler's allocation of pinned pod %s",
+            key,
+            node,
+            blocker,
+            extra={"pod": key, "node": node},
+        )
+        state.retry_at = now + 0.5
+        return True
 
     def _replan(self, pod: Obj, state: _PodState, claims: Sequence[Obj], now: float) -> None:
         """Allocate again after kube-scheduler's PostFilter cleared an allocation of ours.
@@ -1055,6 +1078,8 @@ class Reconciler:
             ):
                 verdict = self._preemption.unplaceable(pod, claims, verdict, self.stores)
             self._wait(pod, state, verdict, claims)
+            return
+        if self._held_for_pinned(pod, state, verdict.node):
             return
         self._commit(pod, state, claims, verdict)
 

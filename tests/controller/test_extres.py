@@ -5,6 +5,7 @@ tests/controller/cluster/test_extended_resources_cluster.py)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -21,7 +22,11 @@ from controller.extres import (
 )
 from controller.reconciler import CarveClasses, EventType, Kind
 from controller.status import has_gate
-from driver.contract import DEFAULT_CONTRACT, IMPLICIT_EXTENDED_RESOURCE_PREFIX
+from driver.contract import (
+    DEFAULT_CONTRACT,
+    EXTENDED_RESOURCE_CLAIM_ANNOTATION,
+    IMPLICIT_EXTENDED_RESOURCE_PREFIX,
+)
 from tests.controller.test_reconciler_engine import Cluster, device_class, profile_claim
 
 Obj = dict[str, Any]
@@ -241,3 +246,83 @@ def test_mixing_claims_and_limits_waits_with_its_own_reason() -> None:
     assert not c.allocation("c")
     reasons = {e[2] for e in c.events_of("mixed")}
     assert reasons == {"MixedClaimsAndExtendedResources"}
+
+
+def _scheduler_claim(pod: Obj, pool: str, device: str) -> Obj:
+    """The claim kube-scheduler writes at PreBind for a pinned pod."""
+    return {
+        "metadata": {
+            "name": f"{pod['metadata']['name']}-extended-resources-x",
+            "namespace": "ns",
+            "uid": "sched-claim",
+            "resourceVersion": "5",
+            "annotations": {EXTENDED_RESOURCE_CLAIM_ANNOTATION: "true"},
+            "ownerReferences": [{"kind": "Pod", "uid": pod["metadata"]["uid"], "controller": True}],
+        },
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "container-0-request-0",
+                        "exactly": {"deviceClassName": "mig-3g-40gb.mig.carve.dev", "count": 1},
+                    }
+                ]
+            }
+        },
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": "container-0-request-0",
+                            "driver": DRIVER,
+                            "pool": pool,
+                            "device": device,
+                        }
+                    ]
+                },
+                "nodeSelector": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchFields": [
+                                {"key": "metadata.name", "operator": "In", "values": ["a"]}
+                            ]
+                        }
+                    ]
+                },
+            },
+            "reservedFor": [
+                {"resource": "pods", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}
+            ],
+        },
+    }
+
+
+def test_a_node_with_a_pinned_pod_takes_no_other_decision_until_the_schedulers_claim_is_seen() -> (
+    None
+):
+    """Otherwise carve could allocate the device the scheduler is about to take."""
+    c = Cluster({"a": ["H100-SXM5-80GB"]})
+    _with_profile_classes(c, "3g.40gb")
+    p = limits_pod("limits", {"nvidia.com/mig-3g.40gb": "1"})
+    c.rec.enqueue(Kind.POD, EventType.ADDED, c.writer.put(p))
+    c.rec.step()
+    assert not has_gate(c.writer.objects["limits"], GATE)
+    follower = c.submit(profile_claim("next", "3g.40gb"))
+    c.rec.step()
+    assert not c.allocation("next"), "placed while the scheduler's allocation was in flight"
+    assert has_gate(c.writer.objects[follower], GATE)
+    # The scheduler's claim arrives, holding the placement its first fit chose.
+    taken = next(
+        d["name"]
+        for s in c.rec.stores[Kind.SLICE].values()
+        for d in s["spec"].get("devices") or []
+        if "-mig-3g40gb-" in d["name"]
+    )
+    pool = next(iter(c.rec.stores[Kind.SLICE].values()))["spec"]["pool"]["name"]
+    c.rec.enqueue(Kind.CLAIM, EventType.ADDED, c.writer.put(_scheduler_claim(p, pool, taken)))
+    time.sleep(0.6)  # the held decision's retry delay
+    c.rec.step()
+    alloc = c.allocation("next")
+    assert alloc, c.events_of(follower)
+    assert alloc["devices"]["results"][0]["device"] != taken
