@@ -950,8 +950,9 @@ class Reconciler:
             f"{r.request}={r.pool}/{r.device}" for a in verdict.allocations for r in a.results
         )
         message = (
-            f"carve's best fit chose node {verdict.node} ({chosen}); the pod is pinned there "
-            "and kube-scheduler allocates its extended resources on that node"
+            f"carve's best fit chose node {verdict.node} (its best devices there: {chosen}); "
+            "the pod is pinned to that node, where kube-scheduler allocates its extended "
+            "resources (first fit in published order)"
         )
         self._recorder.event(pod, Kind.POD, "Normal", "Placed", message)
         self._condition(pod, True, "Placed", message)
