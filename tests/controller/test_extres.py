@@ -326,3 +326,21 @@ def test_a_node_with_a_pinned_pod_takes_no_other_decision_until_the_schedulers_c
     alloc = c.allocation("next")
     assert alloc, c.events_of(follower)
     assert alloc["devices"]["results"][0]["device"] != taken
+
+
+def test_a_pod_another_gate_still_holds_is_pinned_only_once_that_gate_is_gone() -> None:
+    c = Cluster({"a": ["H100-SXM5-80GB"]})
+    _with_profile_classes(c, "3g.40gb")
+    p = limits_pod("queued", {"nvidia.com/mig-3g.40gb": "1"})
+    p["spec"]["schedulingGates"].insert(0, {"name": "kueue.x-k8s.io/admission"})
+    c.rec.enqueue(Kind.POD, EventType.ADDED, c.writer.put(p))
+    c.rec.step()
+    held = c.writer.objects["queued"]
+    assert has_gate(held, GATE) and "affinity" not in held["spec"]
+    assert [e[2] for e in c.events_of("queued")] == ["WaitingForOtherGates"]
+    assert "kueue.x-k8s.io/admission" in c.events_of("queued")[0][3]
+    held["spec"]["schedulingGates"] = [{"name": GATE}]
+    c.rec.enqueue(Kind.POD, EventType.MODIFIED, c.writer.put(held))
+    c.rec.step()
+    assert not has_gate(c.writer.objects["queued"], GATE)
+    assert "affinity" in c.writer.objects["queued"]["spec"]
