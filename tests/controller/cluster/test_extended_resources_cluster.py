@@ -370,6 +370,18 @@ def test_asks_carve_cannot_place_get_a_reason_on_the_pod_and_a_pair_is_placed(
     ]
     core.create_namespaced_pod(namespace, init)
     core.create_namespaced_pod(namespace, ext_pod("pair", {"nvidia.com/mig-1g.10gb": "2"}))
+    # A pod with its own required node affinity: carve's pin is added to the term (the
+    # apiserver allows only narrowing a gated pod's terms).
+    affine = ext_pod("affine", {"nvidia.com/mig-1g.10gb": "1"})
+    own = {"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}
+    affine["spec"]["affinity"] = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [own]}]
+            }
+        }
+    }
+    core.create_namespaced_pod(namespace, affine)
 
     def warning(name: str) -> Obj | None:
         evs = [e for e in events_for(k8s_api, namespace, name) if e["type"] == "Warning"]
@@ -399,3 +411,9 @@ def test_asks_carve_cannot_place_get_a_reason_on_the_pod_and_a_pair_is_placed(
     )
     pair = wait_for("its claim", lambda: extended_claim(k8s_api, namespace, "pair"), timeout=30)
     assert len(set(allocated_on(pair))) == 2
+    assert wait_for("affine bound", lambda: _bound_node(k8s_api, namespace, "affine")) == node
+    (term,) = read_pod(k8s_api, namespace, "affine")["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert term["matchExpressions"] == [own]
+    assert term["matchFields"] == [{"key": "metadata.name", "operator": "In", "values": [node]}]
