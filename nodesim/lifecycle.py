@@ -129,6 +129,10 @@ def exit_code(pod: Mapping[str, Any]) -> int:
         raise PodSpecError(f"annotation {EXIT_CODE_ANNOTATION}={raw!r} is not an integer") from None
 
 
+EXTENDED_RESOURCES_ENTRY = "<extended-resources>"
+"""The entry name a pod's extended-resource claim is listed under (it has none in the spec)."""
+
+
 def claim_names(pod: Mapping[str, Any]) -> list[tuple[str, str | None]]:
     """(pod entry name, ResourceClaim name or None while kube-controller-manager has not made it).
 
@@ -150,6 +154,13 @@ def claim_names(pod: Mapping[str, Any]) -> list[tuple[str, str | None]]:
                 out.append((name, str(claim)))
         else:
             out.append((name, None))
+    # Like the kubelet (pkg/kubelet/cm/dra, DRAExtendedResource): the claim kube-scheduler made
+    # for the pod's extended resources is prepared with the pod's own claims.
+    extended = ((pod.get("status") or {}).get("extendedResourceClaimStatus") or {}).get(
+        "resourceClaimName"
+    )
+    if extended:
+        out.append((EXTENDED_RESOURCES_ENTRY, str(extended)))
     return out
 
 

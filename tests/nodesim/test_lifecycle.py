@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from nodesim.lifecycle import (
+    EXTENDED_RESOURCES_ENTRY,
     CdiResolutionError,
     ClaimsNotReadyError,
     PodSpecError,
@@ -92,6 +93,23 @@ def test_claim_names_from_spec_and_status() -> None:
         },
     )
     assert claim_names(p) == [("direct", "shared"), ("tmpl", "p-tmpl-abcde"), ("later", None)]
+
+
+def test_the_extended_resource_claim_is_prepared_like_the_pods_own() -> None:
+    """As the kubelet does: the claim kube-scheduler made for the pod's resources.limits."""
+    p = pod(
+        resourceClaims=[{"name": "direct", "resourceClaimName": "shared"}],
+        status={
+            "extendedResourceClaimStatus": {
+                "resourceClaimName": "p-extended-resources-x7k2q",
+                "requestMappings": [],
+            }
+        },
+    )
+    assert claim_names(p) == [
+        ("direct", "shared"),
+        (EXTENDED_RESOURCES_ENTRY, "p-extended-resources-x7k2q"),
+    ]
 
 
 def test_pod_claims_requires_allocated_and_reserved_claims() -> None:

@@ -1,0 +1,92 @@
+"""A pod that asks `resources.limits: {nvidia.com/mig-3g.40gb: 1}` (no claim) runs on a slice
+that the real plugin carves on a simulated node, where carve's best fit put it, and the slice
+is destroyed and released when the pod ends (docs/extended-resources.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from devcluster.waiting import wait_for
+from tests.e2e.harness import E2E, GROUP_LABEL, profile_is, request
+
+pytestmark = pytest.mark.cluster
+
+Obj = dict[str, Any]
+
+
+def limits_pod(e2e: E2E, name: str, limits: dict[str, str], run_seconds: float) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "annotations": {"nodesim.carve.dev/run-seconds": str(run_seconds)},
+        },
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 5,
+            "nodeSelector": {GROUP_LABEL: e2e.group},
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.example/cuda:12",
+                    "resources": {"limits": dict(limits)},
+                }
+            ],
+        },
+    }
+
+
+def _extended_claim(e2e: E2E, pod_name: str) -> Obj | None:
+    pod = e2e.raw_pod(pod_name) or {}
+    name = ((pod.get("status") or {}).get("extendedResourceClaimStatus") or {}).get(
+        "resourceClaimName"
+    )
+    return next((c for c in e2e.claims() if c["metadata"]["name"] == name), None)
+
+
+def test_a_limits_pod_runs_on_a_carved_slice_placed_by_best_fit_and_releases_it(
+    e2e: E2E,
+) -> None:
+    nodes = {n.name: n for n in (e2e.node("a", "H100-SXM5-80GB"), e2e.node("b", "H100-SXM5-80GB"))}
+    # The existing workload: a 3g.40gb claim pod, wherever carve puts it.
+    e2e.template("three", [request("mig", [profile_is("3g.40gb")])])
+    e2e.pod("holder", {"mig": {"resourceClaimTemplateName": "three"}})
+    busy = nodes.pop(e2e.wait_phase("holder", "Running")["spec"]["nodeName"])
+    (empty,) = nodes.values()
+    assert len(busy.hardware_view().instances) == 1
+
+    e2e.core.create_namespaced_pod(
+        e2e.namespace, limits_pod(e2e, "limits", {"nvidia.com/mig-3g.40gb": "1"}, run_seconds=4)
+    )
+    pod = e2e.wait_phase("limits", "Running")
+    # carve's best fit packs it next to the holder; the empty GPU stays whole.
+    assert pod["spec"]["nodeName"] == busy.name, e2e.diagnostics("limits")
+    assert not empty.hardware_view().instances
+    claim = _extended_claim(e2e, "limits")
+    assert claim is not None
+    [result] = e2e.results(claim)
+    carved = {f"-{i.profile_id}-{i.start}" for i in busy.hardware_view().instances}
+    assert len(carved) == 2
+    assert any(result["device"].endswith(s) for s in carved), (result, carved)
+    assert "-mig-3g40gb-" in result["device"]
+    placed = [e for e in e2e.events("Pod", "limits") if e.get("reason") == "Placed"]
+    assert placed and busy.name in placed[0]["message"]
+    assert e2e.check_invariants() == []
+
+    e2e.wait_phase("limits", "Succeeded", timeout=30)
+    wait_for(
+        "the slice to be destroyed",
+        lambda: len(busy.hardware_view().instances) == 1,
+        timeout=30,
+    )
+
+    def released() -> bool:
+        gone = next(
+            (c for c in e2e.claims() if c["metadata"]["uid"] == claim["metadata"]["uid"]), None
+        )
+        return gone is None or not (gone.get("status") or {}).get("allocation")
+
+    wait_for("its claim to be released", released, timeout=60)
