@@ -44,6 +44,7 @@ from controller.status import (
     WriteSkippedError,
     has_finalizer,
     has_gate,
+    other_gates,
 )
 from driver.contract import DEFAULT_CONTRACT, Contract
 
@@ -289,6 +290,11 @@ class PodWork:
     kind: WorkKind
     claims: tuple[Obj, ...] = ()
     message: str = ""
+    reason: str = "ClaimsNotReady"  # of a WAIT: the event/condition reason shown to the user
+
+
+GATED_ELSEWHERE = "SchedulingGatedElsewhere"
+"""Reason of the wait for another scheduling gate (Kueue's admission, for one) to go."""
 
 
 def pod_work(
@@ -307,6 +313,14 @@ def pod_work(
     gated = has_gate(pod, contract.scheduling_gate)
     if is_terminal(pod) or pod.get("spec", {}).get("nodeName") or meta.get("deletionTimestamp"):
         return PodWork(WorkKind.NONE)
+    foreign = other_gates(pod, contract.scheduling_gate) if gated else []
+    if foreign:
+        return PodWork(
+            WorkKind.WAIT,
+            message=f"waiting for scheduling gate {', '.join(foreign)} to be removed: "
+            "carve places a pod only when its own gate is the last one",
+            reason=GATED_ELSEWHERE,
+        )
     names, missing = pod_claim_names(pod)
     if missing:
         if not gated:
@@ -393,6 +407,7 @@ class _PodState:
     attempts: int = 0
     retry_at: float = 0.0
     permanent: bool = False
+    held_until: dt.datetime | None = None  # last seen held by another scheduling gate
 
 
 @dataclass(frozen=True)
@@ -882,6 +897,15 @@ class Reconciler:
         for pod, w in work:
             key = key_of(pod)
             state = self._pods[key]
+            if w.kind is WorkKind.WAIT and w.reason == GATED_ELSEWHERE:
+                # Held by a queue (Kueue) for as long as it likes: said once, not every pass,
+                # and the native-fallback clock starts only once the pod is carve's alone.
+                state.held_until = self._wall()
+                if state.last_message != w.message:
+                    state.last_message = w.message
+                    self._recorder.event(pod, Kind.POD, "Normal", w.reason, w.message)
+                    self._condition(pod, False, w.reason, w.message)
+                continue
             if w.kind is WorkKind.WAIT:
                 # kube-controller-manager normally creates claims within milliseconds: only a
                 # wait that lasts is worth an event (and a condition write) per pod.
@@ -1183,11 +1207,16 @@ class Reconciler:
         _log.info("pod %s waits: %s", key, why.message, extra={"pod": key})
 
     def _fallback_due(self, pod: Obj) -> bool:
+        """Unplaceable for `native_fallback_after` since creation, or since another gate (a
+        queue's) last held it: time spent queued in Kueue is not time carve failed to place."""
         after = self._cfg.native_fallback_after
         if after is None or not has_gate(pod, self._cfg.gate):
             return False
-        created = _parse_time(pod.get("metadata", {}).get("creationTimestamp"))
-        return created is not None and (self._wall() - created).total_seconds() >= after
+        start = _parse_time(pod.get("metadata", {}).get("creationTimestamp"))
+        state = self._pods.get(key_of(pod))
+        if start is not None and state is not None and state.held_until is not None:
+            start = max(start, state.held_until)
+        return start is not None and (self._wall() - start).total_seconds() >= after
 
     def _hand_to_scheduler(self, pod: Obj, why: Unplaceable) -> None:
         """Ungate an unplaceable pod so kube-scheduler and Cluster Autoscaler see it."""

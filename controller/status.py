@@ -179,6 +179,17 @@ def has_gate(pod: Obj, gate: str) -> bool:
     return any(g.get("name") == gate for g in pod.get("spec", {}).get("schedulingGates") or [])
 
 
+def other_gates(pod: Obj, gate: str) -> list[str]:
+    """The pod's scheduling gates other than `gate`, in spec order. Another gate (Kueue's
+    `kueue.x-k8s.io/admission`, a policy engine's) means someone else has not yet agreed to the
+    pod running: carve must not spend GPU capacity on it until its own gate is the last."""
+    return [
+        str(g.get("name"))
+        for g in pod.get("spec", {}).get("schedulingGates") or []
+        if g.get("name") != gate
+    ]
+
+
 def _loads(resp: Any) -> Obj:
     data = resp.data if hasattr(resp, "data") else resp
     result: Obj = json.loads(data)

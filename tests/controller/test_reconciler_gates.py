@@ -1,0 +1,108 @@
+"""Another scheduling gate (Kueue's admission gate) holds a pod: carve waits, says so once.
+
+Uses the in-memory harness of test_reconciler.py; the same rule against the real apiserver and
+the real Kueue is in tests/controller/cluster/test_kueue_cluster.py.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from controller.reconciler import (
+    GATED_ELSEWHERE,
+    CarveClasses,
+    Kind,
+    WorkKind,
+    pod_work,
+)
+from controller.status import has_gate, other_gates
+from tests.controller.test_reconciler import SCHEDULING_GATE, Harness, claim, pod
+
+Obj = dict[str, Any]
+KUEUE_GATE = "kueue.x-k8s.io/admission"
+
+
+def _held(name: str, claims: list[str], *gates: str, **kw: Any) -> Obj:
+    p = pod(name, claims, **kw)
+    p["spec"]["schedulingGates"] = [{"name": g} for g in gates]
+    return p
+
+
+def _drop(p: Obj, gate: str) -> Obj:
+    p["spec"]["schedulingGates"] = [g for g in p["spec"]["schedulingGates"] if g["name"] != gate]
+    return p
+
+
+def test_other_gates_lists_every_gate_but_carves_in_order() -> None:
+    p = _held("p", [], "b.example/x", SCHEDULING_GATE, KUEUE_GATE)
+    assert other_gates(p, SCHEDULING_GATE) == ["b.example/x", KUEUE_GATE]
+    assert other_gates(_held("q", [], SCHEDULING_GATE), SCHEDULING_GATE) == []
+
+
+def test_a_foreign_gate_makes_the_pod_wait_whatever_its_claims() -> None:
+    c = claim("c")
+    for gates in ([KUEUE_GATE, SCHEDULING_GATE], [SCHEDULING_GATE, KUEUE_GATE]):
+        w = pod_work(_held("p", ["c"], *gates), {"ns/c": c}, CarveClasses())
+        assert w.kind is WorkKind.WAIT
+        assert w.reason == GATED_ELSEWHERE
+        assert KUEUE_GATE in w.message
+    # Even a pod whose claims are already allocated keeps carve's gate while another is there.
+    done = claim("d")
+    done["status"]["allocation"] = {"devices": {"results": []}}
+    w = pod_work(_held("p", ["d"], KUEUE_GATE, SCHEDULING_GATE), {"ns/d": done}, CarveClasses())
+    assert w.kind is WorkKind.WAIT
+    # Only carve's gate left: placed as usual.
+    assert pod_work(_held("p", ["c"], SCHEDULING_GATE), {"ns/c": c}, CarveClasses()).kind is (
+        WorkKind.PLACE
+    )
+
+
+def test_a_pod_without_carves_gate_is_not_carves_business() -> None:
+    w = pod_work(_held("p", ["c"], KUEUE_GATE), {"ns/c": claim("c")}, CarveClasses())
+    assert w.kind is WorkKind.NONE
+
+
+def test_held_pod_is_not_placed_until_the_foreign_gate_goes_and_is_told_once() -> None:
+    h = Harness(nodes={"n1": 2})
+    h.add(Kind.CLAIM, claim("c"))
+    h.add(Kind.POD, _held("p", ["c"], KUEUE_GATE, SCHEDULING_GATE))
+    for _ in range(5):
+        h.now[0] += 400  # past event_interval: a capacity wait would be told again by now
+        h.step()
+    assert h.planner.plans == 0
+    assert not h.current("c")["status"].get("allocation")
+    assert has_gate(h.current("p"), SCHEDULING_GATE)
+    told = [e for e in h.recorder.events if e[0] == "p"]
+    assert [(e[1], e[2]) for e in told] == [("Normal", GATED_ELSEWHERE)]
+    assert KUEUE_GATE in told[0][3]
+    assert h.writer.conditions["p"][:2] == (False, GATED_ELSEWHERE)
+
+    h.update(Kind.POD, _drop(h.current("p"), KUEUE_GATE))
+    h.step()
+    assert h.current("c")["status"]["allocation"]
+    assert not h.current("p")["spec"]["schedulingGates"]
+    assert h.writer.conditions["p"][1] == "Placed"
+
+
+def test_time_held_by_a_queue_does_not_count_towards_the_native_fallback() -> None:
+    """An unplaceable pod admitted by Kueue after an hour in its queue gets the full
+    `native_fallback_after` of carve's own attempts before it is handed to kube-scheduler."""
+    h = Harness(nodes={"n1": 0}, native_fallback_after=60.0)
+    h.add(Kind.CLAIM, claim("c"))
+    h.add(Kind.POD, _held("p", ["c"], KUEUE_GATE, SCHEDULING_GATE))
+    h.step()
+    h.wall[0] += dt.timedelta(hours=1)
+    h.now[0] += 3600
+    h.step()  # still held: the fallback clock restarts from here
+    h.update(Kind.POD, _drop(h.current("p"), KUEUE_GATE))
+    h.wall[0] += dt.timedelta(seconds=30)
+    h.now[0] += 30
+    h.step()
+    assert has_gate(h.current("p"), SCHEDULING_GATE)
+    assert h.planner.plans == 1
+    h.wall[0] += dt.timedelta(seconds=40)
+    h.now[0] += 40
+    h.step()
+    assert not has_gate(h.current("p"), SCHEDULING_GATE)
+    assert any(e[2] == "HandedToScheduler" for e in h.recorder.events)
