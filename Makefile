@@ -62,6 +62,17 @@ helm-bin:
 		echo "helm-bin: no Go toolchain - the Helm chart tests will be SKIPPED"; \
 	fi
 
+# Kueue v0.17.0's controller manager built from the Go module proxy into ~/.cache/carve/kueue
+# (with the CRDs and webhook manifests of the same module version), for the Kueue suite
+# (tests/controller/cluster/test_kueue_cluster.py). Without Go that suite is skipped, and says so.
+.PHONY: kueue-bin
+kueue-bin:
+	@if command -v go >/dev/null 2>&1 || [ -x /usr/local/go/bin/go ]; then \
+		PATH="$$PATH:/usr/local/go/bin" bash hack/kueue/build.sh >/dev/null; \
+	else \
+		echo "kueue-bin: no Go toolchain - the Kueue tests will be SKIPPED"; \
+	fi
+
 # carve's image as an OCI archive, built without a registry (deploy/image/build.py; the
 # Debian base layer is cached in ~/.cache/carve/image: cold ~1.5 min, then ~35 s).
 # image-prerequisites installs mmdebstrap when missing (root); without it the in-cluster test
@@ -83,7 +94,7 @@ cluster-down: venv
 	$(BIN)/python -m devcluster down
 
 # The one test command: lint, strict typing of the product packages, then every test suite.
-test: lint typecheck k8s-bin node-bin helm-bin image-prerequisites unit
+test: lint typecheck k8s-bin node-bin helm-bin kueue-bin image-prerequisites unit
 
 # carve on a local v1.37 cluster with three GPU nodes, running deploy/examples/; it keeps
 # running for kubectl until `make demo-down`. NODES=auto runs real nodes (containerd + kubelet)

@@ -155,6 +155,9 @@ def apiserver_args(binary: Path, layout: Layout, ports: Ports, pki: ClusterPki) 
         # Real nodes (realnode/) register names that no DNS resolves; reach kubelets (logs,
         # exec) by the InternalIP each one reports.
         "--kubelet-preferred-address-types=InternalIP,Hostname",
+        # No kube-proxy routes Service IPs here: reach a webhook Service (Kueue's, in the Kueue
+        # suite) through its EndpointSlice, as the aggregator does for API services.
+        "--enable-aggregator-routing=true",
         feature_gates_flag(),
         # Events and logs are read by humans after a failure, not by the tests.
         "--event-ttl=30m",

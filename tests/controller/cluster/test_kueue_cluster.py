@@ -1,0 +1,305 @@
+"""carve with a queue in front of it: another scheduling gate holds a pod, carve waits.
+
+The real carve-controller, kube-scheduler and kube-controller-manager, and in the last test the
+real Kueue v0.17.0 manager (hack/kueue/build.sh) with its real webhooks, quota in Kueue's DRA
+integration (`deviceClassMappings`). Nodes are simulated as in test_controller_cluster.py: no
+kubelet runs, so the test plays the kubelet's part (Running, then Succeeded) through pods/status.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client import ApiClient
+
+from controller.reconciler import GATED_ELSEWHERE
+from devcluster.cluster import LocalCluster
+from devcluster.waiting import wait_for
+from driver.contract import DEFAULT_CONTRACT
+from tests.controller.cluster import kueue as kq
+from tests.controller.cluster.objects import (
+    claims_of,
+    events_for,
+    pod,
+    pods_of,
+    raw,
+    template,
+)
+from tests.controller.cluster.test_controller_cluster import (  # noqa: F401  (fixtures)
+    _assert_consistent,
+    _bound,
+    carve,
+    gpu_nodes,
+)
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+Obj = dict[str, Any]
+CARVE_GATE = DEFAULT_CONTRACT.scheduling_gate
+FINALIZER = DEFAULT_CONTRACT.allocation_finalizer
+PROFILE = "1g.5gb"
+PROFILE_CLASS = "mig-1g-5gb.mig.carve.dev"  # a class per profile, as the chart renders them
+QUOTA = "carve.dev/mig-1g.5gb"  # Kueue's logical resource for that class
+
+
+def _profile_class() -> Obj:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": PROFILE_CLASS},
+        "spec": {
+            "selectors": [
+                {
+                    "cel": {
+                        "expression": 'device.driver == "mig.carve.dev" && '
+                        'device.attributes["mig.carve.dev"].type == "mig" && '
+                        f'device.attributes["mig.carve.dev"].profile == "{PROFILE}"'
+                    }
+                }
+            ]
+        },
+    }
+
+
+@pytest.fixture
+def profile_class(k8s_api: ApiClient) -> str:
+    res = client.ResourceV1Api(k8s_api)
+    try:
+        res.create_device_class(_profile_class())
+    except client.exceptions.ApiException as exc:
+        if exc.status != 409:
+            raise
+    return PROFILE_CLASS
+
+
+def _pod(api: ApiClient, ns: str, name: str) -> Obj:
+    return raw(client.CoreV1Api(api).read_namespaced_pod(name, ns, _preload_content=False))
+
+
+def _gates(p: Obj) -> list[str]:
+    return [g["name"] for g in p["spec"].get("schedulingGates") or []]
+
+
+def _claim_of(api: ApiClient, ns: str, pod_name: str) -> Obj | None:
+    for c in claims_of(api, ns):
+        owners = c["metadata"].get("ownerReferences") or []
+        if any(o["kind"] == "Pod" and o["name"] == pod_name for o in owners):
+            return c
+    return None
+
+
+def _untouched_by_carve(claim: Obj | None) -> bool:
+    return claim is None or (
+        not (claim.get("status") or {}).get("allocation")
+        and FINALIZER not in (claim["metadata"].get("finalizers") or [])
+    )
+
+
+def _reasons(api: ApiClient, ns: str, name: str) -> list[str]:
+    return [e["reason"] for e in events_for(api, ns, name)]
+
+
+def _play_kubelet(api: ApiClient, ns: str, name: str, phase: str) -> None:
+    client.CoreV1Api(api).patch_namespaced_pod_status(name, ns, {"status": {"phase": phase}})
+
+
+def test_a_pod_held_by_another_gate_is_not_carved_until_that_gate_goes(
+    k8s_api: ApiClient,
+    namespace: str,
+    gpu_nodes: Callable[[list[str]], str],  # noqa: F811
+    carve: Any,  # noqa: F811
+    profile_class: str,
+) -> None:
+    node = gpu_nodes(["A100-SXM4-40GB"])
+    core, res = client.CoreV1Api(k8s_api), client.ResourceV1Api(k8s_api)
+    res.create_namespaced_resource_claim_template(namespace, template("t", cls=profile_class))
+    body = pod("held", "t")
+    body["spec"]["schedulingGates"].append({"name": "example.com/hold"})
+    core.create_namespaced_pod(namespace, body)
+    carve("carve-a")  # --retry-interval 2s: several passes happen while the pod is held
+    wait_for(
+        "carve to say why it waits",
+        lambda: GATED_ELSEWHERE in _reasons(k8s_api, namespace, "held"),
+        timeout=30,
+    )
+    time.sleep(8)
+    assert _untouched_by_carve(_claim_of(k8s_api, namespace, "held"))
+    assert _gates(_pod(k8s_api, namespace, "held")) == [CARVE_GATE, "example.com/hold"]
+    # Said once (one Event object; a repeat would raise its count), not on every pass.
+    told = [e for e in events_for(k8s_api, namespace, "held") if e["reason"] == GATED_ELSEWHERE]
+    assert len(told) == 1 and (told[0].get("series") or {}).get("count", 1) == 1, told
+    assert "example.com/hold" in told[0]["note"]
+    placed = [
+        c
+        for c in (_pod(k8s_api, namespace, "held").get("status") or {}).get("conditions") or []
+        if c["type"] == DEFAULT_CONTRACT.placed_condition
+    ]
+    assert [(c["status"], c["reason"]) for c in placed] == [("False", GATED_ELSEWHERE)]
+
+    current = _pod(k8s_api, namespace, "held")
+    current["spec"]["schedulingGates"] = [{"name": CARVE_GATE}]
+    core.replace_namespaced_pod("held", namespace, current)
+    bound = wait_for(
+        "the released pod placed and bound",
+        lambda: [p for p in _bound(k8s_api, namespace) if p["metadata"]["name"] == "held"],
+        timeout=60,
+    )
+    assert bound[0]["spec"]["nodeName"] == node
+    claim = _claim_of(k8s_api, namespace, "held")
+    assert claim is not None and claim["status"]["allocation"]
+    _assert_consistent(k8s_api, namespace)
+
+
+# -- the real Kueue -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def kueue(
+    k8s_cluster: LocalCluster, k8s_api: ApiClient, namespace: str, tmp_path: Path
+) -> Iterator[kq.KueueProcess]:
+    """Kueue running against the suite's cluster, managing `namespace` only."""
+    dist = kq.kueue_dist()
+    core = client.CoreV1Api(k8s_api)
+    core.patch_namespace(namespace, {"metadata": {"labels": {kq.MANAGED_LABEL: "on"}}})
+    manager = kq.start(
+        k8s_api,
+        dist,
+        k8s_cluster.info.kubeconfig,
+        tmp_path,
+        [{"name": QUOTA, "deviceClassNames": [PROFILE_CLASS]}],
+    )
+    try:
+        yield manager
+    finally:
+        manager.stop()
+        kq.uninstall_webhooks(k8s_api, dist)
+        kq.release_namespace(k8s_api, namespace)
+        print(manager.tail())
+
+
+def _queues(api: ApiClient, ns: str, tag: str) -> str:
+    """A flavor, a ClusterQueue admitting two 1g.5gb slices (and ample CPU), a LocalQueue."""
+    kq.create_cluster_object(api, "resourceflavors", {"metadata": {"name": f"gpu-{tag}"}})
+    kq.create_cluster_object(
+        api,
+        "clusterqueues",
+        {
+            "metadata": {"name": f"cq-{tag}"},
+            "spec": {
+                "namespaceSelector": {},
+                "resourceGroups": [
+                    {
+                        "coveredResources": ["cpu", QUOTA],
+                        "flavors": [
+                            {
+                                "name": f"gpu-{tag}",
+                                "resources": [
+                                    {"name": "cpu", "nominalQuota": "10"},
+                                    {"name": QUOTA, "nominalQuota": 2},
+                                ],
+                            }
+                        ],
+                    }
+                ],
+            },
+        },
+    )
+    kq.create_namespaced(
+        api,
+        ns,
+        "localqueues",
+        {"metadata": {"name": "lq"}, "spec": {"clusterQueue": f"cq-{tag}"}},
+    )
+    return "lq"
+
+
+def _queued_pod(name: str, queue: str) -> Obj:
+    body = pod(name, "t")
+    body["metadata"]["labels"] = {kq.QUEUE_LABEL: queue}
+    return body
+
+
+def _webhook_gates(api: ApiClient, ns: str, body: Obj) -> bool:
+    """Dry run: does Kueue's pod webhook (reached through the apiserver) gate this pod yet?"""
+    probe = copy.deepcopy(body)
+    probe["metadata"]["name"] = "probe"
+    created = raw(
+        client.CoreV1Api(api).create_namespaced_pod(
+            ns, probe, dry_run="All", _preload_content=False
+        )
+    )
+    return kq.ADMISSION_GATE in _gates(created)
+
+
+def test_kueue_quota_admits_two_pods_carve_carves_them_the_third_waits_in_kueue(
+    *,
+    k8s_api: ApiClient,
+    namespace: str,
+    gpu_nodes: Callable[[list[str]], str],  # noqa: F811
+    carve: Any,  # noqa: F811
+    profile_class: str,
+    kueue: kq.KueueProcess,
+) -> None:
+    # One A100 40GB holds seven 1g.5gb slices: the GPU has room for all three pods, so only
+    # Kueue's quota (two) can be what holds the third.
+    gpu_nodes(["A100-SXM4-40GB"])
+    core, res = client.CoreV1Api(k8s_api), client.ResourceV1Api(k8s_api)
+    res.create_namespaced_resource_claim_template(namespace, template("t", cls=profile_class))
+    queue = _queues(k8s_api, namespace, namespace[-6:])
+    carve("carve-a")
+    wait_for(
+        "kueue's pod webhook", lambda: _webhook_gates(k8s_api, namespace, _queued_pod("p", queue))
+    )
+    names = ["job-0", "job-1", "job-2"]
+    for name in names:
+        created = raw(
+            core.create_namespaced_pod(namespace, _queued_pod(name, queue), _preload_content=False)
+        )
+        # Kueue's webhook, not the test, added its gate beside carve's.
+        assert set(_gates(created)) == {CARVE_GATE, kq.ADMISSION_GATE}, created["spec"]
+        time.sleep(1.1)  # distinct creation seconds: Kueue's FIFO order is then job-0, -1, -2
+
+    first = wait_for(
+        "two pods admitted by Kueue, carved and bound",
+        lambda: (b := _bound(k8s_api, namespace)) and len(b) >= 2 and b,
+        timeout=90,
+    )
+    time.sleep(6)  # several of carve's passes (--retry-interval 2s) and Kueue's
+    bound = {p["metadata"]["name"] for p in _bound(k8s_api, namespace)}
+    assert len(first) == 2 and len(bound) == 2, bound
+    (waiting,) = set(names) - bound
+    wl = kq.workloads(k8s_api, namespace)
+    assert sum(kq.is_admitted(w) for w in wl) == 2, [w.get("status") for w in wl]
+    held = _pod(k8s_api, namespace, waiting)
+    assert kq.ADMISSION_GATE in _gates(held) and CARVE_GATE in _gates(held)
+    # Waits in Kueue, not in carve: its claim was not allocated nor even touched by carve,
+    # and carve told once why it does not plan it.
+    assert _untouched_by_carve(_claim_of(k8s_api, namespace, waiting))
+    assert _reasons(k8s_api, namespace, waiting).count(GATED_ELSEWHERE) == 1
+    for name in bound:
+        claim = _claim_of(k8s_api, namespace, name)
+        assert claim is not None and claim["status"]["allocation"], name
+        assert "Placed" in _reasons(k8s_api, namespace, name)
+        _play_kubelet(k8s_api, namespace, name, "Running")
+    _assert_consistent(k8s_api, namespace)
+
+    done = sorted(bound)[0]
+    _play_kubelet(k8s_api, namespace, done, "Succeeded")
+    wait_for(
+        f"{waiting} admitted by Kueue once {done} finished, then carved and bound",
+        lambda: any(p["metadata"]["name"] == waiting for p in _bound(k8s_api, namespace)),
+        timeout=90,
+    )
+    claim = _claim_of(k8s_api, namespace, waiting)
+    assert claim is not None and claim["status"]["allocation"]
+    assert "Placed" in _reasons(k8s_api, namespace, waiting)
+    admitted = [w for w in kq.workloads(k8s_api, namespace) if kq.is_admitted(w)]
+    assert len(admitted) <= 2
+    _assert_consistent(k8s_api, namespace)
+    assert {p["metadata"]["name"] for p in pods_of(k8s_api, namespace)} >= set(names)
