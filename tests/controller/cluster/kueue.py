@@ -12,11 +12,13 @@ CRDs, exactly as in a cluster. The apiserver therefore calls Kueue's real webhoo
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.request
 from collections.abc import Iterable, Mapping
@@ -257,6 +259,46 @@ def _ca_injected(api: ApiClient, dist: Path) -> bool:
     return True
 
 
+class SecretVolume:
+    """The kubelet's part: Kueue's cert-controller fills the Secret and then waits until the
+    certificate appears in `certDir`, where a Deployment mounts that Secret as a volume. This
+    thread copies the Secret's keys there (key before certificate, each file replaced whole)
+    and keeps them in step, as the kubelet's volume manager does."""
+
+    def __init__(self, api: ApiClient, directory: Path) -> None:
+        self._core = client.CoreV1Api(api)
+        self._dir = directory
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kueue-cert-volume", daemon=True)
+
+    def start(self) -> SecretVolume:
+        self._dir.mkdir(parents=True, exist_ok=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        written: dict[str, bytes] = {}
+        while not self._stop.wait(0.2):
+            try:
+                secret = self._core.read_namespaced_secret(SECRET, KUEUE_NS)
+            except ApiException:
+                continue
+            data = secret.data or {}
+            for key in ("ca.crt", "tls.key", "tls.crt"):
+                if key not in data:
+                    break
+                content = base64.b64decode(data[key])
+                if written.get(key) != content:
+                    tmp = self._dir / f".{key}.tmp"
+                    tmp.write_bytes(content)
+                    tmp.replace(self._dir / key)
+                    written[key] = content
+
+
 @dataclass
 class KueueProcess:
     """The manager as a process, with its log kept for post-mortems."""
@@ -264,6 +306,7 @@ class KueueProcess:
     proc: subprocess.Popen[bytes]
     log: Path
     health_port: int
+    volume: SecretVolume
 
     def healthy(self) -> bool:
         if self.proc.poll() is not None:
@@ -287,6 +330,7 @@ class KueueProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
+        self.volume.stop()
 
 
 def start(
@@ -313,13 +357,14 @@ def start(
     )
     log = workdir / "kueue.log"
     out = log.open("ab")
+    volume = SecretVolume(api, workdir / "kueue-certs").start()
     proc = subprocess.Popen(
         [str(dist / "bin" / "kueue"), f"--config={config}", "--zap-log-level=2"],
         stdout=out,
         stderr=subprocess.STDOUT,
         env={**os.environ, "KUBECONFIG": str(kubeconfig)},
     )
-    kueue = KueueProcess(proc, log, health_port)
+    kueue = KueueProcess(proc, log, health_port, volume)
     started = time.monotonic()
     try:
         wait_for("kueue's readiness probe", kueue.healthy, timeout=90)
@@ -336,13 +381,20 @@ def custom(api: ApiClient) -> Any:
     return client.CustomObjectsApi(api)
 
 
+_KINDS = {
+    "resourceflavors": "ResourceFlavor",
+    "clusterqueues": "ClusterQueue",
+    "localqueues": "LocalQueue",
+}
+
+
 def create_cluster_object(api: ApiClient, plural: str, body: Obj) -> None:
-    body = {"apiVersion": f"{GROUP}/{VERSION}", **body}
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": _KINDS[plural], **body}
     custom(api).create_cluster_custom_object(GROUP, VERSION, plural, body)
 
 
 def create_namespaced(api: ApiClient, ns: str, plural: str, body: Obj) -> None:
-    body = {"apiVersion": f"{GROUP}/{VERSION}", **body}
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": _KINDS[plural], **body}
     custom(api).create_namespaced_custom_object(GROUP, VERSION, ns, plural, body)
 
 
@@ -353,9 +405,13 @@ def workloads(api: ApiClient, ns: str) -> list[Obj]:
     return items
 
 
-def is_admitted(workload: Obj) -> bool:
+def has_condition(workload: Obj, kind: str) -> bool:
     conds = (workload.get("status") or {}).get("conditions") or []
-    return any(c["type"] == "Admitted" and c["status"] == "True" for c in conds)
+    return any(c["type"] == kind and c["status"] == "True" for c in conds)
+
+
+def is_admitted(workload: Obj) -> bool:
+    return has_condition(workload, "Admitted")
 
 
 def _unfinalize(patch: Any, *args: Any) -> None:
