@@ -21,7 +21,7 @@ import subprocess
 import threading
 import time
 import urllib.request
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -141,33 +141,36 @@ def free_port() -> int:
 
 
 def configuration(
+    user: Mapping[str, Any],
     *,
     webhook_port: int,
     health_port: int,
     metrics_port: int,
     cert_dir: Path,
-    device_class_mappings: Iterable[Mapping[str, Any]],
 ) -> Obj:
-    """Kueue's Configuration: the pod integration only, in labelled namespaces, with DRA quota
-    (feature gate DynamicResourceAllocation, alpha and off by default in v0.17)."""
-    return {
-        "apiVersion": "config.kueue.x-k8s.io/v1beta2",
-        "kind": "Configuration",
-        "namespace": KUEUE_NS,
-        "health": {"healthProbeBindAddress": f"127.0.0.1:{health_port}"},
-        "metrics": {"bindAddress": f"127.0.0.1:{metrics_port}"},
-        "webhook": {"port": webhook_port, "certDir": str(cert_dir)},
-        "leaderElection": {"leaderElect": False},
-        "internalCertManagement": {
-            "enable": True,
-            "webhookServiceName": SERVICE,
-            "webhookSecretName": SECRET,
-        },
-        "managedJobsNamespaceSelector": {"matchLabels": {MANAGED_LABEL: "on"}},
-        "integrations": {"frameworks": ["pod"]},
-        "featureGates": {"DynamicResourceAllocation": True, "VisibilityOnDemand": False},
-        "resources": {"deviceClassMappings": [dict(m) for m in device_class_mappings]},
-    }
+    """The user's Configuration (what docs/guide/kueue.md shows: feature gates, integrations,
+    DRA mappings) plus what running beside a test cluster needs: free local ports, no leader
+    election, internal certificates, only labelled namespaces, no visibility API server."""
+    config: Obj = {k: v for k, v in user.items() if k not in ("apiVersion", "kind")}
+    config.update(
+        {
+            "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+            "kind": "Configuration",
+            "namespace": KUEUE_NS,
+            "health": {"healthProbeBindAddress": f"127.0.0.1:{health_port}"},
+            "metrics": {"bindAddress": f"127.0.0.1:{metrics_port}"},
+            "webhook": {"port": webhook_port, "certDir": str(cert_dir)},
+            "leaderElection": {"leaderElect": False},
+            "internalCertManagement": {
+                "enable": True,
+                "webhookServiceName": SERVICE,
+                "webhookSecretName": SECRET,
+            },
+            "managedJobsNamespaceSelector": {"matchLabels": {MANAGED_LABEL: "on"}},
+            "featureGates": {**user.get("featureGates", {}), "VisibilityOnDemand": False},
+        }
+    )
+    return config
 
 
 def _create(call: Any, *args: Any) -> None:
@@ -338,7 +341,7 @@ def start(
     dist: Path,
     kubeconfig: Path,
     workdir: Path,
-    device_class_mappings: Iterable[Mapping[str, Any]],
+    user_config: Mapping[str, Any],
 ) -> KueueProcess:
     """Install Kueue, start its manager, and return once its webhooks answer."""
     webhook_port, health_port, metrics_port = free_port(), free_port(), free_port()
@@ -347,11 +350,11 @@ def start(
     config.write_text(
         yaml.safe_dump(
             configuration(
+                user_config,
                 webhook_port=webhook_port,
                 health_port=health_port,
                 metrics_port=metrics_port,
                 cert_dir=workdir / "kueue-certs",
-                device_class_mappings=device_class_mappings,
             )
         )
     )
@@ -381,21 +384,21 @@ def custom(api: ApiClient) -> Any:
     return client.CustomObjectsApi(api)
 
 
-_KINDS = {
-    "resourceflavors": "ResourceFlavor",
-    "clusterqueues": "ClusterQueue",
-    "localqueues": "LocalQueue",
+_PLURALS = {
+    "ResourceFlavor": "resourceflavors",
+    "ClusterQueue": "clusterqueues",
+    "LocalQueue": "localqueues",
 }
 
 
-def create_cluster_object(api: ApiClient, plural: str, body: Obj) -> None:
-    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": _KINDS[plural], **body}
-    custom(api).create_cluster_custom_object(GROUP, VERSION, plural, body)
-
-
-def create_namespaced(api: ApiClient, ns: str, plural: str, body: Obj) -> None:
-    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": _KINDS[plural], **body}
-    custom(api).create_namespaced_custom_object(GROUP, VERSION, ns, plural, body)
+def create(api: ApiClient, ns: str, obj: Obj) -> None:
+    """A Kueue object as a manifest shows it; namespaced kinds go to `ns`."""
+    group, _, version = obj["apiVersion"].partition("/")
+    plural = _PLURALS[obj["kind"]]
+    if obj["kind"] == "LocalQueue":
+        custom(api).create_namespaced_custom_object(group, version, ns, plural, obj)
+    else:
+        custom(api).create_cluster_custom_object(group, version, plural, obj)
 
 
 def workloads(api: ApiClient, ns: str) -> list[Obj]:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 from kubernetes.client import ApiClient
 
@@ -24,10 +25,11 @@ from devcluster.waiting import wait_for
 from driver.contract import DEFAULT_CONTRACT
 from tests.controller.cluster import kueue as kq
 from tests.controller.cluster.objects import (
+    GATE_LABEL,
+    REPO,
     claims_of,
     events_for,
     pod,
-    pods_of,
     raw,
     template,
 )
@@ -37,6 +39,7 @@ from tests.controller.cluster.test_controller_cluster import (  # noqa: F401  (f
     carve,
     gpu_nodes,
 )
+from tests.support.guide import read_page
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -158,75 +161,35 @@ def test_a_pod_held_by_another_gate_is_not_carved_until_that_gate_goes(
 
 # -- the real Kueue -------------------------------------------------------------------------
 
+GUIDE = read_page(REPO / "docs" / "guide" / "kueue.md")
+
+
+def _guide_docs(name: str) -> list[Obj]:
+    return [d for d in yaml.safe_load_all(GUIDE.files[name]) if d]
+
 
 @pytest.fixture
 def kueue(
     k8s_cluster: LocalCluster, k8s_api: ApiClient, namespace: str, tmp_path: Path
 ) -> Iterator[kq.KueueProcess]:
-    """Kueue running against the suite's cluster, managing `namespace` only."""
+    """Kueue with the guide's configuration, against the suite's cluster, managing `namespace`
+    only."""
     dist = kq.kueue_dist()
     core = client.CoreV1Api(k8s_api)
     core.patch_namespace(namespace, {"metadata": {"labels": {kq.MANAGED_LABEL: "on"}}})
-    manager = kq.start(
-        k8s_api,
-        dist,
-        k8s_cluster.info.kubeconfig,
-        tmp_path,
-        [{"name": QUOTA, "deviceClassNames": [PROFILE_CLASS]}],
-    )
+    (user_config,) = _guide_docs("kueue-config.yaml")
+    manager = kq.start(k8s_api, dist, k8s_cluster.info.kubeconfig, tmp_path, user_config)
     try:
         yield manager
     finally:
         manager.stop()
         kq.uninstall_webhooks(k8s_api, dist)
         kq.release_namespace(k8s_api, namespace)
-        print(manager.tail())
 
 
-def _queues(api: ApiClient, ns: str, tag: str) -> str:
-    """A flavor, a ClusterQueue admitting two 1g.5gb slices (and ample CPU), a LocalQueue."""
-    kq.create_cluster_object(api, "resourceflavors", {"metadata": {"name": f"gpu-{tag}"}})
-    kq.create_cluster_object(
-        api,
-        "clusterqueues",
-        {
-            "metadata": {"name": f"cq-{tag}"},
-            "spec": {
-                "namespaceSelector": {},
-                "resourceGroups": [
-                    {
-                        "coveredResources": ["cpu", QUOTA],
-                        "flavors": [
-                            {
-                                "name": f"gpu-{tag}",
-                                "resources": [
-                                    {"name": "cpu", "nominalQuota": "10"},
-                                    {"name": QUOTA, "nominalQuota": 2},
-                                ],
-                            }
-                        ],
-                    }
-                ],
-            },
-        },
-    )
-    kq.create_namespaced(
-        api,
-        ns,
-        "localqueues",
-        {"metadata": {"name": "lq"}, "spec": {"clusterQueue": f"cq-{tag}"}},
-    )
-    return "lq"
-
-
-def _queued_pod(name: str, queue: str) -> Obj:
-    body = pod(name, "t")
-    body["metadata"]["labels"] = {kq.QUEUE_LABEL: queue}
-    return body
-
-
-def _webhook_gates(api: ApiClient, ns: str, body: Obj) -> bool:
-    """Dry run: does Kueue's pod webhook (reached through the apiserver) gate this pod yet?"""
+def _both_gates_added(api: ApiClient, ns: str, body: Obj) -> bool:
+    """Dry run: do carve's admission policy and Kueue's pod webhook (called by the apiserver)
+    both gate this pod yet? Each reaches the apiserver through an informer, not at once."""
     probe = copy.deepcopy(body)
     probe["metadata"]["name"] = "probe"
     created = raw(
@@ -234,7 +197,7 @@ def _webhook_gates(api: ApiClient, ns: str, body: Obj) -> bool:
             ns, probe, dry_run="All", _preload_content=False
         )
     )
-    return kq.ADMISSION_GATE in _gates(created)
+    return {CARVE_GATE, kq.ADMISSION_GATE} <= set(_gates(created))
 
 
 def test_kueue_quota_admits_two_pods_carve_carves_them_the_third_waits_in_kueue(
@@ -244,25 +207,32 @@ def test_kueue_quota_admits_two_pods_carve_carves_them_the_third_waits_in_kueue(
     gpu_nodes: Callable[[list[str]], str],  # noqa: F811
     carve: Any,  # noqa: F811
     profile_class: str,
+    gate_policies: None,
     kueue: kq.KueueProcess,
 ) -> None:
+    """docs/guide/kueue.md's files as they are: quota for two 1g.5gb slices, three pods."""
     # One A100 40GB holds seven 1g.5gb slices: the GPU has room for all three pods, so only
     # Kueue's quota (two) can be what holds the third.
     gpu_nodes(["A100-SXM4-40GB"])
     core, res = client.CoreV1Api(k8s_api), client.ResourceV1Api(k8s_api)
-    res.create_namespaced_resource_claim_template(namespace, template("t", cls=profile_class))
-    queue = _queues(k8s_api, namespace, namespace[-6:])
-    carve("carve-a")
-    wait_for(
-        "kueue's pod webhook", lambda: _webhook_gates(k8s_api, namespace, _queued_pod("p", queue))
+    core.patch_namespace(namespace, {"metadata": {"labels": {GATE_LABEL: "on"}}})
+    for obj in _guide_docs("kueue-queues.yaml"):
+        kq.create(k8s_api, namespace, obj)
+    claim_template, job = _guide_docs("kueue-job.yaml")
+    assert (
+        claim_template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"]
+        == profile_class
     )
+    res.create_namespaced_resource_claim_template(namespace, claim_template)
+    carve("carve-a")
+    wait_for("both admission gates active", lambda: _both_gates_added(k8s_api, namespace, job))
     names = ["job-0", "job-1", "job-2"]
     for name in names:
-        created = raw(
-            core.create_namespaced_pod(namespace, _queued_pod(name, queue), _preload_content=False)
-        )
-        # Kueue's webhook, not the test, added its gates (admission; v0.17 also adds its
-        # topology gate, which it removes itself) beside carve's.
+        body = copy.deepcopy(job)
+        body["metadata"]["name"] = name
+        created = raw(core.create_namespaced_pod(namespace, body, _preload_content=False))
+        # Admission, not the test, gated the pod: carve's policy and Kueue's webhook (v0.17
+        # also adds its topology gate, which it removes itself).
         assert {CARVE_GATE, kq.ADMISSION_GATE} <= set(_gates(created)), created["spec"]
         time.sleep(1.1)  # distinct creation seconds: Kueue's FIFO order is then job-0, -1, -2
 
@@ -305,4 +275,3 @@ def test_kueue_quota_admits_two_pods_carve_carves_them_the_third_waits_in_kueue(
     active = [w for w in wl if kq.is_admitted(w) and not kq.has_condition(w, "Finished")]
     assert len(active) == 2, [w.get("status") for w in wl]
     _assert_consistent(k8s_api, namespace)
-    assert {p["metadata"]["name"] for p in pods_of(k8s_api, namespace)} >= set(names)
