@@ -377,11 +377,16 @@ def test_native_fallback_hands_unplaceable_pods_to_kube_scheduler(
     def scheduler_verdict() -> str | None:
         p = raw(core.read_namespaced_pod("huge-pod", namespace, _preload_content=False))
         for c in (p.get("status") or {}).get("conditions") or []:
-            if c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable":
+            if (
+                c["type"] == "PodScheduled"
+                and c["status"] == "False"
+                and c.get("reason") == "Unschedulable"
+            ):
                 return str(c.get("message"))
         return None
 
-    # kube-scheduler now owns the pod; it cannot fit 8 slices on a 7-slice GPU either.
+    # kube-scheduler now owns the pod; it cannot fit 8 slices on a 7-slice GPU either, and says
+    # so in the form Cluster Autoscaler acts on (docs/guide/autoscaling.md).
     assert wait_for("kube-scheduler's verdict", scheduler_verdict, timeout=60)
     (claim,) = claims_of(k8s_api, namespace)
     assert "mig.carve.dev/allocation" not in (claim["metadata"].get("finalizers") or [])
