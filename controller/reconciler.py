@@ -891,7 +891,10 @@ class Reconciler:
 
     def _place_pass(self) -> None:
         work = self._queue()
-        self._metrics.set_queue_depth(sum(1 for _, w in work if w.kind is not WorkKind.UNGATE))
+        # Pods a queue still holds are not waiting for carve.
+        self._metrics.set_queue_depth(
+            sum(1 for _, w in work if w.kind is not WorkKind.UNGATE and w.reason != GATED_ELSEWHERE)
+        )
         now = self._clock()
         names = resource_classes(self.stores[Kind.CLASS], self._cfg.classes)
         for pod, w in work:

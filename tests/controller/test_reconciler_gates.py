@@ -7,6 +7,7 @@ the real Kueue is in tests/controller/cluster/test_kueue_cluster.py.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from typing import Any
 
 from controller.reconciler import (
@@ -106,3 +107,29 @@ def test_time_held_by_a_queue_does_not_count_towards_the_native_fallback() -> No
     h.step()
     assert not has_gate(h.current("p"), SCHEDULING_GATE)
     assert any(e[2] == "HandedToScheduler" for e in h.recorder.events)
+
+
+class _Depth:
+    def __init__(self) -> None:
+        self.depth: list[int] = []
+
+    def observe_allocation(self, seconds: float, profiles: Sequence[str]) -> None: ...
+
+    def observe_decision(self, seconds: float) -> None: ...
+
+    def set_queue_depth(self, depth: int) -> None:
+        self.depth.append(depth)
+
+    def count_outcome(self, outcome: str) -> None: ...
+
+
+def test_pods_held_by_a_queue_are_not_counted_as_pending_for_carve() -> None:
+    h = Harness(nodes={"n1": 0})
+    metrics = _Depth()
+    h.rec._metrics = metrics
+    h.add(Kind.CLAIM, claim("a"))
+    h.add(Kind.CLAIM, claim("b"))
+    h.add(Kind.POD, _held("queued", ["a"], KUEUE_GATE, SCHEDULING_GATE))
+    h.add(Kind.POD, pod("carves", ["b"]))  # carve's gate only, no room: carve's to place
+    h.step()
+    assert metrics.depth[-1] == 1

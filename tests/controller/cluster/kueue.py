@@ -127,6 +127,11 @@ def host_address() -> str:
         except OSError:
             addr = ""
     if not addr or addr.startswith("127."):
+        if os.environ.get("CARVE_REQUIRE_CLUSTER"):
+            raise RuntimeError(
+                "CARVE_REQUIRE_CLUSTER is set but this machine has no non-loopback IPv4 address "
+                "for Kueue's webhook EndpointSlice"
+            )
         pytest.skip(
             "no non-loopback IPv4 address: the apiserver cannot reach Kueue's webhook through "
             "an EndpointSlice (which refuses loopback addresses)"

@@ -98,9 +98,11 @@ def _claim_of(api: ApiClient, ns: str, pod_name: str) -> Obj | None:
 
 
 def _untouched_by_carve(claim: Obj | None) -> bool:
-    return claim is None or (
-        not (claim.get("status") or {}).get("allocation")
-        and FINALIZER not in (claim["metadata"].get("finalizers") or [])
+    """The pod's claim exists (kube-controller-manager creates it for a gated pod too) and
+    carve has neither allocated it nor put its finalizer on it."""
+    assert claim is not None, "kube-controller-manager has not created the pod's claim"
+    return not (claim.get("status") or {}).get("allocation") and FINALIZER not in (
+        claim["metadata"].get("finalizers") or []
     )
 
 
