@@ -33,7 +33,6 @@ __all__ = [
     "extended_requests",
     "extended_stand_in",
     "in_users_words",
-    "other_gates",
     "pinned_affinity",
     "resource_classes",
     "stand_in_claim",
@@ -151,17 +150,6 @@ def extended_requests(pod: Obj, names: Mapping[str, str]) -> tuple[ExtendedReque
                 ExtendedRequest(f"container-{index}-request-{ridx}", cname, resource, cls, int(raw))
             )
     return tuple(out)
-
-
-def other_gates(pod: Obj, gate: str) -> list[str]:
-    """Scheduling gates on the pod besides carve's own.
-
-    A pinned pod's node is chosen for the moment kube-scheduler allocates: while another gate
-    (Kueue's, say) holds the pod, a node chosen now could be full when the pod is released, and
-    the node would be held for nothing (`PinnedPods`). So carve pins only when its gate is last.
-    """
-    gates = (pod.get("spec") or {}).get("schedulingGates") or []
-    return [str(g.get("name")) for g in gates if g.get("name") != gate]
 
 
 def stand_in_claim(pod: Obj, requests: Sequence[ExtendedRequest]) -> Obj:

@@ -33,7 +33,6 @@ from controller.extres import (
     asks_carve_resources,
     extended_stand_in,
     in_users_words,
-    other_gates,
     resource_classes,
 )
 from controller.nodeloss import NodeLoss, allocated_node, node_loss, not_ready_deadline
@@ -958,14 +957,6 @@ class Reconciler:
             stand_in = extended_stand_in(pod, claims, names)
         except ExtendedResourceError as exc:
             self._wait(pod, state, Unplaceable(exc.reason, str(exc), permanent=True), claims)
-            return
-        others = other_gates(pod, self._cfg.gate)
-        if others:
-            message = (
-                f"carve chooses this pod's node once its other scheduling gates "
-                f"({', '.join(others)}) are removed"
-            )
-            self._wait(pod, state, Unplaceable("WaitingForOtherGates", message, permanent=True))
             return
         started = time.perf_counter()
         verdict = self._planner.plan(pod, [stand_in], self.stores[Kind.CLASS])

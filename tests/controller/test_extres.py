@@ -337,7 +337,7 @@ def test_a_pod_another_gate_still_holds_is_pinned_only_once_that_gate_is_gone() 
     c.rec.step()
     held = c.writer.objects["queued"]
     assert has_gate(held, GATE) and "affinity" not in held["spec"]
-    assert [e[2] for e in c.events_of("queued")] == ["WaitingForOtherGates"]
+    assert [e[2] for e in c.events_of("queued")] == ["SchedulingGatedElsewhere"]
     assert "kueue.x-k8s.io/admission" in c.events_of("queued")[0][3]
     held["spec"]["schedulingGates"] = [{"name": GATE}]
     c.rec.enqueue(Kind.POD, EventType.MODIFIED, c.writer.put(held))
