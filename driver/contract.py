@@ -193,6 +193,13 @@ class Contract:
         """The per-profile class the chart renders: `1g.10gb` -> `mig-1g-10gb.<driver>`."""
         return f"mig-{profile.replace('.', '-')}{self.profile_class_suffix}"
 
+    def asks_mig_only(self, device_class: str) -> bool:
+        """Classes the chart renders that match MIG devices only: the MIG class and the
+        per-profile classes (`mig-<profile>.<driver>`)."""
+        return device_class == self.mig_class or (
+            device_class.startswith("mig-") and device_class.endswith(self.profile_class_suffix)
+        )
+
     def attribute(self, name: str) -> str:
         """The fully qualified attribute name, as `matchAttribute` spells it."""
         if name not in ATTRIBUTES:

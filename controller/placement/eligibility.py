@@ -128,12 +128,12 @@ class Eligibility:
         comparing a string attribute with a number, which CEL answers with false); followed by
         why some GPUs offer no whole GPU or no MIG slice now, if any does."""
         gpus = list(gpus)
-        # Only the kind the class can ask for: the contract's two classes say which; a class
-        # of the operator's own could be either.
+        # Only the kind the class can ask for: the chart's classes say which; a class of the
+        # operator's own could be either.
         contract = Contract(self.driver)
         withheld = withheld_devices_note(
             gpus,
-            whole=spec.device_class != contract.mig_class,
+            whole=not contract.asks_mig_only(spec.device_class),
             mig=spec.device_class != contract.gpu_class,
         )
         return self._first_empty(spec, gpus) + (f" ({withheld})" if withheld else "")

@@ -231,6 +231,8 @@ def test_a_profile_no_node_has_waits_gated_with_the_engines_reason() -> None:
     assert event[3].startswith("nvidia.com/mig-7g.141gb of container main: "), event
     assert "mig-7g-141gb.mig.carve.dev" in event[3]
     assert "<extended-resources" not in event[3]
+    # A profile class asks for MIG devices only: an A100 in MIG mode lacks no whole GPU for it.
+    assert "whole GPU" not in event[3], event
     assert c.writer.conditions["big"][0] is False
 
 

@@ -64,3 +64,11 @@ def test_attribute_table() -> None:
     assert {Attr.UUID, Attr.PARENT_UUID, Attr.PLACEMENT_START} <= IDENTITY_ATTRIBUTES
     with pytest.raises(ValueError, match="not an attribute"):
         DEFAULT_CONTRACT.attribute("nope")
+
+
+def test_the_chart_classes_that_ask_for_mig_devices_only() -> None:
+    c = Contract("mig.carve.dev")
+    assert c.asks_mig_only("mig.carve.dev") and c.asks_mig_only("mig-1g-10gb.mig.carve.dev")
+    assert not c.asks_mig_only("gpu.carve.dev")
+    assert not c.asks_mig_only("my-class.mig.carve.dev")  # the operator's own: either kind
+    assert not c.asks_mig_only("mig-1g-10gb.other.dev")
