@@ -22,12 +22,19 @@ from controller.extres import (
 )
 from controller.reconciler import CarveClasses, EventType, Kind
 from controller.status import has_gate
+from driver.catalog import gpu_model
 from driver.contract import (
     DEFAULT_CONTRACT,
     EXTENDED_RESOURCE_CLAIM_ANNOTATION,
     IMPLICIT_EXTENDED_RESOURCE_PREFIX,
 )
-from tests.controller.test_reconciler_engine import Cluster, device_class, profile_claim
+from driver.resourceslice import PublishedGpu, build_resource_slices
+from tests.controller.test_reconciler_engine import (
+    Cluster,
+    device_class,
+    node,
+    profile_claim,
+)
 
 Obj = dict[str, Any]
 GATE = DEFAULT_CONTRACT.scheduling_gate
@@ -231,9 +238,26 @@ def test_a_profile_no_node_has_waits_gated_with_the_engines_reason() -> None:
     assert event[3].startswith("nvidia.com/mig-7g.141gb of container main: "), event
     assert "mig-7g-141gb.mig.carve.dev" in event[3]
     assert "<extended-resources" not in event[3]
-    # A profile class asks for MIG devices only: an A100 in MIG mode lacks no whole GPU for it.
-    assert "whole GPU" not in event[3], event
     assert c.writer.conditions["big"][0] is False
+
+
+def test_a_profile_class_refusal_says_nothing_of_whole_gpus() -> None:
+    """An A100 in MIG mode offers no whole GPU; a pod asking a MIG profile never wanted one."""
+    c = Cluster({})
+    a100 = PublishedGpu(0, "GPU-a-0", gpu_model("A100-SXM4-40GB"), "0000:07:00.0", "580.105.08",
+                        offers_whole=False)  # fmt: skip
+    for s in build_resource_slices(driver=DRIVER, node_name="a", pool_generation=1, gpus=[a100]):
+        s["metadata"].update(uid=s["metadata"]["name"], resourceVersion="1")
+        c.rec.enqueue(Kind.SLICE, EventType.ADDED, s)
+    c.rec.enqueue(Kind.NODE, EventType.ADDED, node("a"))
+    _with_profile_classes(c, "7g.141gb")
+    c.rec.enqueue(
+        Kind.POD, EventType.ADDED, c.writer.put(limits_pod("big", {"nvidia.com/mig-7g.141gb": "1"}))
+    )
+    c.rec.drain()
+    c.rec.step()
+    (event,) = [e for e in c.events_of("big") if e[1] == "Warning"]
+    assert "mig-7g-141gb.mig.carve.dev" in event[3] and "whole GPU" not in event[3], event
 
 
 def test_mixing_claims_and_limits_waits_with_its_own_reason() -> None:
