@@ -44,6 +44,10 @@ class PublishedDevice:
     start: int
     facts: CelDevice
     taints: tuple[DeviceTaint, ...] = ()  # e.g. the node's health taint on a sick GPU
+    # What the allocation must carry so that kube-scheduler binds only after the node carved
+    # (empty unless the node's plugin runs with --binding-conditions).
+    binding_conditions: tuple[str, ...] = ()
+    binding_failure_conditions: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -511,10 +515,20 @@ def inventories_from_slices(
                     start,
                     device_facts(device, driver),
                     parse_taints(device.get("taints")),
+                    _condition_names(device.get("bindingConditions")),
+                    _condition_names(device.get("bindingFailureConditions")),
                 )
             )
         out.append(GpuInventory(gpu.node_name, gpu.pool, gpu.uuid, gpu.model, tuple(devices)))
     return out
+
+
+def _condition_names(value: object) -> tuple[str, ...]:
+    """A device's binding (failure) conditions; the apiserver validated them, so anything but a
+    list of strings means no conditions."""
+    if not isinstance(value, list):
+        return ()
+    return tuple(v for v in value if isinstance(v, str))
 
 
 @functools.lru_cache(maxsize=4096)

@@ -480,8 +480,22 @@ class EnginePlanner:
     def _plan_of(self, placement: Placement, claims: Sequence[ClaimToPlace]) -> Plan:
         by_claim: dict[ClaimKey, list[AllocatedDevice]] = {c.key: [] for c in claims}
         for c in placement.choices:
+            found = self.model.device(c.pool, c.device)
+            published = found[1] if found is not None else None
             by_claim.setdefault(c.claim, []).append(
-                AllocatedDevice(c.request, c.driver, c.pool, c.device, profile=c.profile)
+                AllocatedDevice(
+                    c.request,
+                    c.driver,
+                    c.pool,
+                    c.device,
+                    profile=c.profile,
+                    # As kube-scheduler's allocator does: the device's binding conditions go
+                    # into its result, or the scheduler would bind before the node carved.
+                    binding_conditions=published.binding_conditions if published else (),
+                    binding_failure_conditions=(
+                        published.binding_failure_conditions if published else ()
+                    ),
+                )
             )
         return Plan(
             placement.node,

@@ -50,6 +50,10 @@ class AllocatedDevice:
     share_id: str | None = None
     tolerations_json: str = ""
     profile: str = field(default="", compare=False)
+    # Copied from the published device (kube-scheduler waits in PreBind until every binding
+    # condition is True in the claim's status.devices, and gives up on a failure condition).
+    binding_conditions: tuple[str, ...] = ()
+    binding_failure_conditions: tuple[str, ...] = ()
 
     @property
     def tolerations(self) -> list[Any]:
@@ -107,6 +111,8 @@ def parse_result(entry: object, where: str) -> AllocatedDevice:
     if share_id is not None and not isinstance(share_id, str):
         raise AllocationFormatError(f"{where}.shareID is not a string")
     tolerations = _list(r.get("tolerations"), f"{where}.tolerations")
+    binding = _names(r.get("bindingConditions"), f"{where}.bindingConditions")
+    failure = _names(r.get("bindingFailureConditions"), f"{where}.bindingFailureConditions")
     return AllocatedDevice(
         request=_str(r, "request", where),
         driver=_str(r, "driver", where),
@@ -115,7 +121,16 @@ def parse_result(entry: object, where: str) -> AllocatedDevice:
         admin_access=bool(r.get("adminAccess")),
         share_id=share_id,
         tolerations_json=canonical_json(list(tolerations)) if tolerations else "",
+        binding_conditions=binding,
+        binding_failure_conditions=failure,
     )
+
+
+def _names(value: object, where: str) -> tuple[str, ...]:
+    items = _list(value, where)
+    if not all(isinstance(v, str) for v in items):
+        raise AllocationFormatError(f"{where}: expected a list of strings")
+    return tuple(items)
 
 
 def parse_allocation(allocation: object) -> Allocation:
@@ -184,4 +199,7 @@ def result_json(device: AllocatedDevice) -> Obj:
         entry["adminAccess"] = True
     if device.share_id is not None:
         entry["shareID"] = device.share_id
+    if device.binding_conditions:
+        entry["bindingConditions"] = list(device.binding_conditions)
+        entry["bindingFailureConditions"] = list(device.binding_failure_conditions)
     return entry

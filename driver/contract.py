@@ -165,6 +165,24 @@ class Contract:
         ECC errors); claims tolerate it by this key."""
         return f"{self.driver}/gpu-unhealthy"
 
+    @property
+    def carved_condition(self) -> str:
+        """Device condition (in a claim's `status.devices`) and binding condition: the node
+        carved the device's MIG instance, so kube-scheduler may bind the pod."""
+        return f"{self.driver}/Carved"
+
+    @property
+    def carve_failed_condition(self) -> str:
+        """Binding failure condition: the node could not carve the device; kube-scheduler gives
+        up on the allocation and carve's controller places the claim again."""
+        return f"{self.driver}/CarveFailed"
+
+    @property
+    def carve_failed_taint_key(self) -> str:
+        """Device taint (`NoSchedule`) a node's plugin puts on a GPU for a while after NVML
+        refused to carve on it, so that the claim is placed again elsewhere."""
+        return f"{self.driver}/carve-failed"
+
     def is_node_finalizer(self, finalizer: str) -> bool:
         """Whether `finalizer` is some node's (the controller waits for all of them to go)."""
         return finalizer.startswith(f"{self.driver}/{_NODE_FINALIZER_PREFIX}")

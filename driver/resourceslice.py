@@ -156,8 +156,13 @@ def build_resource_slices(
     pool_generation: int,
     gpus: Sequence[PublishedGpu],
     split_counters: bool = True,
+    binding_conditions: tuple[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """The complete pool of `node_name` as resource.k8s.io/v1 ResourceSlice manifests.
+
+    `binding_conditions` = (condition, failure condition) puts both on every device: whoever
+    allocates one (kube-scheduler or carve's controller) copies them into the allocation, and
+    kube-scheduler binds the pod only once the node reports the device carved.
 
     The pool is named after the node; every slice carries the same generation and the pool's
     total slice count (counter-only slices included). Slice names are deterministic, so a
@@ -176,6 +181,11 @@ def build_resource_slices(
     for gpu in sorted(gpus, key=lambda g: g.minor):
         counter_set = _counter_set(gpu)
         devices = _devices(gpu)
+        if binding_conditions is not None:
+            done, failed = binding_conditions
+            for d in devices:
+                d["bindingConditions"] = [done]
+                d["bindingFailureConditions"] = [failed]
         base = f"gpu-{gpu.minor}"
         if split_counters:
             specs.append((f"{base}-counters", {"sharedCounters": [counter_set]}))

@@ -41,7 +41,7 @@ def node(name: str, cpu: str = "16") -> Obj:
     }
 
 
-def slices(node_name: str, models: list[str]) -> list[Obj]:
+def slices(node_name: str, models: list[str], **build: Any) -> list[Obj]:
     gpus = [
         PublishedGpu(
             minor=i,
@@ -52,7 +52,9 @@ def slices(node_name: str, models: list[str]) -> list[Obj]:
         )
         for i, m in enumerate(models)
     ]
-    out = build_resource_slices(driver=DRIVER, node_name=node_name, pool_generation=1, gpus=gpus)
+    out = build_resource_slices(
+        driver=DRIVER, node_name=node_name, pool_generation=1, gpus=gpus, **build
+    )
     for s in out:
         s["metadata"].update(uid=s["metadata"]["name"], resourceVersion="1")
     return out
@@ -75,7 +77,7 @@ def profile_claim(name: str, profile: str, count: int = 1) -> Obj:
 
 
 class Cluster:
-    def __init__(self, nodes: dict[str, list[str]]) -> None:
+    def __init__(self, nodes: dict[str, list[str]], **build: Any) -> None:
         self.planner = EnginePlanner(DRIVER)
         self.writer = MemoryWriter()
         self.recorder = ListRecorder()
@@ -91,7 +93,7 @@ class Cluster:
         self.rec.enqueue(Kind.CLASS, EventType.ADDED, device_class("gpu.carve.dev", "gpu"))
         for n, models in nodes.items():
             self.rec.enqueue(Kind.NODE, EventType.ADDED, node(n))
-            for s in slices(n, models):
+            for s in slices(n, models, **build):
                 self.rec.enqueue(Kind.SLICE, EventType.ADDED, s)
         self._seq = itertools.count()
 
@@ -127,6 +129,26 @@ def test_pods_are_placed_on_published_devices_with_node_selector() -> None:
     assert result["device"].startswith("gpu-0-mig-3g20gb-")
     assert alloc["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"] == ["n1"]
     assert not has_gate(c.writer.objects[p], SCHEDULING_GATE)
+
+
+def test_the_devices_binding_conditions_are_copied_into_the_allocation() -> None:
+    """As kube-scheduler's allocator does; without them the scheduler would bind at once."""
+    done, failed = DEFAULT_CONTRACT.carved_condition, DEFAULT_CONTRACT.carve_failed_condition
+    with_conditions = Cluster({"n1": ["A100-SXM4-40GB"]}, binding_conditions=(done, failed))
+    with_conditions.submit(profile_claim("c1", "1g.5gb"))
+    with_conditions.rec.step()
+    alloc = with_conditions.allocation("c1")
+    assert alloc is not None
+    (result,) = alloc["devices"]["results"]
+    assert result["bindingConditions"] == [done]
+    assert result["bindingFailureConditions"] == [failed]
+
+    without = Cluster({"n1": ["A100-SXM4-40GB"]})
+    without.submit(profile_claim("c1", "1g.5gb"))
+    without.rec.step()
+    alloc = without.allocation("c1")
+    assert alloc is not None
+    assert "bindingConditions" not in alloc["devices"]["results"][0]
 
 
 def test_two_3g_fill_the_a100_and_a_third_waits_with_the_engine_reason() -> None:

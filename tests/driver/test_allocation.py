@@ -57,6 +57,23 @@ def test_result_json_round_trips() -> None:
     assert result_json(parsed) == raw
 
 
+def test_binding_conditions_round_trip_and_are_checked() -> None:
+    raw = {
+        "request": "r",
+        "driver": DRIVER,
+        "pool": "p",
+        "device": "d",
+        "bindingConditions": [f"{DRIVER}/Carved"],
+        "bindingFailureConditions": [f"{DRIVER}/CarveFailed"],
+    }
+    (parsed,) = parse_allocation({"devices": {"results": [raw]}}).results
+    assert parsed.binding_conditions == (f"{DRIVER}/Carved",)
+    assert parsed.binding_failure_conditions == (f"{DRIVER}/CarveFailed",)
+    assert result_json(parsed) == raw
+    with pytest.raises(AllocationFormatError, match=r"results\[0\]\.bindingConditions: expected a"):
+        parse_allocation({"devices": {"results": [{**raw, "bindingConditions": [3]}]}})
+
+
 def test_errors_name_the_field() -> None:
     with pytest.raises(AllocationFormatError, match=r"results\[0\]\.pool is missing"):
         parse_allocation({"devices": {"results": [{"request": "r", "driver": DRIVER}]}})

@@ -146,6 +146,16 @@ def test_split_layout_puts_counters_in_their_own_slice() -> None:
     assert names[0] == "node-a-mig.carve.dev-gpu-0-counters"
 
 
+def test_binding_conditions_go_on_every_device_only_when_asked() -> None:
+    gpus = [_gpu("A100-SXM4-40GB", 0), _gpu("H100-SXM5-80GB", 1)]
+    assert not any("bindingConditions" in d for d in _devices(_build(gpus)))
+    devices = _devices(_build(gpus, binding_conditions=("x.dev/Carved", "x.dev/CarveFailed")))
+    assert devices
+    for d in devices:
+        assert d["bindingConditions"] == ["x.dev/Carved"]
+        assert d["bindingFailureConditions"] == ["x.dev/CarveFailed"]
+
+
 def test_combined_layout_for_kubernetes_1_34() -> None:
     slices = _build([_gpu("A30-24GB", 0), _gpu("A30-24GB", 1)], split_counters=False)
     assert len(slices) == 2
