@@ -1,7 +1,7 @@
 """End-to-end latency: a pod with a carve claim, from create to Running, and where time goes.
 
 Run: python -m bench.e2e_latency [--pods 100] [--rate 4] [--latency realistic|zero]
-                                 [--node-kind sim|real]
+                                 [--node-kind sim|real] [--binding-conditions]
 
 Starts a private v1.37 control plane, carve-controller and GPU nodes: real carve-kubelet-plugin
 processes on the NVML simulator with the chosen latency preset, driven either by nodesim's
@@ -19,6 +19,9 @@ timestamps have one-second resolution, too coarse here), split as:
   node        bound -> the node agent (or the real kubelet) posted Running; of which
               `prepare` is the NodePrepareResources call (carve the GI + CI, CDI spec,
               checkpoint), measured by the stand-in only
+  carved      with --binding-conditions only: allocation written -> the plugin reported the
+              device Carved in the claim's status.devices (it carves before bind, while the
+              scheduler waits in PreBind; `prepare` then only finds the work done)
 
 Figures are printed, not asserted.
 """
@@ -40,7 +43,17 @@ from driver.contract import DEFAULT_CONTRACT
 
 _ATTRS = f'device.attributes["{DEFAULT_CONTRACT.driver}"]'
 
-STAGES = ("admission", "claim", "controller", "ungate", "scheduler", "node", "prepare", "total")
+STAGES = (
+    "admission",
+    "claim",
+    "controller",
+    "ungate",
+    "scheduler",
+    "node",
+    "prepare",
+    "carved",
+    "total",
+)
 GPUS_PER_NODE = ("A100-SXM4-80GB", "H100-SXM5-80GB")
 
 
@@ -92,10 +105,23 @@ class _Stamps:
             self._mark(self.claim, meta["name"], "created", now)
             if (obj.get("status") or {}).get("allocation"):
                 self._mark(self.claim, meta["name"], "allocated", now)
+            for entry in (obj.get("status") or {}).get("devices") or []:
+                if any(
+                    c.get("type") == DEFAULT_CONTRACT.carved_condition and c.get("status") == "True"
+                    for c in entry.get("conditions") or []
+                ):
+                    self._mark(self.claim, meta["name"], "carved", now)
 
 
 def run(
-    pods: int, rate: float, latency: str, nodes: int, run_seconds: float, *, node_kind: str = "sim"
+    pods: int,
+    rate: float,
+    latency: str,
+    nodes: int,
+    run_seconds: float,
+    *,
+    node_kind: str = "sim",
+    binding_conditions: bool = False,
 ) -> int:
     from kubernetes import client
 
@@ -118,6 +144,7 @@ def run(
     stack = CarveStack(Path(info.kubeconfig), root / "stack")
     informers: list[Informer] = []
     real: Any = None
+    plugin_args = ("--binding-conditions",) if binding_conditions else ()
     try:
         stack.install()
         stack.start_controller()
@@ -130,7 +157,11 @@ def run(
                 real.add_node(RealNodeSpec(f"bench-{i}", GPUS_PER_NODE, latency=latency))
         else:
             for i in range(nodes):
-                stack.add_node(SimNodeSpec(f"bench-{i}", GPUS_PER_NODE, latency=latency))
+                stack.add_node(
+                    SimNodeSpec(
+                        f"bench-{i}", GPUS_PER_NODE, latency=latency, plugin_args=plugin_args
+                    )
+                )
         # Dict bodies: the generated models lag behind the 1.37 API.
         core: Any = client.CoreV1Api(stack.api)
         resource: Any = client.ResourceV1Api(stack.api)
@@ -274,12 +305,15 @@ def run(
                 if agent_record is not None and "prepare_end" in agent_record.timings:
                     timings = agent_record.timings
                     samples["prepare"].append(timings["prepare_end"] - timings["prepare_start"])
+                if "carved" in c:
+                    samples["carved"].append(c["carved"] - c["allocated"])
                 samples["total"].append(p["running"] - t0)
         print(
             f"e2e latency: {pods} pods at {rate:g}/s, 1g slices, {nodes} nodes x "
             f"{len(GPUS_PER_NODE)} GPUs ({', '.join(GPUS_PER_NODE)}), simulator latency "
             f"'{latency}', containers run {run_seconds:g}s, "
             + ("real kubelet + containerd" if real is not None else "nodesim kubelet stand-in")
+            + (", binding conditions ON (carve before bind)" if binding_conditions else "")
         )
         print(f"{'stage':<12}{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}")
         for stage in STAGES:
@@ -324,9 +358,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--run-seconds", type=float, default=4.0)
     parser.add_argument("--node-kind", choices=("sim", "real"), default="sim")
+    parser.add_argument(
+        "--binding-conditions",
+        action="store_true",
+        help="plugins carve before bind (--binding-conditions); sim nodes only",
+    )
     args = parser.parse_args(argv)
+    if args.binding_conditions and args.node_kind != "sim":
+        parser.error("--binding-conditions: only with --node-kind sim")
     return run(
-        args.pods, args.rate, args.latency, args.nodes, args.run_seconds, node_kind=args.node_kind
+        args.pods,
+        args.rate,
+        args.latency,
+        args.nodes,
+        args.run_seconds,
+        node_kind=args.node_kind,
+        binding_conditions=args.binding_conditions,
     )
 
 

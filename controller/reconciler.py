@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from controller.carvewait import CarveState, carve_verdict, plan_waits_for_carve
 from controller.extres import (
     ExtendedResourceError,
     PinnedPods,
@@ -419,6 +420,9 @@ class ReconcilerConfig:
     claims_grace: float = 30.0
     event_interval: float = 300.0
     node_loss_grace: float | None = 300.0  # NotReady this long = lost; None/0: signal off
+    # Carve before bind (controller/carvewait.py): keep the gate until the node has carved.
+    hold_gate_until_carved: bool = True
+    carve_wait: float = 30.0
 
     def __post_init__(self) -> None:
         if self.classes is None:
@@ -489,6 +493,7 @@ class Reconciler:
         self._lost_cleared: dict[str, NodeLoss] = {}
         self._pinned = PinnedPods()
         self._loss_told: dict[str, str] = {}
+        self._carve_failures: dict[str, int] = {}  # pod key -> failed carves while gated
 
     # -- input (any thread) ----------------------------------------------------------------------
 
@@ -536,6 +541,7 @@ class Reconciler:
     def _on_pod(self, key: str, pod: Obj, type_: EventType) -> None:
         if type_ is EventType.DELETED or is_terminal(pod) or pod.get("spec", {}).get("nodeName"):
             self._replans.pop(key, None)
+            self._carve_failures.pop(key, None)
         if type_ is EventType.DELETED or is_terminal(pod):
             self._forget_pod(key)
             if pod.get("spec", {}).get("nodeName"):
@@ -923,6 +929,8 @@ class Reconciler:
             if not self._is_leader():
                 return
             try:
+                if w.kind is WorkKind.UNGATE and self._held_for_carve(pod, state, w.claims, now):
+                    continue
                 if has_gate(pod, self._cfg.gate) and asks_carve_resources(pod, names):
                     self._place_extended(pod, state, w.claims, names)
                 elif w.kind is WorkKind.UNGATE:
@@ -1051,6 +1059,50 @@ class Reconciler:
         )
         self._place(pod, state, claims)
 
+    def _held_for_carve(
+        self, pod: Obj, state: _PodState, claims: Sequence[Obj], now: float
+    ) -> bool:
+        """Keep the gate while the node carves; on a failed carve clear and place again.
+        False: ungate now (nothing to wait for, carved, or the wait is over)."""
+        if not self._cfg.hold_gate_until_carved:
+            return False
+        verdict = carve_verdict(claims, self._cfg.driver, self._wall(), self._cfg.carve_wait)
+        key = key_of(pod)
+        if verdict.state is CarveState.PENDING:
+            state.retry_at = now + min(1.0, verdict.wait_left)  # claim events wake it sooner
+            return True
+        if verdict.state is CarveState.TIMED_OUT:
+            self._recorder.event(
+                pod,
+                Kind.POD,
+                "Warning",
+                "CarveNotReported",
+                f"no carve reported for {', '.join(verdict.waiting_for)} within "
+                f"{self._cfg.carve_wait:g}s; ungated, kube-scheduler waits for it",
+            )
+        if verdict.state is not CarveState.FAILED:
+            self._carve_failures.pop(key, None)
+            return False
+        rounds = self._carve_failures.get(key, 0) + 1
+        self._carve_failures[key] = rounds
+        failed = {f.claim for f in verdict.failures}
+        why = "; ".join(f"{f.device}: {f.message}" for f in verdict.failures)
+        if rounds > self._cfg.max_replans:
+            state.retry_at = now + self._cfg.retry_interval
+            refused = Unplaceable("CarveFailed", f"carve failed {rounds} times: {why}")
+            self._tell(pod, state, claims, refused)
+            return True
+        for claim in claims:
+            if key_of(claim) in failed and not node_finalizers(claim, self._cfg.contract):
+                self._store_claim(self._writer.clear_allocation(claim))
+                self._recorder.event(
+                    claim, Kind.CLAIM, "Warning", "CarveFailed", f"{why}; placing again"
+                )
+        message = f"the node could not carve: {why}; placing again"
+        self._recorder.event(pod, Kind.POD, "Warning", "CarveFailed", message)
+        state.retry_at = now  # unallocated now (or once the node finalizer is gone): place
+        return True
+
     def _release_to_scheduler(self, pod: Obj, reason: str, message: str) -> None:
         """Drop our finalizer from the pod's unallocated claims: kube-scheduler owns them now."""
         ns = pod.get("metadata", {}).get("namespace", "")
@@ -1146,7 +1198,10 @@ class Reconciler:
                     _log.exception("rollback of claim %s failed", key_of(claim))
             raise
         self._planner.committed(pod, plan)
-        if has_gate(pod, self._cfg.gate):
+        hold = self._cfg.hold_gate_until_carved and any(
+            plan_waits_for_carve(a.results) for a in plan.allocations
+        )
+        if has_gate(pod, self._cfg.gate) and not hold:
             self._set_pod(key, self._writer.remove_gate(pod))
         latency = self._clock() - state.first_seen
         self._metrics.observe_allocation(latency, profiles)

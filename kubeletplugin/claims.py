@@ -15,7 +15,7 @@ import datetime as dt
 import json
 import logging
 import uuid as uuidlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -145,6 +145,36 @@ class KubeJson:
             raise ApiError(resp.status, text)
         result: dict[str, Any] = json.loads(text) if text else {}
         return result
+
+    def stream(
+        self, path: str, *, query: Sequence[tuple[str, str]] = (), timeout: float
+    ) -> Iterator[str]:
+        """The lines of a streamed response (a watch), as they arrive, until the server ends it
+        or `timeout` passes without a byte."""
+        m, url, headers, payload, _ = self._client.param_serialize(
+            method="GET",
+            resource_path=path,
+            query_params=list(query) or None,
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        resp = self._client.call_api(
+            m, url, header_params=headers, body=payload, _request_timeout=(10, timeout)
+        )
+        raw = resp.response
+        try:
+            if not 200 <= resp.status < 300:
+                raise ApiError(resp.status, raw.read().decode(errors="replace"))
+            buffer = b""
+            for chunk in raw.stream(amt=None, decode_content=False):
+                buffer += chunk
+                *complete, buffer = buffer.split(b"\n")
+                for line in complete:
+                    yield line.decode("utf-8", errors="replace")
+            if buffer.strip():
+                yield buffer.decode("utf-8", errors="replace")
+        finally:
+            raw.release_conn()
 
 
 def _claim_path(namespace: str, name: str) -> str:

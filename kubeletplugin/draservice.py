@@ -56,6 +56,7 @@ class PrepareResult:
 
     devices: tuple[PreparedDevice, ...] = ()
     error: str = ""
+    reason: str = ""  # with an error: its short cause (e.g. "carve-failed"), for precarve
 
 
 class ClaimPreparer(Protocol):

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from kubeletplugin.gpuhealth import HealthMonitor
     from kubeletplugin.metrics import PluginMetrics
     from kubeletplugin.migbackend import NodeHardware
+    from kubeletplugin.precarve import PreCarve
     from kubeletplugin.prepare import Preparer
     from kubeletplugin.publisher import PublisherSettings, SlicePublisher
     from kubeletplugin.server import PluginServer
@@ -190,6 +191,18 @@ HEALTH_POLL = flags.duration(
     "how often GPU health is polled (recovery action, ECC counters); events arrive at once",
     "5s",
 )
+BINDING_CONDITIONS = flags.switch(
+    "binding-conditions",
+    "carve before bind: publish devices with binding conditions, carve as soon as a claim is "
+    "allocated here and report it in the claim's status.devices; kube-scheduler binds the pod "
+    "only after that, and a failed carve sends the claim elsewhere (kubeletplugin.precarve)",
+)
+CARVE_FAILURE_COOLDOWN = flags.duration(
+    "carve-failure-cooldown",
+    "with --binding-conditions: how long a GPU on which NVML refused to carve carries the "
+    "device taint <driver>/carve-failed:NoSchedule (0 = never tainted)",
+    "5m",
+)
 HTTP_ADDRESS = flags.http_address(deprecated=("metrics-address",))
 RESYNC_PERIOD = flags.resync_period(
     "30s",
@@ -223,6 +236,8 @@ COMMAND_LINE = flags.CommandLine(
         DEGRADED_TAINT_EFFECT,
         HEALTH_RECOVERY,
         HEALTH_POLL,
+        BINDING_CONDITIONS,
+        CARVE_FAILURE_COOLDOWN,
         HTTP_ADDRESS,
         RESYNC_PERIOD,
         *flags.LOGGING,
@@ -256,6 +271,8 @@ class Options:
     dev_root: Path = _ROOT
     health: HealthPolicy = field(default_factory=HealthPolicy)
     health_poll_period: float = 5.0
+    binding_conditions: bool = False
+    carve_failure_cooldown: float = 300.0
 
 
 def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Options:
@@ -294,6 +311,8 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
         dev_root=got[DEV_ROOT].absolute(),
         health=health,
         health_poll_period=got[HEALTH_POLL],
+        binding_conditions=got[BINDING_CONDITIONS],
+        carve_failure_cooldown=got[CARVE_FAILURE_COOLDOWN],
     )
 
 
@@ -360,6 +379,7 @@ class NodePlugin:
             offers_changed=self._republish,
         )
         self.health: HealthMonitor = self._health_monitor()
+        self.precarve: PreCarve | None = self._precarve() if opts.binding_conditions else None
         self.publisher: SlicePublisher = self._publisher()
         self.server: PluginServer = self._server()
         self.ops: OpsServer | None = self._ops() if opts.http_address else None
@@ -383,6 +403,34 @@ class NodePlugin:
                 self.api, driver=self.opts.driver_name, node=self.opts.node_name
             ),
         )
+
+    def _precarve(self) -> PreCarve:
+        from kubeletplugin.precarve import build_precarve
+
+        return build_precarve(
+            self.api,
+            self.preparer,
+            driver=self.opts.driver_name,
+            node=self.opts.node_name,
+            gpu_uuids={g.minor: g.uuid for g in self.node.mig.gpus()},
+            cooldown=self.opts.carve_failure_cooldown,
+            publish_now=self._publish_now,
+        )
+
+    def _publish_now(self) -> None:
+        """Publish before returning (precarve's taint must be out before its verdict)."""
+        try:
+            self.publisher.sync()
+        except Exception as e:
+            log.warning("publishing at once failed; the loop retries", extra={"error": str(e)})
+            self.publisher.trigger()
+
+    def _taints(self) -> Mapping[str, tuple[Mapping[str, str], ...]]:
+        taints = dict(self.health.taints())
+        if self.precarve is not None:
+            for gpu, more in self.precarve.carver.failures.taints().items():
+                taints[gpu] = (*taints.get(gpu, ()), *more)
+        return taints
 
     def _republish(self) -> None:
         """A GPU was taken or given back whole, which changes what the node offers: republish
@@ -437,9 +485,16 @@ class NodePlugin:
         return files
 
     def _publisher(self) -> SlicePublisher:
+        from driver.contract import Contract
         from kubeletplugin.publisher import SlicePublisher
 
         opts, node, preparer = self.opts, self.node, self.preparer
+        contract = Contract(opts.driver_name)
+        binding = (
+            (contract.carved_condition, contract.carve_failed_condition)
+            if opts.binding_conditions
+            else None
+        )
         return SlicePublisher(
             _publisher_settings(opts),
             self.api,
@@ -450,8 +505,9 @@ class NodePlugin:
                 split=split,
                 exclude=set(preparer.refused_gpus()),
                 whole=preparer.whole_gpus(),
-                taints=self.health.taints(),
+                taints=self._taints(),
                 device_taints=self.health.device_taints(),
+                binding_conditions=binding,
             ),
             self.metrics,
         )
@@ -536,6 +592,8 @@ class NodePlugin:
         self.server.start()
         if not self.opts.no_publish:
             self.publisher.start()
+        if self.precarve is not None:
+            self.precarve.start()
         log.info(
             "carve kubelet plugin running",
             extra={
@@ -560,6 +618,8 @@ class NodePlugin:
             if verdict is not last_verdict and verdict.registered:
                 self.publisher.trigger()
             last_verdict = verdict
+            if self.precarve is not None:
+                self.precarve.carver.expire_taints()
             if time.monotonic() >= next_retry:
                 self.preparer.retry_pending()
                 next_retry = time.monotonic() + _RETRY_PENDING_SECONDS
@@ -567,6 +627,8 @@ class NodePlugin:
     def _shutdown(self) -> None:
         log.info("shutting down")
         self.server.stop(grace=10.0)
+        if self.precarve is not None:
+            self.precarve.stop()
         self.health.stop()
         if not self.opts.no_publish:
             self.publisher.stop()

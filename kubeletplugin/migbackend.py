@@ -98,6 +98,7 @@ class NodeHardware:
         taints: Mapping[str, tuple[Mapping[str, str], ...]] | None = None,
         device_taints: Mapping[str, Mapping[DevicePlace, tuple[Mapping[str, str], ...]]]
         | None = None,
+        binding_conditions: tuple[str, str] | None = None,
     ) -> list[dict[str, Any]]:
         return build_resource_slices(
             driver=driver,
@@ -105,6 +106,7 @@ class NodeHardware:
             pool_generation=generation,
             gpus=self.published_gpus(exclude, whole, taints, device_taints),
             split_counters=split,
+            binding_conditions=binding_conditions,
         )
 
     def health_source(

@@ -297,7 +297,7 @@ class Preparer:
         except ClaimError as e:
             self.metrics.errors.labels(operation="prepare", reason=e.reason).inc()
             log.warning("prepare failed", extra={**ctx, "reason": e.reason, "error": str(e)})
-            return PrepareResult(error=f"{ref}: {e}")
+            return PrepareResult(error=f"{ref}: {e}", reason=e.reason)
         except Exception as e:
             self.metrics.errors.labels(operation="prepare", reason="internal").inc()
             log.exception("prepare failed unexpectedly", extra=ctx)

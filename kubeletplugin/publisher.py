@@ -90,6 +90,7 @@ class SlicePublisher:
         self._build = build
         self._metrics = metrics or PluginMetrics()
         self._wake = threading.Event()
+        self._sync_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._split: bool | None = None
@@ -156,7 +157,12 @@ class SlicePublisher:
         return out
 
     def sync(self) -> bool:
-        """Converge once; True if anything was written."""
+        """Converge once; True if anything was written. Safe from any thread: the loop and a
+        caller that must see its change published before it goes on (precarve's taint)."""
+        with self._sync_lock:
+            return self._sync()
+
+    def _sync(self) -> bool:
         split = self.split_counters()
         current = {s["metadata"]["name"]: s for s in self.existing()}
         pool_generations = {int(s["spec"]["pool"].get("generation", 0)) for s in current.values()}

@@ -52,6 +52,8 @@ class SimNodeSpec:
     # Positions in `gpus` of the GPUs whose MIG mode is off at first boot (as after an
     # operator's `nvidia-smi -mig 0`); the others start in MIG mode.
     mig_off: tuple[int, ...] = ()
+    # Extra flags for this node's carve-kubelet-plugin (e.g. "--binding-conditions").
+    plugin_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         check_gpu_keys(self.name, self.gpus)
@@ -276,6 +278,7 @@ class SimNode:
             plugins_dir=self.plugins_dir,
             cdi_dir=self.cdi_dir,
             sim_config=self.sim_config,
+            extra=self.spec.plugin_args,
         )
         self._plugin = ManagedProcess(
             f"carve-kubelet-plugin[{self.name}]",

@@ -106,6 +106,8 @@ CARVE_FATAL_TAINT_EFFECT: {{ .Values.plugin.health.fatalTaintEffect | quote }}
 CARVE_DEGRADED_TAINT_EFFECT: {{ .Values.plugin.health.degradedTaintEffect | quote }}
 CARVE_HEALTH_RECOVERY: {{ .Values.plugin.health.recovery | quote }}
 CARVE_HEALTH_POLL_PERIOD: {{ .Values.plugin.health.pollPeriod | quote }}
+CARVE_BINDING_CONDITIONS: {{ .Values.plugin.bindingConditions | toString | quote }}
+CARVE_CARVE_FAILURE_COOLDOWN: {{ .Values.plugin.carveFailureCooldown | quote }}
 CARVE_CLEANUP_ON_EXIT: {{ .Values.plugin.cleanupOnExit | toString | quote }}
 CARVE_HTTP_ADDRESS: {{ printf ":%s" (include "carve.plugin.port" .) | quote }}
 CARVE_LOG_FORMAT: {{ .Values.logging.format | quote }}
