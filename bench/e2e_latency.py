@@ -1,7 +1,8 @@
 """End-to-end latency: a pod with a carve claim, from create to Running, and where time goes.
 
 Run: python -m bench.e2e_latency [--pods 100] [--rate 4] [--latency realistic|zero]
-                                 [--node-kind sim|real] [--binding-conditions]
+                                 [--node-kind sim|real]
+                                 [--binding-conditions [--scheduler-waits]]
 
 Starts a private v1.37 control plane, carve-controller and GPU nodes: real carve-kubelet-plugin
 processes on the NVML simulator with the chosen latency preset, driven either by nodesim's
@@ -21,7 +22,9 @@ timestamps have one-second resolution, too coarse here), split as:
               checkpoint), measured by the stand-in only
   carved      with --binding-conditions only: allocation written -> the plugin reported the
               device Carved in the claim's status.devices (it carves before bind, while the
-              scheduler waits in PreBind; `prepare` then only finds the work done)
+              scheduler waits in PreBind; `prepare` then only finds the work done).
+              By default carve-controller keeps the pod gated until then; with
+              --scheduler-waits it ungates at once and kube-scheduler polls in PreBind
 
 Figures are printed, not asserted.
 """
@@ -122,6 +125,7 @@ def run(
     *,
     node_kind: str = "sim",
     binding_conditions: bool = False,
+    scheduler_waits: bool = False,
 ) -> int:
     from kubernetes import client
 
@@ -147,7 +151,7 @@ def run(
     plugin_args = ("--binding-conditions",) if binding_conditions else ()
     try:
         stack.install()
-        stack.start_controller()
+        stack.start_controller(*(("--hold-gate-until-carved=false",) if scheduler_waits else ()))
         if node_kind == "real":
             from realnode.cluster import RealNodes
             from realnode.node import RealNodeSpec
@@ -314,6 +318,11 @@ def run(
             f"'{latency}', containers run {run_seconds:g}s, "
             + ("real kubelet + containerd" if real is not None else "nodesim kubelet stand-in")
             + (", binding conditions ON (carve before bind)" if binding_conditions else "")
+            + (
+                (", kube-scheduler waits" if scheduler_waits else ", gate held until carved")
+                if binding_conditions
+                else ""
+            )
         )
         print(f"{'stage':<12}{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}")
         for stage in STAGES:
@@ -363,7 +372,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="plugins carve before bind (--binding-conditions); sim nodes only",
     )
+    parser.add_argument(
+        "--scheduler-waits",
+        action="store_true",
+        help="with --binding-conditions: carve-controller --hold-gate-until-carved=false",
+    )
     args = parser.parse_args(argv)
+    if args.scheduler_waits and not args.binding_conditions:
+        parser.error("--scheduler-waits: only with --binding-conditions")
     if args.binding_conditions and args.node_kind != "sim":
         parser.error("--binding-conditions: only with --node-kind sim")
     return run(
@@ -374,6 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.run_seconds,
         node_kind=args.node_kind,
         binding_conditions=args.binding_conditions,
+        scheduler_waits=args.scheduler_waits,
     )
 
 

@@ -35,6 +35,13 @@ def test_defaults() -> None:
     )
 
 
+def test_the_gate_is_held_until_carved_by_default() -> None:
+    o = parse_options([], {})
+    assert (o.hold_gate_until_carved, o.carve_wait) == (True, 30.0)
+    off = parse_options(["--hold-gate-until-carved=false", "--carve-wait=5s"], {})
+    assert (off.hold_gate_until_carved, off.carve_wait) == (False, 5.0)
+
+
 def test_flags_have_environment_equivalents() -> None:
     env = {
         "CARVE_NATIVE_FALLBACK_AFTER": "10m",
@@ -73,6 +80,8 @@ def test_leader_elect_takes_a_value_or_stands_alone() -> None:
         (["--renew-deadline=20s"], "retry period < renew deadline < lease duration"),
         (["--driver-name=Not_DNS"], "not a DNS subdomain"),
         (["--log-level=loud"], "not a log level"),
+        (["--hold-gate-until-carved=perhaps"], "not a boolean"),
+        (["--carve-wait=later"], r"--carve-wait='later': not a duration.*e\.g\. --carve-wait=30s"),
     ],
 )
 def test_bad_values_are_usage_errors(argv: list[str], message: str) -> None:

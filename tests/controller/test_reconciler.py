@@ -223,6 +223,7 @@ class MemoryWriter:
     def clear_allocation(self, claim: Obj) -> Obj:
         cur = self._call("clear_allocation", claim)
         cur["status"].pop("allocation", None)
+        cur["status"].pop("devices", None)  # as the real writer clears it
         return self.put(cur)
 
     def remove_finalizer(self, claim: Obj) -> Obj:

@@ -151,6 +151,73 @@ def test_the_devices_binding_conditions_are_copied_into_the_allocation() -> None
     assert "bindingConditions" not in alloc["devices"]["results"][0]
 
 
+def _report(c: Cluster, claim_name: str, condition: str, message: str = "m") -> None:
+    """What the node's plugin writes into status.devices after carving (or failing to)."""
+    claim_obj = c.writer.objects[claim_name]
+    (result,) = claim_obj["status"]["allocation"]["devices"]["results"]
+    claim_obj["status"]["devices"] = [
+        {
+            "driver": result["driver"],
+            "pool": result["pool"],
+            "device": result["device"],
+            "conditions": [
+                {"type": condition, "status": "True", "reason": "R", "message": message}
+            ],
+        }
+    ]
+    c.rec.enqueue(Kind.CLAIM, EventType.MODIFIED, c.writer.put(claim_obj))
+
+
+def _binding_cluster() -> Cluster:
+    done, failed = DEFAULT_CONTRACT.carved_condition, DEFAULT_CONTRACT.carve_failed_condition
+    return Cluster({"n1": ["A100-SXM4-40GB", "A100-SXM4-40GB"]}, binding_conditions=(done, failed))
+
+
+def test_the_gate_stays_until_the_node_reports_the_carve() -> None:
+    c = _binding_cluster()
+    p = c.submit(profile_claim("c1", "1g.5gb"))
+    c.rec.step()
+    assert c.allocation("c1") is not None
+    assert has_gate(c.writer.objects[p], SCHEDULING_GATE)  # kube-scheduler must not see it yet
+    c.rec.step()
+    assert has_gate(c.writer.objects[p], SCHEDULING_GATE)
+    _report(c, "c1", DEFAULT_CONTRACT.carved_condition)
+    c.rec.step()
+    assert not has_gate(c.writer.objects[p], SCHEDULING_GATE)
+
+
+def test_a_failed_carve_is_cleared_and_placed_again_while_the_pod_stays_gated() -> None:
+    c = _binding_cluster()
+    p = c.submit(profile_claim("c1", "1g.5gb"))
+    c.rec.step()
+    first = c.allocation("c1")
+    assert first is not None
+    _report(c, "c1", DEFAULT_CONTRACT.carve_failed_condition, "NVML error 999")
+    c.rec.step()
+    c.rec.step()
+    again = c.allocation("c1")
+    assert again is not None  # placed again (the node's taint steers it; not modelled here)
+    assert "devices" not in c.writer.objects["c1"]["status"]  # the old verdict went with it
+    assert has_gate(c.writer.objects[p], SCHEDULING_GATE)
+    reasons = [e[2] for e in c.events_of(p)]
+    assert "CarveFailed" in reasons
+    (told,) = [e for e in c.events_of(p) if e[2] == "CarveFailed"]
+    assert "NVML error 999" in told[3] and "placing again" in told[3]
+
+
+def test_carve_failures_stop_being_retried_after_max_replans() -> None:
+    c = _binding_cluster()
+    p = c.submit(profile_claim("c1", "1g.5gb"))
+    c.rec.step()
+    for _ in range(4):
+        _report(c, "c1", DEFAULT_CONTRACT.carve_failed_condition, "NVML error 999")
+        c.rec.step()
+        c.rec.step()
+    assert c.allocation("c1") is not None
+    assert any(e[2] == "CarveFailed" and "carve failed 4 times" in e[3] for e in c.events_of(p))
+    assert has_gate(c.writer.objects[p], SCHEDULING_GATE)
+
+
 def test_two_3g_fill_the_a100_and_a_third_waits_with_the_engine_reason() -> None:
     c = Cluster({"n1": ["A100-SXM4-40GB"]})
     for i in range(3):

@@ -8,6 +8,7 @@ of its own, so it shares the control plane with the other installs of this sessi
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,7 +45,7 @@ CAN_I: tuple[tuple[str, str, str, str, bool], ...] = (
     (PLUGIN, "patch", "resourceclaims.resource.k8s.io", "", True),
     (PLUGIN, "update", "resourceclaims.resource.k8s.io", "", False),
     (PLUGIN, "list", "resourceclaims.resource.k8s.io", "", False),
-    # No claim status at all today (binding conditions' device status is not used), so neither
+    # No claim status at all with plugin.bindingConditions off (the default), so neither
     # its own driver's nor another's.
     (
         PLUGIN,
@@ -214,3 +215,200 @@ def test_a_plugin_may_write_only_its_own_nodes_slices(
         )
     finally:
         core.delete_namespaced_pod("plugin-stand-in", NAMESPACE, grace_period_seconds=0)
+
+
+# -- with plugin.bindingConditions (carve before bind) ------------------------------------------
+
+BC = Contract("mig.privsbc.carve.dev")
+BC_NAMESPACE = "carve-privs-bc"
+BC_PLUGIN = f"system:serviceaccount:{BC_NAMESPACE}:carve-kubelet-plugin"
+
+# Only what carving before bind adds: watching claims, and the status.devices of its own
+# driver's devices on the node the claim is allocated to (associated-node), nothing wider.
+CAN_I_BC: tuple[tuple[str, str, str, str, bool], ...] = (
+    (BC_PLUGIN, "list", "resourceclaims.resource.k8s.io", "", True),
+    (BC_PLUGIN, "watch", "resourceclaims.resource.k8s.io", "", True),
+    (BC_PLUGIN, "update", "resourceclaims.resource.k8s.io", "", False),
+    (BC_PLUGIN, "patch", "resourceclaims.resource.k8s.io/status", "", True),
+    (BC_PLUGIN, "update", "resourceclaims.resource.k8s.io/status", "", False),
+    (BC_PLUGIN, "patch", "resourceclaims.resource.k8s.io/binding", "", False),
+    (BC_PLUGIN, "associated-node:patch", "resourceclaims.resource.k8s.io/driver", BC.driver, True),
+    (BC_PLUGIN, "arbitrary-node:patch", "resourceclaims.resource.k8s.io/driver", BC.driver, False),
+    (
+        BC_PLUGIN,
+        "associated-node:patch",
+        "resourceclaims.resource.k8s.io/driver",
+        "gpu.nvidia.com",
+        False,
+    ),
+    (BC_PLUGIN, "get", "secrets", "", False),
+)
+
+
+@pytest.fixture(scope="module")
+def installed_bc(k8s_cluster: LocalCluster, helm: Helm) -> Iterator[Path]:
+    kubeconfig = Path(k8s_cluster.info.kubeconfig)
+    helm.run(
+        "install",
+        "carve-privs-bc",
+        str(CHART),
+        "--namespace",
+        BC_NAMESPACE,
+        "--create-namespace",
+        "--set",
+        f"driverName={BC.driver}",
+        "--set",
+        "plugin.bindingConditions=true",
+        "--set-json",
+        f"controller.nodeSelector={json.dumps(NOWHERE)}",
+        "--set-json",
+        f"plugin.nodeSelector={json.dumps(NOWHERE)}",
+        kubeconfig=str(kubeconfig),
+    )
+    try:
+        yield kubeconfig
+    finally:
+        helm.run(
+            "uninstall",
+            "carve-privs-bc",
+            "--namespace",
+            BC_NAMESPACE,
+            "--wait",
+            kubeconfig=str(kubeconfig),
+            check=False,
+        )
+
+
+def test_binding_conditions_add_only_the_node_scoped_device_status(installed_bc: Path) -> None:
+    wrong = []
+    for who, verb, what, name, expected in CAN_I_BC:
+        resource, _, subresource = what.partition("/")
+        target = f"{resource}/{name}" if name else resource
+        args = ["auth", "can-i", verb, target, "--as", who, "-n", "default"]
+        if subresource:
+            args.append(f"--subresource={subresource}")
+        done = run_kubectl(installed_bc, *args, check=False)
+        answer = done.stdout.strip()
+        if answer not in ("yes", "no"):
+            raise AssertionError(f"kubectl {' '.join(args)}: {done.stderr}{done.stdout}")
+        if (answer == "yes") != expected:
+            wrong.append(f"{who} {verb} {target} ({subresource}): {answer}")
+    assert not wrong, "\n".join(wrong)
+
+
+def _allocated_claim(resource: Any, name: str, node: str) -> None:
+    resource.create_namespaced_resource_claim(
+        BC_NAMESPACE,
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {
+                "devices": {
+                    "requests": [{"name": "mig", "exactly": {"deviceClassName": BC.driver}}]
+                }
+            },
+        },
+    )
+    resource.patch_namespaced_resource_claim_status(
+        name,
+        BC_NAMESPACE,
+        {
+            "status": {
+                "allocation": {
+                    "devices": {
+                        "results": [
+                            {"request": "mig", "driver": BC.driver, "pool": node, "device": "gpu-0"}
+                        ]
+                    },
+                    "nodeSelector": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchFields": [
+                                    {"key": "metadata.name", "operator": "In", "values": [node]}
+                                ]
+                            }
+                        ]
+                    },
+                }
+            }
+        },
+    )
+
+
+def _carved(node: str) -> dict[str, Any]:
+    return {
+        "status": {
+            "devices": [
+                {
+                    "driver": BC.driver,
+                    "pool": node,
+                    "device": "gpu-0",
+                    "conditions": [
+                        {
+                            "type": BC.carved_condition,
+                            "status": "True",
+                            "reason": "Carved",
+                            "message": "test",
+                            "lastTransitionTime": "2026-12-01T00:00:00Z",
+                        }
+                    ],
+                }
+            ]
+        }
+    }
+
+
+def test_a_plugin_may_report_carves_only_for_claims_on_its_own_node(
+    installed_bc: Path,
+    fake_node: Any,  # noqa: F811
+    k8s_api: Any,  # noqa: F811
+) -> None:
+    here, there = fake_node(), fake_node()
+    core = client.CoreV1Api(k8s_api)
+    admin = client.ResourceV1Api(k8s_api)
+    core.create_namespaced_pod(
+        BC_NAMESPACE,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "plugin-stand-in"},
+            "spec": {
+                "serviceAccountName": "carve-kubelet-plugin",
+                "nodeName": here,
+                "containers": [{"name": "c", "image": "carve.local/none:0"}],
+            },
+        },
+    )
+    try:
+        _allocated_claim(admin, "on-here", here)
+        _allocated_claim(admin, "on-there", there)
+        token = client.CoreV1Api(k8s_api).create_namespaced_service_account_token(
+            "carve-kubelet-plugin",
+            BC_NAMESPACE,
+            {
+                "spec": {
+                    "audiences": [],
+                    "expirationSeconds": 600,
+                    "boundObjectRef": {
+                        "kind": "Pod",
+                        "apiVersion": "v1",
+                        "name": "plugin-stand-in",
+                    },
+                }
+            },
+        )
+        own = _as_token(installed_bc, str(token.status.token))
+        own.patch_namespaced_resource_claim_status("on-here", BC_NAMESPACE, _carved(here))
+        with pytest.raises(client.ApiException) as refused:
+            own.patch_namespaced_resource_claim_status("on-there", BC_NAMESPACE, _carved(there))
+        # The apiserver reports the per-driver check as a Forbidden field error (422 Invalid).
+        assert refused.value.status == 422, refused.value.body
+        body = str(refused.value.body)
+        assert 'changing status.devices requires resource=\\"resourceclaims/driver\\"' in body, body
+        assert "arbitrary-node:patch" in body, body
+    finally:
+        core.delete_namespaced_pod("plugin-stand-in", BC_NAMESPACE, grace_period_seconds=0)
+        for name in ("on-here", "on-there"):
+            with contextlib.suppress(client.ApiException):
+                admin.delete_namespaced_resource_claim(name, BC_NAMESPACE)

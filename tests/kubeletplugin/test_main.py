@@ -61,6 +61,15 @@ def test_every_flag_has_an_env_equivalent() -> None:
     assert parse_options([], {**env, "CARVE_NODE_NAME": "n3"}).node_name == "n3"
 
 
+def test_carve_before_bind_is_off_unless_asked() -> None:
+    o = parse_options(["--node-name=n"], {})
+    assert (o.binding_conditions, o.carve_failure_cooldown) == (False, 300.0)
+    on = parse_options(
+        ["--node-name=n", "--binding-conditions"], {"CARVE_CARVE_FAILURE_COOLDOWN": "1m"}
+    )
+    assert (on.binding_conditions, on.carve_failure_cooldown) == (True, 60.0)
+
+
 def test_switches_take_a_bare_flag_or_a_value() -> None:
     assert parse_options(["--node-name=n", "--cleanup"], {}).cleanup
     assert not parse_options(["--node-name=n", "--cleanup=false"], {"CARVE_CLEANUP": "1"}).cleanup
@@ -104,6 +113,12 @@ def test_old_cdi_root_variable_still_works() -> None:
         (["--node-name", "n", "--http-address", "nowhere"], {}, "e.g. --http-address="),
         (["--node-name", "n", "--driver-name", "Not_DNS"], {}, "--driver-name='Not_DNS'"),
         (["--node-name", "n", "--log-format", "xml"], {}, "json, text"),
+        (["--node-name", "n", "--binding-conditions=sometimes"], {}, "--binding-conditions"),
+        (
+            ["--node-name", "n", "--carve-failure-cooldown", "a while"],
+            {},
+            r"--carve-failure-cooldown='a while': not a duration.*e\.g\. --carve-failure",
+        ),
     ],
 )
 def test_bad_flags_are_usage_errors(argv: list[str], env: dict[str, str], message: str) -> None:
