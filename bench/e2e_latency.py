@@ -3,6 +3,7 @@
 Run: python -m bench.e2e_latency [--pods 100] [--rate 4] [--latency realistic|zero]
                                  [--node-kind sim|real]
                                  [--binding-conditions [--scheduler-waits]]
+                                 [--carve-faults N]
 
 Starts a private v1.37 control plane, carve-controller and GPU nodes: real carve-kubelet-plugin
 processes on the NVML simulator with the chosen latency preset, driven either by nodesim's
@@ -25,6 +26,12 @@ timestamps have one-second resolution, too coarse here), split as:
               scheduler waits in PreBind; `prepare` then only finds the work done).
               By default carve-controller keeps the pod gated until then; with
               --scheduler-waits it ungates at once and kube-scheduler polls in PreBind
+
+--carve-faults N makes the first N GPU-instance creations on GPU 0 of every node fail with an
+NVML error (the simulator's injected fault), as a sick GPU would: without binding conditions a
+pod placed there is bound first and its node retries the prepare until the faults are used up
+(with a large N it never runs); with them the GPU is tainted carve-failed and the claim is placed
+again on another GPU before the pod binds. The max column shows what such a failure costs.
 
 Figures are printed, not asserted.
 """
@@ -126,6 +133,7 @@ def run(
     node_kind: str = "sim",
     binding_conditions: bool = False,
     scheduler_waits: bool = False,
+    carve_faults: int = 0,
 ) -> int:
     from kubernetes import client
 
@@ -166,6 +174,17 @@ def run(
                         f"bench-{i}", GPUS_PER_NODE, latency=latency, plugin_args=plugin_args
                     )
                 )
+        if carve_faults:
+            from driver.nvml import sim
+
+            for node in stack.nodes.values():
+                sim.configure(node.sim_config)
+                try:
+                    sim.sim_inject_fault(
+                        "CreateGpuInstanceWithPlacement", error="UNKNOWN", times=carve_faults, gpu=0
+                    )
+                finally:
+                    sim.configure(None)
         # Dict bodies: the generated models lag behind the 1.37 API.
         core: Any = client.CoreV1Api(stack.api)
         resource: Any = client.ResourceV1Api(stack.api)
@@ -323,6 +342,11 @@ def run(
                 if binding_conditions
                 else ""
             )
+            + (
+                f", first {carve_faults} carve(s) on GPU 0 of each node fail"
+                if carve_faults
+                else ""
+            )
         )
         print(f"{'stage':<12}{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}")
         for stage in STAGES:
@@ -377,11 +401,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="with --binding-conditions: carve-controller --hold-gate-until-carved=false",
     )
+    parser.add_argument(
+        "--carve-faults",
+        type=int,
+        default=0,
+        help="the first N GPU-instance creations on GPU 0 of each sim node fail (NVML error)",
+    )
     args = parser.parse_args(argv)
     if args.scheduler_waits and not args.binding_conditions:
         parser.error("--scheduler-waits: only with --binding-conditions")
-    if args.binding_conditions and args.node_kind != "sim":
-        parser.error("--binding-conditions: only with --node-kind sim")
+    if args.carve_faults < 0:
+        parser.error("--carve-faults: must be 0 or more")
+    if (args.binding_conditions or args.carve_faults) and args.node_kind != "sim":
+        parser.error("--binding-conditions, --carve-faults: only with --node-kind sim")
     return run(
         args.pods,
         args.rate,
@@ -391,6 +423,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         node_kind=args.node_kind,
         binding_conditions=args.binding_conditions,
         scheduler_waits=args.scheduler_waits,
+        carve_faults=args.carve_faults,
     )
 
 
