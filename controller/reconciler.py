@@ -1083,24 +1083,31 @@ class Reconciler:
         if verdict.state is not CarveState.FAILED:
             self._carve_failures.pop(key, None)
             return False
-        rounds = self._carve_failures.get(key, 0) + 1
-        self._carve_failures[key] = rounds
-        failed = {f.claim for f in verdict.failures}
         why = "; ".join(f"{f.device}: {f.message}" for f in verdict.failures)
-        if rounds > self._cfg.max_replans:
+        done = self._carve_failures.get(key, 0)
+        if done >= self._cfg.max_replans:
+            # Placed again max_replans times and every carve failed: keep what we have and
+            # say so, rather than loop on a claim that no GPU can carve.
             state.retry_at = now + self._cfg.retry_interval
-            refused = Unplaceable("CarveFailed", f"carve failed {rounds} times: {why}")
+            refused = Unplaceable("CarveFailed", f"carve failed {done + 1} times: {why}")
             self._tell(pod, state, claims, refused)
             return True
-        for claim in claims:
-            if key_of(claim) in failed and not node_finalizers(claim, self._cfg.contract):
-                self._store_claim(self._writer.clear_allocation(claim))
-                self._recorder.event(
-                    claim, Kind.CLAIM, "Warning", "CarveFailed", f"{why}; placing again"
-                )
+        failed = {f.claim for f in verdict.failures}
+        clearable = [
+            c for c in claims if key_of(c) in failed and not node_finalizers(c, self._cfg.contract)
+        ]
+        if not clearable:
+            state.retry_at = now + 1.0  # the node is still tearing the failed carve down
+            return True
+        self._carve_failures[key] = done + 1
+        for claim in clearable:
+            self._store_claim(self._writer.clear_allocation(claim))
+            self._recorder.event(
+                claim, Kind.CLAIM, "Warning", "CarveFailed", f"{why}; placing again"
+            )
         message = f"the node could not carve: {why}; placing again"
         self._recorder.event(pod, Kind.POD, "Warning", "CarveFailed", message)
-        state.retry_at = now  # unallocated now (or once the node finalizer is gone): place
+        state.retry_at = now  # unallocated now: place it again
         return True
 
     def _release_to_scheduler(self, pod: Obj, reason: str, message: str) -> None:

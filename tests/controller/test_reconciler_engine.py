@@ -205,6 +205,28 @@ def test_a_failed_carve_is_cleared_and_placed_again_while_the_pod_stays_gated() 
     assert "NVML error 999" in told[3] and "placing again" in told[3]
 
 
+def test_a_failed_carve_is_cleared_only_once_the_node_has_torn_it_down() -> None:
+    """Invariant 4: while the node's finalizer is on the claim, the instance may still exist."""
+    c = _binding_cluster()
+    p = c.submit(profile_claim("c1", "1g.5gb"))
+    c.rec.step()
+    node_finalizer = DEFAULT_CONTRACT.node_finalizer("n1")
+    c.writer.objects["c1"]["metadata"]["finalizers"].append(node_finalizer)
+    _report(c, "c1", DEFAULT_CONTRACT.carve_failed_condition, "NVML error 999")
+    for _ in range(5):
+        c.rec.step()
+    assert c.writer.objects["c1"]["status"].get("devices")  # not cleared: the node holds it
+    assert not [e for e in c.events_of(p) if e[2] == "CarveFailed"]
+    claim_obj = c.writer.objects["c1"]
+    claim_obj["metadata"]["finalizers"].remove(node_finalizer)
+    c.rec.enqueue(Kind.CLAIM, EventType.MODIFIED, c.writer.put(claim_obj))
+    c.rec.step()
+    c.rec.step()
+    assert "devices" not in c.writer.objects["c1"]["status"]
+    assert c.allocation("c1") is not None  # placed again
+    assert len([e for e in c.events_of(p) if e[2] == "CarveFailed"]) == 1
+
+
 def test_carve_failures_stop_being_retried_after_max_replans() -> None:
     c = _binding_cluster()
     p = c.submit(profile_claim("c1", "1g.5gb"))
