@@ -16,16 +16,26 @@ import json
 import logging
 import random
 import threading
-from collections.abc import Callable
-from typing import Any
-
-from kubeletplugin.claims import KubeJson
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[str, dict[str, Any]], None]
 
 _PATH = "/apis/resource.k8s.io/v1/resourceclaims"
+
+
+class ClaimApi(Protocol):
+    """What the watch needs of `kubeletplugin.claims.KubeJson`."""
+
+    def request(
+        self, method: str, path: str, *, query: Sequence[tuple[str, str]] = ()
+    ) -> dict[str, Any]: ...
+
+    def stream(
+        self, path: str, *, query: Sequence[tuple[str, str]] = (), timeout: float
+    ) -> Iterator[str]: ...
 
 
 class _ExpiredError(Exception):
@@ -37,7 +47,7 @@ class ClaimWatch:
 
     def __init__(
         self,
-        api: KubeJson,
+        api: ClaimApi,
         handler: Handler,
         *,
         page_size: int = 500,
