@@ -82,6 +82,8 @@ CARVE_DEVICE_CLASSES: {{ printf "%s,%s" (include "carve.migClass" .) (include "c
 CARVE_NATIVE_FALLBACK_AFTER: {{ .Values.controller.nativeFallbackAfter | quote }}
 CARVE_PREEMPTION: {{ .Values.controller.preemption | quote }}
 CARVE_PREEMPTION_HOLD: {{ .Values.controller.preemptionHold | quote }}
+CARVE_HOLD_GATE_UNTIL_CARVED: {{ .Values.controller.holdGateUntilCarved | toString | quote }}
+CARVE_CARVE_WAIT: {{ .Values.controller.carveWait | quote }}
 CARVE_LEADER_ELECT: {{ include "carve.controller.leaderElect" . | quote }}
 CARVE_LEASE_NAME: "carve-controller"
 CARVE_HTTP_ADDRESS: {{ printf ":%s" (include "carve.controller.port" .) | quote }}
