@@ -1078,7 +1078,9 @@ class Reconciler:
                 "Warning",
                 "CarveNotReported",
                 f"no carve reported for {', '.join(verdict.waiting_for)} within "
-                f"{self._cfg.carve_wait:g}s; ungated, kube-scheduler waits for it",
+                f"{self._cfg.carve_wait:g}s; ungated, kube-scheduler waits for it (is "
+                "carve-kubelet-plugin running on that node? its /readyz names a claim watch "
+                "that fails)",
             )
         if verdict.state is not CarveState.FAILED:
             self._carve_failures.pop(key, None)

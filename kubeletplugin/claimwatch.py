@@ -62,6 +62,7 @@ class ClaimWatch:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.synced = threading.Event()
+        self.last_error = ""  # why the last list or watch failed; "" once one worked again
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="claim-watch", daemon=True)
@@ -81,6 +82,7 @@ class ClaimWatch:
                 if rv is None:
                     rv = self._list()
                     self.synced.set()
+                self.last_error = ""
                 rv = self._watch(rv)
                 failures = 0
             except _ExpiredError:
@@ -88,6 +90,7 @@ class ClaimWatch:
             except Exception as e:
                 failures += 1
                 rv = None
+                self.last_error = f"cannot list/watch ResourceClaims: {e}"
                 delay = min(self._backoff_max, 0.2 * 2**failures) * random.uniform(0.5, 1)
                 log.warning(
                     "claim list/watch failed; retrying",

@@ -419,6 +419,8 @@ class NodePlugin:
 
     def _publish_now(self) -> None:
         """Publish before returning (precarve's taint must be out before its verdict)."""
+        if self.opts.no_publish:
+            return
         try:
             self.publisher.sync()
         except Exception as e:
@@ -543,6 +545,7 @@ class NodePlugin:
                 "apiserver": self._api_check,
                 "resourceslices": self._slices_check,
                 "checkpoint": self._pending_check,
+                **({"claimwatch": self._claim_watch_check} if self.precarve is not None else {}),
             },
         )
 
@@ -565,6 +568,15 @@ class NodePlugin:
         if self.opts.no_publish or self.publisher.synced_once.is_set():
             return ""
         return self.publisher.last_error or "ResourceSlices not published yet"
+
+    def _claim_watch_check(self) -> str:
+        """With --binding-conditions a plugin that cannot watch claims never reports a carve,
+        and every pod allocated here waits for it: say so where the operator looks."""
+        assert self.precarve is not None
+        watch = self.precarve.watch
+        if watch.synced.is_set() and not watch.last_error:
+            return ""
+        return watch.last_error or "ResourceClaims not listed yet"
 
     def _pending_check(self) -> str:
         from kubeletplugin.checkpoint import ClaimState

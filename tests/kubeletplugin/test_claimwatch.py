@@ -9,6 +9,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from kubeletplugin.claims import ApiError
 from kubeletplugin.claimwatch import ClaimWatch
 
 
@@ -29,7 +30,10 @@ class _Api:
         self, method: str, path: str, *, query: Sequence[tuple[str, str]] = ()
     ) -> dict[str, Any]:
         self.queries.append(("list", query))
-        return self.lists.pop(0)[0] if self.lists else {"items": [], "metadata": {}}
+        if not self.lists:
+            self.done.set()
+            raise ApiError(403, 'resourceclaims is forbidden: cannot "list"')
+        return self.lists.pop(0)[0]
 
     def stream(
         self, path: str, *, query: Sequence[tuple[str, str]] = (), timeout: float
@@ -110,3 +114,15 @@ def test_a_broken_stream_is_retried_with_a_fresh_list() -> None:
     assert api.done.wait(5)
     watch.stop()
     assert seen[:2] == ["1", "4"]
+
+
+def test_a_watch_that_cannot_list_says_why() -> None:
+    """What /readyz shows (check `claimwatch`) when the plugin lacks the permission."""
+    api = _Api(lists=[], streams=[])
+    watch = ClaimWatch(api, lambda k, o: None, backoff_max_s=0.01)
+    watch.start()
+    assert api.done.wait(5)
+    watch.stop()
+    assert not watch.synced.is_set()
+    assert watch.last_error.startswith("cannot list/watch ResourceClaims: ")
+    assert "forbidden" in watch.last_error
