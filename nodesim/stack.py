@@ -37,6 +37,11 @@ PLACEMENT_GATE = DEFAULT_CONTRACT.scheduling_gate
 _GATE_POLICY_PREFIX = "carve-placement-gate"
 
 
+_EXTENDED_PREFIX = (
+    "nvidia.com/mig-"  # the chart's default deviceClasses.extendedResources.migPrefix
+)
+
+
 def render_manifest(text: str, contract: Contract) -> str:
     """deploy/manifests/ as a cluster running carve under `contract.driver` needs them.
 
@@ -51,6 +56,9 @@ def render_manifest(text: str, contract: Contract) -> str:
         text.replace(DEFAULT_CONTRACT.gpu_class, contract.gpu_class)
         .replace(DEFAULT_CONTRACT.driver, contract.driver)
         .replace(_GATE_POLICY_PREFIX, f"{_GATE_POLICY_PREFIX}-{slug}")
+        # The chart's migPrefix: two installs naming one extended resource would take each
+        # other's pods (kube-scheduler maps a name to the newest class), so each gets its own.
+        .replace(_EXTENDED_PREFIX, f"{contract.driver}/mig-")
     )
 
 

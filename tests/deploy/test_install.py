@@ -194,7 +194,16 @@ def test_install_upgrade_and_uninstall(
     default, renamed = Contract(), Contract("mig.example.com")
     installs = {
         "carve": ("carve-system", default, ()),
-        "carve-example": ("carve-example", renamed, ("--set", f"driverName={renamed.driver}")),
+        "carve-example": (
+            "carve-example",
+            renamed,
+            (
+                "--set",
+                f"driverName={renamed.driver}",
+                "--set",
+                f"deviceClasses.extendedResources.migPrefix={renamed.driver}/mig-",
+            ),
+        ),
     }
     for release, (namespace, _, extra) in installs.items():
         helm.run(

@@ -174,6 +174,9 @@ class InCluster:
             },
             "apiServer": {"host": url.hostname, "port": url.port},
             "admissionGate": {"namespaceSelector": {"matchLabels": GATED}},
+            # A second install in one cluster names its own extended resources (the newest
+            # class would take nvidia.com/mig-* from the suite's carve; deploy/README.md).
+            "deviceClasses": {"extendedResources": {"migPrefix": f"{CONTRACT.driver}/mig-"}},
             "logging": {"format": "text", "level": "info"},
             "controller": {
                 "replicas": 1,
