@@ -134,6 +134,7 @@ def run(
     binding_conditions: bool = False,
     scheduler_waits: bool = False,
     carve_faults: int = 0,
+    warm_ttl: str = "0s",
 ) -> int:
     from kubernetes import client
 
@@ -171,7 +172,10 @@ def run(
             for i in range(nodes):
                 stack.add_node(
                     SimNodeSpec(
-                        f"bench-{i}", GPUS_PER_NODE, latency=latency, plugin_args=plugin_args
+                        f"bench-{i}",
+                        GPUS_PER_NODE,
+                        latency=latency,
+                        plugin_args=(*plugin_args, f"--warm-slices-ttl={warm_ttl}"),
                     )
                 )
         if carve_faults:
@@ -347,6 +351,7 @@ def run(
                 if carve_faults
                 else ""
             )
+            + f", warm slices TTL {warm_ttl}"
         )
         print(f"{'stage':<12}{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}")
         for stage in STAGES:
@@ -354,6 +359,17 @@ def run(
             print(
                 f"{stage:<12}{_pct(values, 0.5) * 1000:>10.0f}{_pct(values, 0.99) * 1000:>10.0f}"
                 f"{(max(values) if values else float('nan')) * 1000:>10.0f}"
+            )
+        if real is None:
+            logs = "".join(
+                n.plugin_log.read_text(errors="replace")
+                for n in stack.nodes.values()
+                if n.plugin_log.exists()
+            )
+            print(
+                f"warm slices: {logs.count('kept MIG instance warm')} kept at unprepare, "
+                f"{logs.count('reusing warm MIG instance')} reused by a prepare, "
+                f"{logs.count('destroyed warm MIG instance')} destroyed (reclaimed or expired)"
             )
         if duplicates:
             print(
@@ -407,6 +423,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=0,
         help="the first N GPU-instance creations on GPU 0 of each sim node fail (NVML error)",
     )
+    parser.add_argument(
+        "--warm-ttl",
+        default="0s",
+        help="the plugins' --warm-slices-ttl (0s: off, as the plugin's default)",
+    )
     args = parser.parse_args(argv)
     if args.scheduler_waits and not args.binding_conditions:
         parser.error("--scheduler-waits: only with --binding-conditions")
@@ -424,6 +445,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         binding_conditions=args.binding_conditions,
         scheduler_waits=args.scheduler_waits,
         carve_faults=args.carve_faults,
+        warm_ttl=args.warm_ttl,
     )
 
 
