@@ -244,7 +244,9 @@ _OPS = st.lists(
 )
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(ops=_OPS)
 @example(
     ops=[
@@ -276,9 +278,7 @@ def test_every_instance_has_exactly_one_owner_and_reuse_stays_in_its_namespace(
                 assert n.p.unprepare([ref]) == {ref.uid: ""}
                 released_by[uuid] = ref.namespace
             elif op == "expire":
-                n.p._save(
-                    lambda cp: cp.with_warm(tuple(replace(w, since=0.0) for w in cp.warm))
-                )
+                n.p._save(lambda cp: cp.with_warm(tuple(replace(w, since=0.0) for w in cp.warm)))
                 n.p.reclaim_expired()
             elif op == "restart":
                 n.start()
