@@ -423,6 +423,9 @@ class ReconcilerConfig:
     # Carve before bind (controller/carvewait.py): keep the gate until the node has carved.
     hold_gate_until_carved: bool = True
     carve_wait: float = 30.0
+    # A placement waits up to this long for release writes in flight beside the decision
+    # thread: the space they free (and the warm slice the node kept there) is the best fit.
+    release_wait: float = 0.5
 
     def __post_init__(self) -> None:
         if self.classes is None:
@@ -695,6 +698,17 @@ class Reconciler:
                 _log.exception("release of claim %s failed; will retry", key)
                 self._dirty_claims.add(key)
 
+    def _await_releases(self) -> None:
+        """Apply events until no release write is in flight (or `release_wait` passed), so a
+        pod about to be placed sees the placements that are being freed. A pod that ended and
+        a pod that arrives in the same moment are the common case at a steady rate, and the
+        freed placement is where the node may have kept the slice warm."""
+        deadline = time.monotonic() + self._cfg.release_wait
+        while self._releasing:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.drain(timeout=left):
+                return
+
     def _release_elsewhere(self, claim: Obj, action: ReleaseKind) -> bool:
         """Hand the claim's release writes to `release_beside`; False if it took nothing."""
         if self._release_beside is None:
@@ -946,6 +960,9 @@ class Reconciler:
 
     def _place_pass(self) -> None:
         work = self._queue()
+        if self._releasing and any(w.kind is WorkKind.PLACE for _, w in work):
+            self._await_releases()
+            work = self._queue()
         # Pods a queue still holds are not waiting for carve.
         self._metrics.set_queue_depth(
             sum(1 for _, w in work if w.kind is not WorkKind.UNGATE and w.reason != GATED_ELSEWHERE)

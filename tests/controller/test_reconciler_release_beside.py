@@ -7,6 +7,8 @@ from the queue: until then the placement stays busy (invariant 4), never free to
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 
 from controller.reconciler import Kind
@@ -39,9 +41,29 @@ class HeldWrites:
             write()
 
 
-def _one_slot_with_a_finished_pod(beside: HeldWrites) -> Harness:
+class ThreadedWrites:
+    """Release workers that run each write on a thread of its own after `delay` seconds."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.threads: list[threading.Thread] = []
+
+    def offer(self, key: str, write: Callable[[], None]) -> bool:
+        def later() -> None:
+            time.sleep(self.delay)
+            write()
+
+        t = threading.Thread(target=later, daemon=True)
+        t.start()
+        self.threads.append(t)
+        return True
+
+
+def _one_slot_with_a_finished_pod(
+    beside: HeldWrites | ThreadedWrites, release_wait: float = 0.01
+) -> Harness:
     """Node n1 with one slot: pod p ran there and ended, pod q waits for the slot."""
-    h = Harness(nodes={"n1": 1}, release_beside=beside.offer)
+    h = Harness(nodes={"n1": 1}, release_beside=beside.offer, release_wait=release_wait)
     h.add(Kind.NODE, node("n1"))  # a Ready node: a release, not a lost node's
     h.add(Kind.CLAIM, claim("c"))
     h.add(Kind.POD, pod("p", ["c"]))
@@ -96,3 +118,20 @@ def test_writes_the_workers_cannot_take_run_inline() -> None:
     assert beside.held == []
     assert not h.current("c")["status"].get("allocation")
     assert h.current("d")["status"]["allocation"]  # freed and placed in one step, as before
+
+
+def test_a_pod_to_place_waits_for_releases_in_flight_and_gets_the_freed_slot() -> None:
+    beside = ThreadedWrites(delay=0.05)
+    h = _one_slot_with_a_finished_pod(beside, release_wait=5.0)
+    h.step()  # hands c's release beside, then waits for it before placing q
+    assert h.current("d")["status"]["allocation"]
+    assert len(beside.threads) == 1
+
+
+def test_the_wait_for_releases_is_bounded() -> None:
+    beside = HeldWrites()  # never runs them on its own
+    h = _one_slot_with_a_finished_pod(beside, release_wait=0.2)
+    started = time.monotonic()
+    h.step()
+    assert time.monotonic() - started < 2.0
+    assert not h.current("d")["status"].get("allocation")
