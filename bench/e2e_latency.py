@@ -1,7 +1,7 @@
 """End-to-end latency: a pod with a carve claim, from create to Running, and where time goes.
 
-Run: python -m bench.e2e_latency [--pods 100] [--rate 4] [--latency realistic|zero]
-                                 [--node-kind sim|real]
+Run: python -m bench.e2e_latency [--pods 100] [--rate 1] [--latency realistic|zero]
+                                 [--node-kind sim|real] [--warm-ttl 30s]
                                  [--binding-conditions [--scheduler-waits]]
                                  [--carve-faults N]
 
@@ -33,7 +33,9 @@ pod placed there is bound first and its node retries the prepare until the fault
 (with a large N it never runs); with them the GPU is tainted carve-failed and the claim is placed
 again on another GPU before the pod binds. The max column shows what such a failure costs.
 
-Figures are printed, not asserted.
+`--warm-ttl` is each plugin's `--warm-slices-ttl` (sim nodes only; 0s, the default, is off):
+the run then also counts warm slices kept, reused, reclaimed and expired, from the plugins'
+logs. Figures are printed, not asserted.
 """
 
 from __future__ import annotations
@@ -369,7 +371,9 @@ def run(
             print(
                 f"warm slices: {logs.count('kept MIG instance warm')} kept at unprepare, "
                 f"{logs.count('reusing warm MIG instance')} reused by a prepare, "
-                f"{logs.count('destroyed warm MIG instance')} destroyed (reclaimed or expired)"
+                f"{logs.count('destroyed warm MIG instance (reclaimed)')} reclaimed for "
+                f"another placement, {logs.count('destroyed warm MIG instance (expired)')} "
+                "expired"
             )
         if duplicates:
             print(
