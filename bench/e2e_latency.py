@@ -375,6 +375,15 @@ def run(
                 f"another placement, {logs.count('destroyed warm MIG instance (expired)')} "
                 "expired"
             )
+            why = {
+                "profile did not recur on the GPU": "no other claim of this profile was prepared",
+                "processes left": "processes still run on it",
+                "process query failed": "not keeping MIG instance warm: process query failed",
+            }
+            print(
+                "not kept: "
+                + ", ".join(f"{logs.count(needle)} ({label})" for label, needle in why.items())
+            )
         if duplicates:
             print(
                 f"note: kube-controller-manager re-created the claim of {duplicates} finished "
