@@ -164,6 +164,8 @@ def run(
         stack.install()
         stack.start_controller(*(("--hold-gate-until-carved=false",) if scheduler_waits else ()))
         if node_kind == "real":
+            if warm_ttl not in ("0", "0s"):
+                print("warning: --warm-ttl applies to sim nodes only; real nodes run without")
             from realnode.cluster import RealNodes
             from realnode.node import RealNodeSpec
 
