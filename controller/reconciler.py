@@ -698,6 +698,13 @@ class Reconciler:
                 _log.exception("release of claim %s failed; will retry", key)
                 self._dirty_claims.add(key)
 
+    def _due_for_placement(self, pod: Obj, w: PodWork) -> bool:
+        """A pod this pass will try to place now (not one waiting out a retry interval)."""
+        if w.kind is not WorkKind.PLACE:
+            return False
+        state = self._pods.get(key_of(pod))
+        return state is not None and not state.permanent and state.retry_at <= self._clock()
+
     def _await_releases(self) -> None:
         """Apply events until no release write is in flight (or `release_wait` passed), so a
         pod about to be placed sees the placements that are being freed. A pod that ended and
@@ -960,7 +967,7 @@ class Reconciler:
 
     def _place_pass(self) -> None:
         work = self._queue()
-        if self._releasing and any(w.kind is WorkKind.PLACE for _, w in work):
+        if self._releasing and any(self._due_for_placement(pod, w) for pod, w in work):
             self._await_releases()
             work = self._queue()
         # Pods a queue still holds are not waiting for carve.

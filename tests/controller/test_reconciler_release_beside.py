@@ -120,18 +120,47 @@ def test_writes_the_workers_cannot_take_run_inline() -> None:
     assert h.current("d")["status"]["allocation"]  # freed and placed in one step, as before
 
 
-def test_a_pod_to_place_waits_for_releases_in_flight_and_gets_the_freed_slot() -> None:
+def test_a_new_pod_waits_for_releases_in_flight_and_gets_the_freed_slot() -> None:
     beside = ThreadedWrites(delay=0.05)
-    h = _one_slot_with_a_finished_pod(beside, release_wait=5.0)
+    h = Harness(nodes={"n1": 1}, release_beside=beside.offer, release_wait=5.0)
+    h.add(Kind.NODE, node("n1"))
+    h.add(Kind.CLAIM, claim("c"))
+    h.add(Kind.POD, pod("p", ["c"]))
+    h.step()
+    done = h.current("p")
+    done["status"]["phase"] = "Succeeded"
+    h.update(Kind.POD, done)
+    # A new pod arrives as p ends (the common case at a steady rate).
+    h.add(Kind.CLAIM, claim("d"))
+    h.add(Kind.POD, pod("q", ["d"], created="2026-01-02T00:00:00Z"))
     h.step()  # hands c's release beside, then waits for it before placing q
     assert h.current("d")["status"]["allocation"]
     assert len(beside.threads) == 1
 
 
-def test_the_wait_for_releases_is_bounded() -> None:
+def test_a_pod_waiting_out_its_retry_does_not_hold_the_pass() -> None:
     beside = HeldWrites()  # never runs them on its own
-    h = _one_slot_with_a_finished_pod(beside, release_wait=0.2)
+    h = _one_slot_with_a_finished_pod(beside, release_wait=5.0)  # q was refused: retry later
     started = time.monotonic()
     h.step()
     assert time.monotonic() - started < 2.0
+    assert len(beside.held) == 1
+
+
+def test_the_wait_for_releases_is_bounded() -> None:
+    beside = HeldWrites()  # never runs them on its own
+    h = Harness(nodes={"n1": 1}, release_beside=beside.offer, release_wait=0.2)
+    h.add(Kind.NODE, node("n1"))
+    h.add(Kind.CLAIM, claim("c"))
+    h.add(Kind.POD, pod("p", ["c"]))
+    h.step()
+    done = h.current("p")
+    done["status"]["phase"] = "Succeeded"
+    h.update(Kind.POD, done)
+    h.add(Kind.CLAIM, claim("d"))
+    h.add(Kind.POD, pod("q", ["d"], created="2026-01-02T00:00:00Z"))
+    started = time.monotonic()
+    h.step()
+    waited = time.monotonic() - started
+    assert 0.2 <= waited < 2.0  # it did wait, and no longer than release_wait (plus a step)
     assert not h.current("d")["status"].get("allocation")
