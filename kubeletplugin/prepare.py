@@ -976,6 +976,7 @@ class Preparer:
                 self._s.warm,
                 processes=pids,
                 predicted=self._demand.predicted(d.gpu_uuid, d.profile_id, now),
+                warm_on_gpu=sum(1 for w in self.checkpoint().warm if w.gpu_uuid == d.gpu_uuid),
             )
             if not keep:
                 log.info(
@@ -1133,8 +1134,11 @@ class Preparer:
                         continue
                     if current.state is WarmState.RECLAIMING:
                         self._reclaim_locked(current, "reclaimed", {})
-                    elif expired(current, self._s.warm, time.time()):
-                        self._reclaim_locked(current, "expired", {})
+                    else:
+                        now = time.time()
+                        wanted = self._demand.predicted(current.gpu_uuid, current.profile_id, now)
+                        if expired(current, self._s.warm, now, still_wanted=wanted):
+                            self._reclaim_locked(current, "expired", {})
             except Exception as e:
                 log.warning(
                     "reclaiming a warm MIG instance failed; will retry",

@@ -45,6 +45,9 @@ class WarmSettings:
 
     ttl_s: float = 0.0
     across_namespaces: bool = False
+    # At most this many warm instances per GPU: each one another placement needs costs that
+    # claim a ~1 s reclaim, so a big profile must never find a GPU full of them.
+    max_per_gpu: int = 2
 
     @property
     def enabled(self) -> bool:
@@ -141,17 +144,25 @@ def in_the_way(warm: WarmInstance, gpu_uuid: str, placement: Placement | None) -
     return mine.start < placement.end and placement.start < mine.end
 
 
-def expired(warm: WarmInstance, settings: WarmSettings, now: float) -> bool:
-    """Idle past the TTL (or warm slices turned off since it was parked)."""
-    return warm.state is WarmState.IDLE and now - warm.since >= settings.ttl_s
+def expired(
+    warm: WarmInstance, settings: WarmSettings, now: float, *, still_wanted: bool = False
+) -> bool:
+    """Idle past the TTL (or warm slices turned off since it was parked), unless its profile
+    is `still_wanted` on the GPU: destroying it holds the GPU for a second, in the way of the
+    very claims that keep coming there, while a warm instance blocks no placement."""
+    if warm.state is not WarmState.IDLE or now - warm.since < settings.ttl_s:
+        return False
+    return not (settings.enabled and still_wanted)
 
 
 def keep_verdict(
-    settings: WarmSettings, *, processes: Iterable[int], predicted: bool
+    settings: WarmSettings, *, processes: Iterable[int], predicted: bool, warm_on_gpu: int = 0
 ) -> tuple[bool, str]:
     """Keep a released instance warm, and why (or why not), for the log."""
     if not settings.enabled:
         return False, "warm slices are off"
+    if warm_on_gpu >= settings.max_per_gpu:
+        return False, f"the GPU already has {warm_on_gpu} warm instance(s), the most it keeps"
     pids = sorted(processes)
     if pids:
         return False, f"processes still run on it (pids {', '.join(map(str, pids))})"

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from driver.nvml import sim
 from kubeletplugin.checkpoint import WarmState
 from kubeletplugin.draservice import ClaimRef
-from kubeletplugin.warm import WarmSettings
+from kubeletplugin.warm import Demand, WarmSettings
 from tests.kubeletplugin.node_harness import Node, mig, open_node, whole
 
 H100 = "H100-SXM5-80GB"
@@ -200,13 +200,25 @@ def test_turning_warm_slices_off_reclaims_them_at_start(node: Node) -> None:
     assert node.p.checkpoint().foreign == ()
 
 
-def test_expired_instances_are_reclaimed_by_housekeeping(node: Node) -> None:
+def test_expired_instances_are_reclaimed_once_their_profile_stops_coming(node: Node) -> None:
     _warm_one(node)
     (warm,) = node.p.warm_instances()
     node.p._save(lambda cp: cp.with_warm((replace(warm, since=warm.since - 61.0),)))
     node.p.reclaim_expired()
+    # Past the TTL, but claims of its profile still come to the GPU: destroying it now would
+    # hold the GPU for a second in their way, and it blocks no placement.
+    assert node.p.warm_instances() != ()
+    node.p._demand = Demand(ON.ttl_s)  # what the window looks like once they stopped coming
+    node.p.reclaim_expired()
     assert node.p.warm_instances() == ()
     assert node.p.metrics.warm_outcomes.labels(outcome="expired")._value.get() == 1
+
+
+def test_a_gpu_keeps_at_most_max_per_gpu_warm_instances(node: Node) -> None:
+    refs = [_prepared(node, f"c{i}", mig(node.backend, 0, P_1G, i)) for i in range(4)]
+    assert node.p.unprepare(refs) == {r.uid: "" for r in refs}
+    assert len(node.p.warm_instances()) == ON.max_per_gpu == 2
+    assert len(node.instances()) == 2  # the others were destroyed at unprepare
 
 
 def test_a_reclaim_interrupted_by_a_crash_is_finished_at_start(node: Node) -> None:

@@ -96,7 +96,15 @@ def test_expiry_and_keep_verdicts() -> None:
     assert expired(_WARM, WarmSettings(), 100.0)  # off: every idle one goes
     reclaiming = transition(_WARM, WarmEvent.RECLAIM)
     assert reclaiming is not None and not expired(reclaiming, on, 1e9)
+    assert expired(_WARM, on, 130.0, still_wanted=False)
+    assert not expired(_WARM, on, 130.0, still_wanted=True)  # its profile still comes there
+    assert expired(_WARM, WarmSettings(), 100.0, still_wanted=True)  # off wins
     assert keep_verdict(on, processes=[], predicted=True)[0]
+    assert keep_verdict(on, processes=[], predicted=True, warm_on_gpu=1)[0]
+    assert keep_verdict(on, processes=[], predicted=True, warm_on_gpu=2) == (
+        False,
+        "the GPU already has 2 warm instance(s), the most it keeps",
+    )
     assert keep_verdict(on, processes=[7, 3], predicted=True) == (
         False,
         "processes still run on it (pids 3, 7)",
