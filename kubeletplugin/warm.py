@@ -45,9 +45,11 @@ class WarmSettings:
 
     ttl_s: float = 0.0
     across_namespaces: bool = False
-    # At most this many warm instances per GPU: each one another placement needs costs that
-    # claim a ~1 s reclaim, so a big profile must never find a GPU full of them.
-    max_per_gpu: int = 2
+    # At most this many warm instances per GPU (None: no limit). Each one another placement
+    # needs costs that claim a ~1 s reclaim. Measured with 2 on the single-profile benchmark
+    # it did more harm than good (every release beyond it is a destroy under the GPU lock, in
+    # the way of the next carve), so there is no limit by default; see docs/benchmarks.md.
+    max_per_gpu: int | None = None
 
     @property
     def enabled(self) -> bool:
@@ -161,7 +163,7 @@ def keep_verdict(
     """Keep a released instance warm, and why (or why not), for the log."""
     if not settings.enabled:
         return False, "warm slices are off"
-    if warm_on_gpu >= settings.max_per_gpu:
+    if settings.max_per_gpu is not None and warm_on_gpu >= settings.max_per_gpu:
         return False, f"the GPU already has {warm_on_gpu} warm instance(s), the most it keeps"
     pids = sorted(processes)
     if pids:

@@ -214,11 +214,17 @@ def test_expired_instances_are_reclaimed_once_their_profile_stops_coming(node: N
     assert node.p.metrics.warm_outcomes.labels(outcome="expired")._value.get() == 1
 
 
-def test_a_gpu_keeps_at_most_max_per_gpu_warm_instances(node: Node) -> None:
-    refs = [_prepared(node, f"c{i}", mig(node.backend, 0, P_1G, i)) for i in range(4)]
-    assert node.p.unprepare(refs) == {r.uid: "" for r in refs}
-    assert len(node.p.warm_instances()) == ON.max_per_gpu == 2
-    assert len(node.instances()) == 2  # the others were destroyed at unprepare
+def test_a_gpu_keeps_at_most_max_per_gpu_warm_instances(tmp_path: Path) -> None:
+    n = _node(tmp_path, WarmSettings(ttl_s=60.0, max_per_gpu=2))
+    try:
+        refs = [_prepared(n, f"c{i}", mig(n.backend, 0, P_1G, i)) for i in range(4)]
+        assert n.p.unprepare(refs) == {r.uid: "" for r in refs}
+        assert len(n.p.warm_instances()) == 2
+        assert len(n.instances()) == 2  # the others were destroyed at unprepare
+    finally:
+        n.p.close()
+        n.backend.close()
+        sim.configure(None)
 
 
 def test_a_reclaim_interrupted_by_a_crash_is_finished_at_start(node: Node) -> None:

@@ -100,8 +100,10 @@ def test_expiry_and_keep_verdicts() -> None:
     assert not expired(_WARM, on, 130.0, still_wanted=True)  # its profile still comes there
     assert expired(_WARM, WarmSettings(), 100.0, still_wanted=True)  # off wins
     assert keep_verdict(on, processes=[], predicted=True)[0]
-    assert keep_verdict(on, processes=[], predicted=True, warm_on_gpu=1)[0]
-    assert keep_verdict(on, processes=[], predicted=True, warm_on_gpu=2) == (
+    assert keep_verdict(on, processes=[], predicted=True, warm_on_gpu=7)[0]  # no limit
+    capped = WarmSettings(30.0, max_per_gpu=2)
+    assert keep_verdict(capped, processes=[], predicted=True, warm_on_gpu=1)[0]
+    assert keep_verdict(capped, processes=[], predicted=True, warm_on_gpu=2) == (
         False,
         "the GPU already has 2 warm instance(s), the most it keeps",
     )
