@@ -9,7 +9,8 @@ The controller never learns about warm instances: a released claim's placement i
 as before. So a warm instance never blocks a placement; it only changes who pays for the
 destroy. A claim allocated a placement that overlaps a warm instance it may not reuse (another
 profile or placement, another namespace, or a whole GPU) reclaims the warm instance first, and
-an instance nobody took within the TTL is reclaimed by housekeeping.
+an instance nobody took within the TTL is reclaimed by housekeeping once its profile has
+stopped coming to that GPU.
 
 Per instance, the states (checkpointed, `WarmState`) and the only transitions:
 
