@@ -23,7 +23,7 @@ def _mig_uuid(e2e: E2E, pod: str) -> str:
 
 
 def test_a_released_slice_is_kept_and_the_next_pod_there_reuses_it(e2e: E2E) -> None:
-    node = e2e.node("h100", "H100-SXM5-80GB", plugin_flags=("--warm-slices-ttl=120s",))
+    node = e2e.node("h100", "H100-SXM5-80GB", plugin_args=("--warm-slices-ttl=120s",))
     e2e.template("one-1g", [request("mig", [profile_is("1g.10gb")])])
     claims = {"mig": {"resourceClaimTemplateName": "one-1g"}}
     e2e.pod("first", claims, run_seconds=3)
