@@ -113,8 +113,14 @@ def test_bad_values_are_refused_with_a_readable_message(
 
 def test_the_renamed_chart_renders_what_the_test_tooling_installs(helm: Helm) -> None:
     """nodesim's render_manifest renames the plain files for another driver name; the chart's
-    driverName value must give the same objects, so the e2e suites test what ships."""
-    chart = helm.template(f"driverName={RENAMED.driver}", "namespace.create=true")
+    driverName value must give the same objects, so the e2e suites test what ships. A renamed
+    install in the tooling is a second install beside the default one, so it names its own
+    extended resources, as deploy/README.md tells operators to."""
+    chart = helm.template(
+        f"driverName={RENAMED.driver}",
+        "namespace.create=true",
+        f"deviceClasses.extendedResources.migPrefix={RENAMED.driver}/mig-",
+    )
     for name in INSTALL_MANIFESTS:
         tooling = render_manifest((MANIFESTS / name).read_text(), RENAMED)
         wanted = [d for d in yaml.safe_load_all(tooling) if d]
