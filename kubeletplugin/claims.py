@@ -282,6 +282,40 @@ def plugin_component(driver: str) -> str:
     return f"{driver}/kubelet-plugin"
 
 
+def plugin_event_body(
+    namespace: str,
+    regarding: Mapping[str, str],
+    *,
+    type_: str,
+    reason: str,
+    message: str,
+    action: str,
+    driver: str,
+    node: str,
+    now: dt.datetime,
+) -> dict[str, Any]:
+    """An events.k8s.io/v1 Event reported by this node's plugin about `regarding`.
+
+    events.k8s.io (not core/v1) because that is the API the plugin's ClusterRole grants
+    ``create`` on; ``kubectl describe`` shows both."""
+    return {
+        "apiVersion": "events.k8s.io/v1",
+        "kind": "Event",
+        "metadata": {
+            "name": f"{regarding['name']}.{uuidlib.uuid4().hex[:16]}"[:253],
+            "namespace": namespace,
+        },
+        "eventTime": now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "reportingController": plugin_component(driver),
+        "reportingInstance": f"{plugin_component(driver)}-{node}"[:128],
+        "action": action,
+        "reason": reason,
+        "note": message[:1024],
+        "type": type_,
+        "regarding": dict(regarding),
+    }
+
+
 def claim_event_body(
     namespace: str,
     name: str,
@@ -294,29 +328,25 @@ def claim_event_body(
     node: str,
     now: dt.datetime,
 ) -> dict[str, Any]:
-    """An events.k8s.io/v1 Event about a ResourceClaim, reported by this node's plugin.
-
-    events.k8s.io (not core/v1) because that is the API the plugin's ClusterRole grants
-    ``create`` on; ``kubectl describe`` shows both."""
-    return {
-        "apiVersion": "events.k8s.io/v1",
-        "kind": "Event",
-        "metadata": {"name": f"{name}.{uuidlib.uuid4().hex[:16]}"[:253], "namespace": namespace},
-        "eventTime": now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-        "reportingController": plugin_component(driver),
-        "reportingInstance": f"{plugin_component(driver)}-{node}"[:128],
-        "action": "Prepare",
-        "reason": reason,
-        "note": message[:1024],
-        "type": type_,
-        "regarding": {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "namespace": namespace,
-            "name": name,
-            "uid": uid,
-        },
+    """An Event about a ResourceClaim, reported by this node's plugin."""
+    regarding = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "namespace": namespace,
+        "name": name,
+        "uid": uid,
     }
+    return plugin_event_body(
+        namespace,
+        regarding,
+        type_=type_,
+        reason=reason,
+        message=message,
+        action="Prepare",
+        driver=driver,
+        node=node,
+        now=now,
+    )
 
 
 class KubernetesClaimEvents:

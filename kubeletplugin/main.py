@@ -531,7 +531,10 @@ class NodePlugin:
             self.metrics,
         )
         publisher.on_conflict = lambda message: self.node_events.event(
-            type_="Warning", reason="ResourceSliceConflict", message=message
+            type_="Warning",
+            reason="ResourceSliceConflict",
+            message=message,
+            action="PublishResourceSlices",
         )
         return publisher
 

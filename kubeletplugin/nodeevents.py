@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import uuid as uuidlib
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from kubeletplugin.claims import KubeJson, plugin_component
+from kubeletplugin.claims import KubeJson, plugin_event_body
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +23,7 @@ NODE_EVENT_NAMESPACE = "default"
 
 
 class NodeEvents(Protocol):
-    def event(self, *, type_: str, reason: str, message: str) -> None:
+    def event(self, *, type_: str, reason: str, message: str, action: str = "GpuHealth") -> None:
         """Post an Event about the node; a failure is logged, not raised."""
 
 
@@ -37,24 +36,20 @@ def node_event_body(
     message: str,
     driver: str,
     now: dt.datetime,
+    action: str = "GpuHealth",
 ) -> dict[str, Any]:
-    component = plugin_component(driver)
-    return {
-        "apiVersion": "events.k8s.io/v1",
-        "kind": "Event",
-        "metadata": {
-            "name": f"{node}.{uuidlib.uuid4().hex[:16]}"[:253],
-            "namespace": NODE_EVENT_NAMESPACE,
-        },
-        "eventTime": now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-        "reportingController": component,
-        "reportingInstance": f"{component}-{node}"[:128],
-        "action": "GpuHealth",
-        "reason": reason,
-        "note": message[:1024],
-        "type": type_,
-        "regarding": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid},
-    }
+    regarding = {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid}
+    return plugin_event_body(
+        NODE_EVENT_NAMESPACE,
+        regarding,
+        type_=type_,
+        reason=reason,
+        message=message,
+        action=action,
+        driver=driver,
+        node=node,
+        now=now,
+    )
 
 
 class KubernetesNodeEvents:
@@ -84,7 +79,7 @@ class KubernetesNodeEvents:
                 return self._node
         return self._uid
 
-    def event(self, *, type_: str, reason: str, message: str) -> None:
+    def event(self, *, type_: str, reason: str, message: str, action: str = "GpuHealth") -> None:
         body = node_event_body(
             self._node,
             self._node_uid(),
@@ -93,6 +88,7 @@ class KubernetesNodeEvents:
             message=message,
             driver=self._driver,
             now=self._clock(),
+            action=action,
         )
         try:
             self._api.request(

@@ -44,7 +44,7 @@ class NodeEventLog:
     def __init__(self) -> None:
         self.events: list[tuple[str, str, str]] = []
 
-    def event(self, *, type_: str, reason: str, message: str) -> None:
+    def event(self, *, type_: str, reason: str, message: str, action: str = "GpuHealth") -> None:
         self.events.append((type_, reason, message))
 
 
