@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -92,18 +92,20 @@ CAN_I: tuple[tuple[str, str, str, str, bool], ...] = (
 )
 
 
-@pytest.fixture(scope="module")
-def installed(k8s_cluster: LocalCluster, helm: Helm) -> Iterator[Path]:
+@contextlib.contextmanager
+def _chart_installed(
+    k8s_cluster: LocalCluster, helm: Helm, release: str, namespace: str, *sets: str
+) -> Iterator[Path]:
+    """The chart installed under `release`, its pods scheduled nowhere (only RBAC matters)."""
     kubeconfig = Path(k8s_cluster.info.kubeconfig)
     helm.run(
         "install",
-        "carve-privs",
+        release,
         str(CHART),
         "--namespace",
-        NAMESPACE,
+        namespace,
         "--create-namespace",
-        "--set",
-        f"driverName={CONTRACT.driver}",
+        *(a for s in sets for a in ("--set", s)),
         "--set-json",
         f"controller.nodeSelector={json.dumps(NOWHERE)}",
         "--set-json",
@@ -115,30 +117,46 @@ def installed(k8s_cluster: LocalCluster, helm: Helm) -> Iterator[Path]:
     finally:
         helm.run(
             "uninstall",
-            "carve-privs",
+            release,
             "--namespace",
-            NAMESPACE,
+            namespace,
             "--wait",
             kubeconfig=str(kubeconfig),
             check=False,
         )
 
 
-def test_each_service_account_holds_what_it_uses_and_no_more(installed: Path) -> None:
+def _can_i_mismatches(
+    kubeconfig: Path, table: Sequence[tuple[str, str, str, str, bool]]
+) -> list[str]:
+    """Each row of `table` asked with `kubectl auth can-i`; the rows answered otherwise."""
     wrong = []
-    for who, verb, what, name, expected in CAN_I:
+    for who, verb, what, name, expected in table:
         resource, _, subresource = what.partition("/")
         target = f"{resource}/{name}" if name else resource
         args = ["auth", "can-i", verb, target, "--as", who, "-n", "default"]
         if subresource:
             args.append(f"--subresource={subresource}")
             target += f" ({subresource})"
-        done = run_kubectl(installed, *args, check=False)
+        done = run_kubectl(kubeconfig, *args, check=False)
         answer = done.stdout.strip()
         if answer not in ("yes", "no"):
             raise AssertionError(f"kubectl {' '.join(args)}: {done.stderr}{done.stdout}")
         if (answer == "yes") != expected:
             wrong.append(f"{who} {verb} {target}: {answer}, expected {'yes' if expected else 'no'}")
+    return wrong
+
+
+@pytest.fixture(scope="module")
+def installed(k8s_cluster: LocalCluster, helm: Helm) -> Iterator[Path]:
+    with _chart_installed(
+        k8s_cluster, helm, "carve-privs", NAMESPACE, f"driverName={CONTRACT.driver}"
+    ) as kubeconfig:
+        yield kubeconfig
+
+
+def test_each_service_account_holds_what_it_uses_and_no_more(installed: Path) -> None:
+    wrong = _can_i_mismatches(installed, CAN_I)
     assert not wrong, "\n".join(wrong)
 
 
@@ -247,52 +265,19 @@ CAN_I_BC: tuple[tuple[str, str, str, str, bool], ...] = (
 
 @pytest.fixture(scope="module")
 def installed_bc(k8s_cluster: LocalCluster, helm: Helm) -> Iterator[Path]:
-    kubeconfig = Path(k8s_cluster.info.kubeconfig)
-    helm.run(
-        "install",
+    with _chart_installed(
+        k8s_cluster,
+        helm,
         "carve-privs-bc",
-        str(CHART),
-        "--namespace",
         BC_NAMESPACE,
-        "--create-namespace",
-        "--set",
         f"driverName={BC.driver}",
-        "--set",
         "plugin.bindingConditions=true",
-        "--set-json",
-        f"controller.nodeSelector={json.dumps(NOWHERE)}",
-        "--set-json",
-        f"plugin.nodeSelector={json.dumps(NOWHERE)}",
-        kubeconfig=str(kubeconfig),
-    )
-    try:
+    ) as kubeconfig:
         yield kubeconfig
-    finally:
-        helm.run(
-            "uninstall",
-            "carve-privs-bc",
-            "--namespace",
-            BC_NAMESPACE,
-            "--wait",
-            kubeconfig=str(kubeconfig),
-            check=False,
-        )
 
 
 def test_binding_conditions_add_only_the_node_scoped_device_status(installed_bc: Path) -> None:
-    wrong = []
-    for who, verb, what, name, expected in CAN_I_BC:
-        resource, _, subresource = what.partition("/")
-        target = f"{resource}/{name}" if name else resource
-        args = ["auth", "can-i", verb, target, "--as", who, "-n", "default"]
-        if subresource:
-            args.append(f"--subresource={subresource}")
-        done = run_kubectl(installed_bc, *args, check=False)
-        answer = done.stdout.strip()
-        if answer not in ("yes", "no"):
-            raise AssertionError(f"kubectl {' '.join(args)}: {done.stderr}{done.stdout}")
-        if (answer == "yes") != expected:
-            wrong.append(f"{who} {verb} {target} ({subresource}): {answer}")
+    wrong = _can_i_mismatches(installed_bc, CAN_I_BC)
     assert not wrong, "\n".join(wrong)
 
 
