@@ -12,6 +12,8 @@ from __future__ import annotations
 import pytest
 
 from devcluster.waiting import wait_for
+from driver.contract import DEFAULT_CONTRACT
+from nodesim.invariants import allocated_devices
 from tests.e2e.harness import E2E, profile_is, request
 
 pytestmark = pytest.mark.cluster
@@ -56,4 +58,11 @@ def test_a_released_slice_is_kept_and_the_next_pod_there_reuses_it(e2e: E2E) -> 
     assert e2e.check_invariants() == []
     e2e.wait_phase("third", "Succeeded", timeout=30)
     wait_for("the instance to be kept again", lambda: len(node.hardware_view().warm) == 2, 30)
+    # At rest means nothing in flight: the controller has also cleared the third claim (the
+    # node parks the instance first, then drops its finalizer; the deallocation follows).
+    wait_for(
+        "every claim released",
+        lambda: not allocated_devices(e2e.all_claims(), DEFAULT_CONTRACT.driver),
+        timeout=30,
+    )
     assert e2e.check_at_rest() == []
