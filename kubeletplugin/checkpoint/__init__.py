@@ -43,8 +43,6 @@ from kubeletplugin.checkpoint.model import (
     DeviceRecord,
     ForeignInstance,
     MpsDaemon,
-    WarmInstance,
-    WarmState,
 )
 from kubeletplugin.checkpoint.store import FILE_NAME, CheckpointStore
 from kubeletplugin.checkpoint.versions import (
@@ -74,8 +72,6 @@ __all__ = [
     "ForeignInstance",
     "Formats",
     "MpsDaemon",
-    "WarmInstance",
-    "WarmState",
     "decode",
     "encode",
 ]
