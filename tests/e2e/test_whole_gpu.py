@@ -96,6 +96,7 @@ def test_a_whole_a100_is_only_one_whose_mig_mode_was_off(e2e: E2E) -> None:
         [request("gpu", [cel(f'{ATTR}.productName.contains("A100")')], device_class=gpu_class)],
     )
     in_mig_mode = e2e.node("a100-mig", "A100-SXM4-40GB", "A100-SXM4-40GB")
+    e2e.wait_slices_published(in_mig_mode.name)  # CI read them once before the first sync
     assert _published(e2e, in_mig_mode) and not {"gpu-0", "gpu-1"} & _published(e2e, in_mig_mode)
     e2e.pod("whole", {"gpu": {"resourceClaimTemplateName": "whole-a100"}})
     message = wait_for(
