@@ -153,8 +153,18 @@ def namespace(request: pytest.FixtureRequest, k8s_api: ApiClient) -> Iterator[st
     try:
         yield name
     finally:
-        # No kubelet confirms graceful deletion, so pods bound to a node would block the
-        # namespace forever; delete them immediately, then let the namespace go.
+        # Workload controllers go first: a ReplicaSet outliving its pods would recreate them
+        # while the namespace terminates, and a later test's carve-controller would then
+        # place those orphans on its own node. No kubelet confirms graceful deletion, so pods
+        # bound to a node would block the namespace forever; delete them immediately.
+        apps, batch = client.AppsV1Api(k8s_api), client.BatchV1Api(k8s_api)
+        for delete in (
+            apps.delete_collection_namespaced_deployment,
+            apps.delete_collection_namespaced_stateful_set,
+            apps.delete_collection_namespaced_replica_set,
+            batch.delete_collection_namespaced_job,
+        ):
+            delete(name, propagation_policy="Background")
         core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
         core.delete_namespace(name)
 
