@@ -378,6 +378,9 @@ class NodePlugin:
             events=KubernetesClaimEvents(api, driver=opts.driver_name, node=opts.node_name),
             offers_changed=self._republish,
         )
+        from kubeletplugin.nodeevents import KubernetesNodeEvents
+
+        self.node_events = KubernetesNodeEvents(api, driver=opts.driver_name, node=opts.node_name)
         self.health: HealthMonitor = self._health_monitor()
         self.precarve: PreCarve | None = self._precarve() if opts.binding_conditions else None
         self.publisher: SlicePublisher = self._publisher()
@@ -389,7 +392,6 @@ class NodePlugin:
         from kubeletplugin.gpuhealth import HealthMonitor
         from kubeletplugin.healthstate import FILE_NAME as HEALTH_FILE
         from kubeletplugin.healthstate import HealthStateFile
-        from kubeletplugin.nodeevents import KubernetesNodeEvents
 
         return HealthMonitor(
             self.node.mig,
@@ -399,9 +401,7 @@ class NodePlugin:
             poll_seconds=self.opts.health_poll_period,
             on_change=self._republish,
             state=HealthStateFile(self.opts.checkpoint_dir / HEALTH_FILE),
-            events=KubernetesNodeEvents(
-                self.api, driver=self.opts.driver_name, node=self.opts.node_name
-            ),
+            events=self.node_events,
         )
 
     def _precarve(self) -> PreCarve:
@@ -497,7 +497,7 @@ class NodePlugin:
             if opts.binding_conditions
             else None
         )
-        return SlicePublisher(
+        publisher = SlicePublisher(
             _publisher_settings(opts),
             self.api,
             lambda generation, split: node.resource_slices(
@@ -513,6 +513,13 @@ class NodePlugin:
             ),
             self.metrics,
         )
+        publisher.on_conflict = lambda message: self.node_events.event(
+            type_="Warning",
+            reason="ResourceSliceConflict",
+            message=message,
+            action="PublishResourceSlices",
+        )
+        return publisher
 
     def _server(self) -> PluginServer:
         from kubeletplugin.server import PluginServer
@@ -565,6 +572,8 @@ class NodePlugin:
         return st.error or "kubelet has not registered the plugin yet"
 
     def _slices_check(self) -> str:
+        if self.publisher.conflict:
+            return self.publisher.conflict
         if self.opts.no_publish or self.publisher.synced_once.is_set():
             return ""
         return self.publisher.last_error or "ResourceSlices not published yet"

@@ -5,6 +5,14 @@ to them: create what is missing, replace what differs, delete what is no longer 
 change of content bumps the pool generation, and all slices of the pool carry the same
 generation, because consumers use only the highest generation they see.
 
+Two plugins that run with one node name (two machines given the same ``--node-name``) would
+overwrite each other's slices forever, each with its own GPUs. Every slice names the process
+that wrote it (annotation ``<driver>/publisher``, host name and a per-process id); a publisher
+that finds a slice it wrote rewritten by another process stops writing, reports the conflict
+on /readyz and in a Node event, and resumes only once no slice of another process is left (the
+kubelet deletes a plugin's slices 30 s after it disappears). A restarted plugin is a new
+process that has written nothing yet, so it takes its predecessor's slices over.
+
 The kubelet deletes a node's slices when it starts and 30 s after a plugin disappears, so the
 publisher resyncs periodically and on demand (`trigger()`, e.g. after registration), with
 exponential backoff while the apiserver is unreachable. On uninstall (`--cleanup`, or SIGTERM
@@ -18,7 +26,9 @@ import hashlib
 import json
 import logging
 import re
+import socket
 import threading
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -96,6 +106,10 @@ class SlicePublisher:
         self._split: bool | None = None
         self.last_error: str = ""
         self.synced_once = threading.Event()
+        self.identity = f"{socket.gethostname()}/{uuid.uuid4().hex[:12]}"
+        self.conflict: str = ""  # why this publisher stopped writing; "" while it writes
+        self._written: dict[str, str] = {}  # slice name -> resourceVersion of our last write
+        self.on_conflict: Callable[[str], None] = lambda _message: None
 
     # -- API helpers --------------------------------------------------------------------------
 
@@ -139,6 +153,45 @@ class SlicePublisher:
     def _hash_key(self) -> str:
         return f"{self._s.driver_name}/content-hash"
 
+    def _publisher_key(self) -> str:
+        return f"{self._s.driver_name}/publisher"
+
+    def _foreign(self, current: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+        """Slices another process wrote: name -> that process, for a conflict only those we
+        wrote before (a slice left by a predecessor, or unannotated, is taken over)."""
+        out = {}
+        for name, obj in current.items():
+            meta = obj.get("metadata") or {}
+            writer = (meta.get("annotations") or {}).get(self._publisher_key())
+            if writer and writer != self.identity:
+                out[name] = str(writer)
+        return out
+
+    def _check_conflict(self, current: Mapping[str, Mapping[str, Any]]) -> bool:
+        """True while another live process publishes for this node (see the module docstring)."""
+        foreign = self._foreign(current)
+        taken = {
+            n: w
+            for n, w in foreign.items()
+            if n in self._written
+            and current[n]["metadata"].get("resourceVersion") != self._written[n]
+        }
+        if taken and not self.conflict:
+            writers = ", ".join(sorted(set(taken.values())))
+            self.conflict = (
+                f"another carve kubelet plugin ({writers}) rewrote this node's ResourceSlices "
+                f"({', '.join(sorted(taken))}) that this one ({self.identity}) published: two "
+                f"machines run with the node name {self._s.node_name!r}; give each its own "
+                "(--node-name); this plugin stops publishing until the other's slices are gone"
+            )
+            log.error("ResourceSlice conflict", extra={"error": self.conflict})
+            self.on_conflict(self.conflict)
+        if self.conflict and not foreign:
+            log.info("no other publisher's ResourceSlices left; publishing again")
+            self.conflict = ""
+            self._written.clear()
+        return bool(self.conflict)
+
     def _desired(
         self, generation: int, split: bool, owner: list[dict[str, Any]]
     ) -> list[dict[str, Any]]:
@@ -152,6 +205,7 @@ class SlicePublisher:
             meta["annotations"] = {
                 **(meta.get("annotations") or {}),
                 self._hash_key(): _content_hash(obj.get("spec") or {}),
+                self._publisher_key(): self.identity,
             }
             out.append({**obj, "metadata": meta})
         return out
@@ -165,6 +219,8 @@ class SlicePublisher:
     def _sync(self) -> bool:
         split = self.split_counters()
         current = {s["metadata"]["name"]: s for s in self.existing()}
+        if self._check_conflict(current):
+            return False
         pool_generations = {int(s["spec"]["pool"].get("generation", 0)) for s in current.values()}
         generation = max(pool_generations, default=0)
         # Built once, already at the next generation: names and content hashes do not depend on
@@ -176,6 +232,7 @@ class SlicePublisher:
         unchanged = (
             set(current) == set(wanted)
             and len(pool_generations) == 1
+            and not self._foreign(current)
             and all(
                 (current[n]["metadata"].get("annotations") or {}).get(self._hash_key())
                 == wanted[n]["metadata"]["annotations"][self._hash_key()]
@@ -186,18 +243,20 @@ class SlicePublisher:
             return False
         for name, d in wanted.items():
             if name in current:
-                self._replace(current[name], d)
+                written = self._replace(current[name], d)
             else:
-                self._api.request("POST", SLICES_PATH, body=d)
+                written = self._api.request("POST", SLICES_PATH, body=d)
+            self._written[name] = str((written.get("metadata") or {}).get("resourceVersion"))
         for name in set(current) - set(wanted):
             self._delete(name)
+            self._written.pop(name, None)
         log.info(
             "ResourceSlices published",
             extra={"slices": len(wanted), "generation": generation + 1, "split": split},
         )
         return True
 
-    def _replace(self, listed: dict[str, Any], desired: dict[str, Any]) -> None:
+    def _replace(self, listed: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
         """PUT `desired` over a listed slice through `process.rmw`: guarded by the listed
         resourceVersion, re-read and written again on a conflict (the slice is wholly ours, so
         the fresh copy only lends its resourceVersion). A slice the kubelet wiped meanwhile is
@@ -213,13 +272,13 @@ class SlicePublisher:
             write=lambda body: self._api.request("PUT", path, body=body),
         )
         try:
-            read_modify_write(
+            return read_modify_write(
                 target, lambda _: copy.deepcopy(desired), current=listed, policy=_CONFLICTS
             )
         except ObjectReplacedError:
             raise
         except ObjectGoneError:
-            self._api.request("POST", SLICES_PATH, body=desired)
+            return self._api.request("POST", SLICES_PATH, body=desired)
 
     def _delete(self, name: str) -> None:
         try:

@@ -90,3 +90,59 @@ def test_converges_bumps_generation_and_cleans_up(k8s_api: Any, fake_node: Any) 
 
     assert pub.cleanup() == 4
     assert pub.existing() == []
+
+
+@pytest.mark.cluster
+def test_two_machines_with_one_node_name_do_not_fight_over_its_slices(
+    k8s_api: Any, fake_node: Any
+) -> None:
+    """Two plugins publish for one node name, each with its own GPUs: the one whose slices were
+    rewritten stops, says why (readyz, a Node event), and resumes once the other's are gone; a
+    restarted plugin (a new process) takes its predecessor's slices over without a conflict."""
+    from driver.catalog import CATALOG
+    from driver.resourceslice import PublishedGpu, build_resource_slices
+    from kubeletplugin.claims import KubeJson
+    from kubeletplugin.publisher import SLICES_PATH, PublisherSettings, SlicePublisher
+
+    node = fake_node()
+    api = KubeJson(k8s_api)
+
+    def publisher(machine: str) -> SlicePublisher:
+        gpus = [PublishedGpu(0, f"GPU-{machine}", CATALOG["A100-SXM4-40GB"], "0000:07:00.0", "1")]
+        return SlicePublisher(
+            PublisherSettings("mig.carve.dev", node),
+            api,
+            lambda g, s: build_resource_slices(
+                driver="mig.carve.dev", node_name=node, pool_generation=g, gpus=gpus,
+                split_counters=s,
+            ),
+        )  # fmt: skip
+
+    def uuids() -> set[str]:
+        return {
+            d["attributes"]["uuid"]["string"]
+            for s in a.existing()
+            for d in s["spec"].get("devices") or []
+            if "uuid" in d.get("attributes", {})
+        }
+
+    a, b = publisher("a"), publisher("b")
+    told: list[str] = []
+    a.on_conflict = told.append
+    assert a.sync() is True and uuids() == {"GPU-a"}
+    restarted = publisher("a")  # the same machine, a new process: no conflict, it takes over
+    assert restarted.sync() is True and restarted.conflict == ""
+    assert a.sync() is False and a.conflict  # but the old process, were it alive, would see one
+    a = publisher("a")
+    a.on_conflict = told.append
+    told.clear()
+    assert a.sync() is True
+    assert b.sync() is True and uuids() == {"GPU-b"}  # b takes the slices over, as a new process
+    assert a.sync() is False and uuids() == {"GPU-b"}  # a sees its slices rewritten: it stops
+    assert "two machines run with the node name" in a.conflict and node in a.conflict
+    assert told == [a.conflict]
+    assert a.sync() is False and told == [a.conflict]  # said once, still not writing
+    for s in b.existing():  # b's machine goes away; the kubelet deletes its slices
+        api.request("DELETE", f"{SLICES_PATH}/{s['metadata']['name']}")
+    assert a.sync() is True and a.conflict == "" and uuids() == {"GPU-a"}
+    assert a.cleanup() > 0
