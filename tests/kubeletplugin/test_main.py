@@ -154,16 +154,24 @@ def _get(url: str) -> tuple[int, str]:
 class PluginProcess:
     """The real carve-kubelet-plugin on a simulated node; `start()` again after a crash."""
 
-    def __init__(self, root: Path, node: str, kubeconfig: Path, *extra: str) -> None:
+    def __init__(
+        self,
+        root: Path,
+        node: str,
+        kubeconfig: Path,
+        *extra: str,
+        gpus: tuple[Any, ...] = ("H100-SXM5-80GB", {"model": "A100-SXM4-40GB"}),
+    ) -> None:
         self.root = root
         self.node = node
         self.kubeconfig = kubeconfig
         self.extra = extra
         self.sim_config = root / "sim.yaml"
+        root.mkdir(parents=True, exist_ok=True)
         self.sim_config.write_text(
             yaml.safe_dump(
-                {"state": str(root / "sim-state.json"),
-                 "gpus": ["H100-SXM5-80GB", {"model": "A100-SXM4-40GB"}]}
+                {"state": str(root / "sim-state.json"), "uuid_seed": str(root),
+                 "gpus": list(gpus)}
             )
         )  # fmt: skip
         self.registry = root / "registry"
@@ -472,3 +480,93 @@ def test_restart_releases_claims_that_vanished_from_the_api_before_serving(
     assert res.error == "", res.error
     assert "releasing claim that no longer exists in the API" in p.logs()
     assert plugin.unprepare([new]) == {new.uid: ""}
+
+
+@pytest.mark.cluster
+def test_two_machines_with_one_node_name_end_in_a_node_event_not_a_fight(
+    k8s_cluster: Any, fake_node: Callable[..., str], tmp_path: Path
+) -> None:
+    """Two real plugin processes, each with its own GPUs, are given one --node-name (a copied
+    machine image): the one whose slices were rewritten stops publishing, fails /readyz and
+    posts a ResourceSliceConflict event on the Node, while the slices stay the other's; once
+    the other machine is gone and the kubelet has deleted its slices, the first publishes
+    again. Neither process crashes."""
+    from driver.catalog import CATALOG
+    from driver.contract import Attr
+    from kubeletplugin.claims import KubeJson
+    from kubeletplugin.nodeevents import NODE_EVENT_NAMESPACE
+
+    h100, a30 = CATALOG["H100-SXM5-80GB"].product_name, CATALOG["A30-24GB"].product_name
+    node = fake_node()
+    api = k8s_cluster.api_client()
+
+    def _readyz(p: PluginProcess) -> tuple[int, str]:
+        try:
+            return _get(p.url("/readyz?verbose"))
+        except urllib.error.URLError:  # not serving yet
+            return 0, ""
+
+    kube = KubeJson(api)
+
+    def models() -> set[str]:
+        return {
+            str(d["attributes"][Attr.PRODUCT_NAME]["string"])
+            for s in _slices(api, node)
+            for d in s["spec"].get("devices") or ()
+        }
+
+    first = PluginProcess(
+        tmp_path / "a", node, k8s_cluster.info.kubeconfig, gpus=("H100-SXM5-80GB",)
+    )
+    second: PluginProcess | None = None
+    try:
+        first.kubelet.wait_for_plugin(DRIVER, timeout=30)
+        wait_for("first plugin ready", lambda: _readyz(first)[0] == 200, timeout=60)
+        assert models() == {h100}, models()
+
+        second = PluginProcess(
+            tmp_path / "b", node, k8s_cluster.info.kubeconfig, gpus=("A30-24GB",)
+        )
+        second.kubelet.wait_for_plugin(DRIVER, timeout=30)
+        _, body = wait_for(
+            "the first plugin to report the conflict on /readyz",
+            lambda: (r := _readyz(first))[0] == 503 and "two machines" in r[1] and r,
+            timeout=60,
+        )
+        assert f"node name {node!r}" in body and "--node-name" in body, body
+
+        def conflict_events() -> list[dict[str, Any]]:
+            events = kube.request(
+                "GET", f"/apis/events.k8s.io/v1/namespaces/{NODE_EVENT_NAMESPACE}/events"
+            )["items"]
+            return [
+                e
+                for e in events
+                if e.get("reason") == "ResourceSliceConflict"
+                and (e.get("regarding") or {}).get("name") == node
+            ]
+
+        (event,) = wait_for("a ResourceSliceConflict event on the Node", conflict_events)
+        assert event["type"] == "Warning" and node in event["note"], event
+        time.sleep(3)  # three resyncs of the first: it keeps off the slices
+        assert models() == {a30}, models()
+        assert len(conflict_events()) == 1  # said once, not every resync
+
+        # The second machine goes away; the kubelet deletes its slices (30 s later, in life).
+        second.proc.kill()
+        second.proc.wait(timeout=30)
+        for s in _slices(api, node):
+            kube.request(
+                "DELETE", f"/apis/resource.k8s.io/v1/resourceslices/{s['metadata']['name']}"
+            )
+        wait_for("the first to publish again", lambda: models() == {h100})
+        wait_for("the first ready again", lambda: _readyz(first)[0] == 200)
+        assert first.proc.poll() is None
+    finally:
+        for p in (first, second):
+            if p is not None and p.proc.poll() is None:
+                p.stop()
+            elif p is not None:
+                p.kubelet.close()
+                p.log.close()
+    assert "ResourceSlice conflict" in first.logs()
