@@ -1,7 +1,7 @@
 """End-to-end latency: a pod with a carve claim, from create to Running, and where time goes.
 
-Run: python -m bench.e2e_latency [--pods 100] [--rate 4] [--latency realistic|zero]
-                                 [--node-kind sim|real]
+Run: python -m bench.e2e_latency [--pods 100] [--rate 1] [--latency realistic|zero]
+                                 [--node-kind sim|real] [--warm-ttl 30s]
                                  [--binding-conditions [--scheduler-waits]]
                                  [--carve-faults N]
 
@@ -33,7 +33,9 @@ pod placed there is bound first and its node retries the prepare until the fault
 (with a large N it never runs); with them the GPU is tainted carve-failed and the claim is placed
 again on another GPU before the pod binds. The max column shows what such a failure costs.
 
-Figures are printed, not asserted.
+`--warm-ttl` is each plugin's `--warm-slices-ttl` (sim nodes only; 0s, the default, is off):
+the run then also counts warm slices kept, reused, reclaimed and expired, from the plugins'
+logs. Figures are printed, not asserted.
 """
 
 from __future__ import annotations
@@ -134,6 +136,7 @@ def run(
     binding_conditions: bool = False,
     scheduler_waits: bool = False,
     carve_faults: int = 0,
+    warm_ttl: str = "0s",
 ) -> int:
     from kubernetes import client
 
@@ -161,6 +164,8 @@ def run(
         stack.install()
         stack.start_controller(*(("--hold-gate-until-carved=false",) if scheduler_waits else ()))
         if node_kind == "real":
+            if warm_ttl not in ("0", "0s"):
+                print("warning: --warm-ttl applies to sim nodes only; real nodes run without")
             from realnode.cluster import RealNodes
             from realnode.node import RealNodeSpec
 
@@ -171,7 +176,10 @@ def run(
             for i in range(nodes):
                 stack.add_node(
                     SimNodeSpec(
-                        f"bench-{i}", GPUS_PER_NODE, latency=latency, plugin_args=plugin_args
+                        f"bench-{i}",
+                        GPUS_PER_NODE,
+                        latency=latency,
+                        plugin_args=(*plugin_args, f"--warm-slices-ttl={warm_ttl}"),
                     )
                 )
         if carve_faults:
@@ -347,6 +355,7 @@ def run(
                 if carve_faults
                 else ""
             )
+            + f", warm slices TTL {warm_ttl}"
         )
         print(f"{'stage':<12}{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}")
         for stage in STAGES:
@@ -354,6 +363,28 @@ def run(
             print(
                 f"{stage:<12}{_pct(values, 0.5) * 1000:>10.0f}{_pct(values, 0.99) * 1000:>10.0f}"
                 f"{(max(values) if values else float('nan')) * 1000:>10.0f}"
+            )
+        if real is None:
+            logs = "".join(
+                n.plugin_log.read_text(errors="replace")
+                for n in stack.nodes.values()
+                if n.plugin_log.exists()
+            )
+            print(
+                f"warm slices: {logs.count('kept MIG instance warm')} kept at unprepare, "
+                f"{logs.count('reusing warm MIG instance')} reused by a prepare, "
+                f"{logs.count('destroyed warm MIG instance (reclaimed)')} reclaimed for "
+                f"another placement, {logs.count('destroyed warm MIG instance (expired)')} "
+                "expired"
+            )
+            why = {
+                "profile did not recur on the GPU": "no other claim of this profile was prepared",
+                "processes left": "processes still run on it",
+                "process query failed": "not keeping MIG instance warm: process query failed",
+            }
+            print(
+                "not kept: "
+                + ", ".join(f"{logs.count(needle)} ({label})" for label, needle in why.items())
             )
         if duplicates:
             print(
@@ -407,6 +438,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=0,
         help="the first N GPU-instance creations on GPU 0 of each sim node fail (NVML error)",
     )
+    parser.add_argument(
+        "--warm-ttl",
+        default="0s",
+        help="the plugins' --warm-slices-ttl (0s: off, as the plugin's default)",
+    )
     args = parser.parse_args(argv)
     if args.scheduler_waits and not args.binding_conditions:
         parser.error("--scheduler-waits: only with --binding-conditions")
@@ -424,6 +460,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         binding_conditions=args.binding_conditions,
         scheduler_waits=args.scheduler_waits,
         carve_faults=args.carve_faults,
+        warm_ttl=args.warm_ttl,
     )
 
 

@@ -335,6 +335,9 @@ class Controller:
         self.side_writes = SideWriter()
         recorder = DeferredRecorder(self.recorder, self.side_writes)
         planner = planner or default_planner(opts.driver_name)
+        # Release writes (allocation cleared, finalizer dropped) beside the decision thread too,
+        # on their own workers so that events queued behind never delay a release.
+        self.release_writes = SideWriter(workers=2)
         self.reconciler = Reconciler(
             planner,
             self.writer,
@@ -344,6 +347,7 @@ class Controller:
             is_leader=fence,
             defer=self.side_writes.submit,
             preemption=_preemptor(api_client, planner, recorder, opts, fence),
+            release_beside=self.release_writes.offer,
         )
         self.resync_s = opts.resync_period
         self.informers: list[Informer] = standard_informers(
@@ -422,6 +426,7 @@ class Controller:
         for inf in self.informers:
             inf.stop()
         self.side_writes.stop()
+        self.release_writes.stop()
         if self.elector is not None:
             self.elector.stop(release=self.exit_code != EXIT_LOST_LEASE)
         if self._http is not None:

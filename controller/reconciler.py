@@ -423,6 +423,9 @@ class ReconcilerConfig:
     # Carve before bind (controller/carvewait.py): keep the gate until the node has carved.
     hold_gate_until_carved: bool = True
     carve_wait: float = 30.0
+    # A placement waits up to this long for release writes in flight beside the decision
+    # thread: the space they free (and the warm slice the node kept there) is the best fit.
+    release_wait: float = 0.5
 
     def __post_init__(self) -> None:
         if self.classes is None:
@@ -457,12 +460,22 @@ class Reconciler:
         wall_clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
         defer: Callable[[str, Callable[[], None]], None] | None = None,
         preemption: PreemptionHook | None = None,
+        release_beside: Callable[[str, Callable[[], None]], bool] | None = None,
     ) -> None:
         """`defer(key, write)` runs a best-effort write (a pod condition) later and in order per
-        key (`controller.sidewrites`); by default it runs at once, on this thread."""
+        key (`controller.sidewrites`); by default it runs at once, on this thread.
+
+        `release_beside(key, writes)` runs a released claim's writes (clear the allocation, drop
+        the finalizer) on another thread, or returns False when it cannot take them (they then
+        run here). Inline, every pod that ended put two apiserver round trips in front of the
+        next pod's placement. The model learns of each write from the queue, as of an informer
+        event, so until then the placement counts as busy: late, never early (invariant 4).
+        None: inline, as the tests step it."""
         self._planner = planner
         self._preemption = preemption
         self._defer = defer or _run_now
+        self._release_beside = release_beside
+        self._releasing: set[str] = set()  # claims whose release writes are in flight beside
         self._writer = writer
         self._recorder = recorder
         self._cfg = config or ReconcilerConfig()
@@ -512,6 +525,11 @@ class Reconciler:
     def _apply(self, kind: Kind, type_: EventType, obj: Obj) -> None:
         if obj.get("__synced__"):
             self._synced.add(kind)
+            return
+        if _RELEASE_DONE in obj:
+            # Look again: a failed write is retried, a finished one may have a next step.
+            self._releasing.discard(obj[_RELEASE_DONE])
+            self._dirty_claims.add(obj[_RELEASE_DONE])
             return
         key = key_of(obj)
         store = self.stores[kind]
@@ -661,12 +679,18 @@ class Reconciler:
             if claim is None:
                 self._loss_told.pop(key, None)
                 continue
+            if key in self._releasing:
+                continue  # its writes are in flight; their completion marks it dirty again
             loss = self._claim_loss(claim, now)
             try:
                 if loss is not None:
                     self._release_lost(claim, loss)
                     continue
                 action = release_action(claim, self._live_consumers(claim), self._cfg.contract)
+                if action in (ReleaseKind.CLEAR, ReleaseKind.DROP_FINALIZER) and (
+                    self._release_elsewhere(claim, action)
+                ):
+                    continue
                 self._release(claim, action)
             except (WriteSkippedError, ObjectGoneError) as exc:
                 _log.info("release of claim %s skipped: %s", key, exc)
@@ -674,11 +698,58 @@ class Reconciler:
                 _log.exception("release of claim %s failed; will retry", key)
                 self._dirty_claims.add(key)
 
-    def _release(self, claim: Obj, action: ReleaseKind) -> None:
+    def _due_for_placement(self, pod: Obj, w: PodWork) -> bool:
+        """A pod this pass will try to place now (not one waiting out a retry interval)."""
+        if w.kind is not WorkKind.PLACE:
+            return False
+        state = self._pods.get(key_of(pod))
+        return state is not None and not state.permanent and state.retry_at <= self._clock()
+
+    def _await_releases(self) -> None:
+        """Apply events until no release write is in flight (or `release_wait` passed), so a
+        pod about to be placed sees the placements that are being freed. A pod that ended and
+        a pod that arrives in the same moment are the common case at a steady rate, and the
+        freed placement is where the node may have kept the slice warm."""
+        deadline = time.monotonic() + self._cfg.release_wait
+        while self._releasing:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.drain(timeout=left):
+                return
+
+    def _release_elsewhere(self, claim: Obj, action: ReleaseKind) -> bool:
+        """Hand the claim's release writes to `release_beside`; False if it took nothing."""
+        if self._release_beside is None:
+            return False
         key = key_of(claim)
+
+        def writes() -> None:
+            try:
+                self._release(claim, action, self._queue_written)
+            except (WriteSkippedError, ObjectGoneError) as exc:
+                _log.info("release of claim %s skipped: %s", key, exc)
+            except Exception:
+                _log.exception("release of claim %s failed; will retry", key)
+            finally:
+                self._events.put((Kind.CLAIM, EventType.MODIFIED, {_RELEASE_DONE: key}))
+
+        self._releasing.add(key)
+        if self._release_beside(key, writes):
+            return True
+        self._releasing.discard(key)
+        return False
+
+    def _queue_written(self, claim: Obj) -> None:
+        """A claim written beside the decision thread: into the queue, as an informer event."""
+        self._events.put((Kind.CLAIM, EventType.MODIFIED, claim))
+
+    def _release(
+        self, claim: Obj, action: ReleaseKind, store: Callable[[Obj], None] | None = None
+    ) -> None:
+        key = key_of(claim)
+        store = store or self._store_claim
         if action is ReleaseKind.CLEAR:
             fresh = self._writer.clear_allocation(claim)
-            self._store_claim(fresh)
+            store(fresh)
             _log.info("released allocation of claim %s", key, extra={"claim": key})
             self._recorder.event(
                 claim,
@@ -691,7 +762,7 @@ class Reconciler:
             claim = fresh
         if action is ReleaseKind.DROP_FINALIZER:
             fresh = self._writer.remove_finalizer(claim)
-            self._store_claim(fresh)
+            store(fresh)
             _log.info("removed controller finalizer from claim %s", key, extra={"claim": key})
 
     # -- lost nodes ----------------------------------------------------------------------------
@@ -896,6 +967,9 @@ class Reconciler:
 
     def _place_pass(self) -> None:
         work = self._queue()
+        if self._releasing and any(self._due_for_placement(pod, w) for pod, w in work):
+            self._await_releases()
+            work = self._queue()
         # Pods a queue still holds are not waiting for carve.
         self._metrics.set_queue_depth(
             sum(1 for _, w in work if w.kind is not WorkKind.UNGATE and w.reason != GATED_ELSEWHERE)
@@ -1328,6 +1402,10 @@ def _scheduling_message(pod: Obj) -> str:
         if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
             return str(cond.get("message") or cond.get("reason") or "")
     return ""
+
+
+# The marker a release run beside the decision thread queues when it is done (see _apply).
+_RELEASE_DONE = "__release_done__"
 
 
 def _run_now(_key: str, write: Callable[[], None]) -> None:

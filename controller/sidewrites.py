@@ -40,12 +40,19 @@ class SideWriter:
 
     def submit(self, key: str, write: Write) -> None:
         """Run `write` later, after every write submitted earlier for the same key."""
+        if not self.offer(key, write):
+            self.dropped += 1
+            _log.warning("dropped a best-effort write about %s", key)
+
+    def offer(self, key: str, write: Write) -> bool:
+        """Like `submit`, but a full queue is the caller's to handle: False, nothing queued
+        (for writes that must happen, such as a release: the caller runs them itself)."""
         q = self._queues[zlib.crc32(key.encode()) % len(self._queues)]
         try:
             q.put_nowait(write)
         except queue.Full:
-            self.dropped += 1
-            _log.warning("dropped a best-effort write about %s: %d queued", key, q.qsize())
+            return False
+        return True
 
     def _run(self, q: queue.Queue[Write | None]) -> None:
         while True:

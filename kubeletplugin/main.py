@@ -41,6 +41,7 @@ from driver.gpuhealth import (
     parse_effect,
     parse_xids,
 )
+from kubeletplugin.warm import WarmSettings
 from process import flags
 from process.entrypoint import start_logging, stop_on_signals, usage_exit
 from process.flags import Flag, UsageError
@@ -116,6 +117,17 @@ FOREIGN_INSTANCES: Flag[str] = Flag(
     "leave",
     _foreign_policy,
     example="leave",
+)
+WARM_SLICES_TTL = flags.duration(
+    "warm-slices-ttl",
+    "keep a released claim's MIG instance carved this long for the next claim of the same "
+    "profile and placement (warm slices, docs/kubeletplugin.md); 0s: destroy at once",
+    "0s",
+)
+WARM_SLICES_ACROSS_NAMESPACES = flags.switch(
+    "warm-slices-across-namespaces",
+    "let a claim reuse a warm MIG instance another namespace's claim released (MIG leaves the "
+    "previous user's data in the slice's memory; carve clears nothing)",
 )
 SIMULATE: Flag[Path | None] = Flag(
     "simulate",
@@ -227,6 +239,8 @@ COMMAND_LINE = flags.CommandLine(
         CDI_ROOT,
         CHECKPOINT_DIR,
         FOREIGN_INSTANCES,
+        WARM_SLICES_TTL,
+        WARM_SLICES_ACROSS_NAMESPACES,
         SIMULATE,
         DRIVER_ROOT,
         DEV_ROOT,
@@ -273,6 +287,7 @@ class Options:
     health_poll_period: float = 5.0
     binding_conditions: bool = False
     carve_failure_cooldown: float = 300.0
+    warm: WarmSettings = field(default_factory=WarmSettings)
 
 
 def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Options:
@@ -313,6 +328,7 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
         health_poll_period=got[HEALTH_POLL],
         binding_conditions=got[BINDING_CONDITIONS],
         carve_failure_cooldown=got[CARVE_FAILURE_COOLDOWN],
+        warm=WarmSettings(got[WARM_SLICES_TTL], got[WARM_SLICES_ACROSS_NAMESPACES]),
     )
 
 
@@ -362,6 +378,7 @@ class NodePlugin:
                 node_name=opts.node_name,
                 pool_name=opts.node_name,
                 foreign_policy=ForeignPolicy(opts.foreign_instances),
+                warm=opts.warm,
             ),
             backend=self.node.mig,
             claims=KubernetesClaimClient(api),

@@ -46,6 +46,19 @@ class PluginMetrics:
             "MIG instances found on this node that carve did not create.",
             registry=self.registry,
         )
+        self.warm_instances = Gauge(
+            "carve_warm_mig_instances",
+            "MIG instances kept carved after their claim was released (warm slices).",
+            registry=self.registry,
+        )
+        self.warm_outcomes = Counter(
+            "carve_warm_slices",
+            "Warm-slice outcomes: parked (kept at unprepare), reused (taken over by a claim "
+            "instead of carving), reclaimed (destroyed because a placement needed the space), "
+            "expired (destroyed unused after the TTL), vanished (found gone).",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.slice_publish = Counter(
             "carve_resourceslice_sync",
             "ResourceSlice synchronisations, by result.",

@@ -43,7 +43,7 @@ from collections import Counter as CountBy
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Protocol
@@ -61,7 +61,7 @@ from driver.cdi import (
 from driver.config import ConfigError, MpsConfig, SharingStrategy, resolve_config
 from driver.contract import Contract
 from driver.naming import parse_device_name
-from driver.nvml.errors import InstanceMismatch, PlacementTaken
+from driver.nvml.errors import InstanceMismatch, NotFound, NvmlError, PlacementTaken
 from driver.nvml.types import CarvedInstance, GpuInfo, GpuInstance
 from kubeletplugin.checkpoint import (
     Checkpoint,
@@ -71,6 +71,8 @@ from kubeletplugin.checkpoint import (
     DeviceRecord,
     ForeignInstance,
     MpsDaemon,
+    WarmInstance,
+    WarmState,
 )
 from kubeletplugin.claims import (
     ClaimClient,
@@ -82,6 +84,18 @@ from kubeletplugin.claims import (
 from kubeletplugin.draservice import ClaimRef, PreparedDevice, PrepareResult
 from kubeletplugin.metrics import PluginMetrics
 from kubeletplugin.mps import MpsControl, MpsError, commands_for
+from kubeletplugin.warm import (
+    Demand,
+    WarmEvent,
+    WarmSettings,
+    expired,
+    in_the_way,
+    keep_verdict,
+    park,
+    placement_of,
+    reusable_by,
+    transition,
+)
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +129,7 @@ class MigBackend(Protocol):
         expect_profile_id: int | None = None,
         expect_placement: Placement | None = None,
     ) -> None: ...
+    def running_processes(self, gpu_uuid: str, mig_uuid: str) -> tuple[int, ...]: ...
     def caps_major(self) -> int: ...
     def cap_minors(self, gpu_minor: int, gi_id: int, ci_id: int) -> tuple[int, int]: ...
 
@@ -160,6 +175,7 @@ class PreparerSettings:
     pool_name: str
     foreign_policy: ForeignPolicy = ForeignPolicy.LEAVE
     parallelism: int = 8
+    warm: WarmSettings = field(default_factory=WarmSettings)
 
 
 class Preparer:
@@ -211,6 +227,7 @@ class Preparer:
         self._gpu_locks: dict[str, threading.Lock] = {}
         self._claim_locks: dict[str, threading.Lock] = {}
         self._refused: dict[str, str] = {}  # gpu uuid -> why
+        self._demand = Demand(settings.warm.ttl_s)
         self._pool = ThreadPoolExecutor(
             max_workers=max(1, settings.parallelism), thread_name_prefix="prepare"
         )
@@ -283,6 +300,7 @@ class Preparer:
                     names[p.name if p else str(d.profile_id)] += 1
         self.metrics.set_instances(names)
         self.metrics.foreign_instances.set(len(cp.foreign))
+        self.metrics.warm_instances.set(len(cp.warm))
 
     # -- prepare ------------------------------------------------------------------------------
 
@@ -583,16 +601,29 @@ class Preparer:
                 )
             d = self._carve_locked(p, record.devices[i], ref)
             new = replace(record, devices=(*record.devices[:i], d, *record.devices[i + 1 :]))
-            # One save both records the instance and drops it from the foreign list (adoption).
-            return self._save(
-                lambda cp: cp.with_claim(new).with_foreign(
-                    tuple(
-                        f
-                        for f in cp.foreign
-                        if not (f.gpu_uuid == d.gpu_uuid and f.gi_id == d.gi_id)
+            # One save both records the instance and drops it from the foreign list (adoption)
+            # or the warm pool (reuse): it never has two owners, nor none.
+            saved = self._save(
+                lambda cp: (
+                    cp.with_claim(new)
+                    .with_foreign(
+                        tuple(
+                            f
+                            for f in cp.foreign
+                            if not (f.gpu_uuid == d.gpu_uuid and f.gi_id == d.gi_id)
+                        )
+                    )
+                    .with_warm(
+                        tuple(
+                            w
+                            for w in cp.warm
+                            if not (w.gpu_uuid == d.gpu_uuid and w.gi_id == d.gi_id)
+                        )
                     )
                 )
             ).claims[new.uid]
+        self._demand.record(p.gpu.uuid, p.profile.id, time.time())
+        return saved
 
     def _holder(self, gpu_uuid: str, uid: str, *, whole_only: bool) -> ClaimRecord | None:
         """Another checkpointed claim with a device on the GPU (a whole-GPU one only, if asked)."""
@@ -620,6 +651,7 @@ class Preparer:
                 )
             if not self._backend.mig_enabled(gpu.uuid):
                 return record  # MIG mode is off already: nothing to change, nothing to restore
+            self._reclaim_where(gpu.uuid, None, ctx={"claimUID": record.uid})
             live = self._backend.instances(gpu.uuid)
             if live:
                 raise ClaimError(
@@ -680,11 +712,25 @@ class Preparer:
     def _carve_locked(self, p: _Planned, rec: DeviceRecord, ref: ClaimRef) -> DeviceRecord:
         gpu = p.gpu
         assert p.profile is not None and p.placement is not None
+        reused = self._reuse_warm(p, rec, ref)
+        if reused is not None:
+            return reused
+        ctx: dict[str, object] = {"claimUID": ref.uid}
+        # A warm instance on the allocated memory slices goes first: the controller counted
+        # the space as free, so it may not block the claim.
+        self._reclaim_where(gpu.uuid, p.placement, ctx)
         self._ensure_mig_mode(gpu)
         # Carve first and look at the GPU only when NVML refuses: listing instances walks every
         # MIG handle, which is the slowest NVML operation there is.
         try:
-            c = self._backend.carve(gpu.uuid, p.profile.id, p.placement.start)
+            try:
+                c = self._backend.carve(gpu.uuid, p.profile.id, p.placement.start)
+            except PlacementTaken:
+                # An engine or the profile's instance limit may be held by a warm instance
+                # elsewhere on the GPU: reclaim them all and try once more.
+                if not self._reclaim_where(gpu.uuid, None, ctx):
+                    raise
+                c = self._backend.carve(gpu.uuid, p.profile.id, p.placement.start)
         except PlacementTaken as e:
             return self._placement_conflict(p, rec, ref, e)
         except Exception as e:
@@ -797,7 +843,7 @@ class Preparer:
                 if record is None:
                     self._cdi.remove(ref.uid)  # a spec orphaned by a crash, if any
                     return ""
-                self._teardown(record, ctx)
+                self._teardown(record, ctx, may_park=record.state is ClaimState.PREPARE_COMPLETED)
             log.info("claim unprepared", extra=ctx)
             return ""
         except ClaimError as e:
@@ -811,8 +857,11 @@ class Preparer:
         finally:
             self.metrics.unprepare_seconds.observe(self._clock() - start)
 
-    def _teardown(self, record: ClaimRecord, ctx: Mapping[str, object]) -> None:
-        """Destroy the claim's instances, spec and finalizer, then forget the claim."""
+    def _teardown(
+        self, record: ClaimRecord, ctx: Mapping[str, object], *, may_park: bool = False
+    ) -> None:
+        """Destroy the claim's instances, spec and finalizer, then forget the claim. With
+        `may_park` (an unprepare of a prepared claim), an instance may be kept warm instead."""
         record = self._put(replace(record, state=ClaimState.UNPREPARE_STARTED))
         if record.mps is not None:
             # Before any slice goes: the daemon serves them. Its record stays until it is gone.
@@ -838,6 +887,11 @@ class Preparer:
                 continue
             if not d.is_mig:
                 continue
+            if may_park and self._s.warm.enabled and d.gi_id is not None and not d.adopted:
+                parked = self._park(record, i, ctx)
+                if parked is not None:
+                    record = parked
+                    continue
             self._destroy_device(d, ctx)
             cleared = replace(d, gi_id=None, ci_id=None, mig_uuid=None)
             record = self._put(
@@ -897,6 +951,221 @@ class Preparer:
                 extra={**ctx, "gpu": d.gpu_uuid, "giID": gi_id, "device": d.device_name},
             )
 
+    # -- warm slices (kubeletplugin.warm) -----------------------------------------------------
+
+    def _park(self, record: ClaimRecord, i: int, ctx: Mapping[str, object]) -> ClaimRecord | None:
+        """Keep device `i`'s instance warm instead of destroying it, if that is safe and
+        predicted useful: the record drops the instance and the warm pool gains it in one save.
+        None: destroy it as usual."""
+        d = record.devices[i]
+        assert d.gi_id is not None and d.profile_id is not None
+        with self._lock(self._gpu_locks, d.gpu_uuid):
+            if d.mig_uuid is None or d.ci_id is None:
+                return None
+            try:
+                pids = self._backend.running_processes(d.gpu_uuid, d.mig_uuid)
+            except NvmlError as e:
+                # Unknown is not "none": a slice is only kept when NVML says it is empty.
+                log.info(
+                    "not keeping MIG instance warm: process query failed",
+                    extra={**ctx, "device": d.device_name, "error": str(e)},
+                )
+                return None
+            now = time.time()
+            keep, why = keep_verdict(
+                self._s.warm,
+                processes=pids,
+                predicted=self._demand.predicted(d.gpu_uuid, d.profile_id, now),
+                warm_on_gpu=sum(1 for w in self.checkpoint().warm if w.gpu_uuid == d.gpu_uuid),
+            )
+            if not keep:
+                log.info(
+                    "not keeping MIG instance warm: %s",
+                    why,
+                    extra={**ctx, "device": d.device_name, "giID": d.gi_id},
+                )
+                return None
+            warm = park(d, record.namespace, now)
+            cleared = replace(d, gi_id=None, ci_id=None, mig_uuid=None)
+            new = replace(record, devices=(*record.devices[:i], cleared, *record.devices[i + 1 :]))
+            saved = self._save(lambda cp: cp.with_claim(new).with_warm((*cp.warm, warm)))
+        self.metrics.warm_outcomes.labels(outcome="parked").inc()
+        log.info(
+            "kept MIG instance warm",
+            extra={
+                **ctx,
+                "device": d.device_name,
+                "gpu": d.gpu_uuid,
+                "giID": d.gi_id,
+                "ttl": self._s.warm.ttl_s,
+                "why": why,
+            },
+        )
+        return saved.claims[new.uid]
+
+    def _reuse_warm(self, p: _Planned, rec: DeviceRecord, ref: ClaimRef) -> DeviceRecord | None:
+        """The device record with a warm instance taken over, or None (carve as usual). The
+        caller holds the GPU lock and saves the record, which also drops the warm entry."""
+        assert p.profile is not None and p.placement is not None
+        warm = next(
+            (
+                w
+                for w in self.checkpoint().warm
+                if reusable_by(
+                    w,
+                    self._s.warm,
+                    gpu_uuid=p.gpu.uuid,
+                    profile_id=p.profile.id,
+                    placement=p.placement,
+                    namespace=ref.namespace,
+                )
+            ),
+            None,
+        )
+        if warm is None:
+            return None
+        try:
+            pids = self._backend.running_processes(warm.gpu_uuid, warm.mig_uuid)
+        except NotFound:
+            self._forget_warm(warm, WarmEvent.VANISHED)
+            log.warning(
+                "warm MIG instance is gone (GPU reset?); carving afresh",
+                extra={"claimUID": ref.uid, "gpu": warm.gpu_uuid, "giID": warm.gi_id},
+            )
+            return None
+        except NvmlError as e:
+            log.info(
+                "warm MIG instance not reused: process query failed; reclaiming it",
+                extra={"claimUID": ref.uid, "giID": warm.gi_id, "error": str(e)},
+            )
+            return None
+        if pids:
+            raise ClaimError(
+                "placement-taken",
+                f"{p.result.device}: the MIG instance kept warm at {_span(p.placement)} on "
+                f"{_label(p.gpu)} (GI {warm.gi_id}) has processes running although no claim "
+                f"owns it (pids {', '.join(map(str, pids))}); carve neither hands it to this "
+                "claim nor destroys it. Stop those processes; the kubelet retries the claim",
+            )
+        transition(warm, WarmEvent.REUSE)
+        self.metrics.warm_outcomes.labels(outcome="reused").inc()
+        log.info(
+            "reusing warm MIG instance",
+            extra={
+                "claimUID": ref.uid,
+                "device": p.result.device,
+                "gpu": warm.gpu_uuid,
+                "giID": warm.gi_id,
+                "warmFor": round(time.time() - warm.since, 3),
+            },
+        )
+        return replace(rec, gi_id=warm.gi_id, ci_id=warm.ci_id, mig_uuid=warm.mig_uuid)
+
+    def _forget_warm(self, warm: WarmInstance, event: WarmEvent) -> None:
+        transition(warm, event)
+        self._save(
+            lambda cp: cp.with_warm(
+                tuple(w for w in cp.warm if (w.gpu_uuid, w.gi_id) != (warm.gpu_uuid, warm.gi_id))
+            )
+        )
+        if event is WarmEvent.VANISHED:
+            self.metrics.warm_outcomes.labels(outcome="vanished").inc()
+
+    def _reclaim_where(
+        self, gpu_uuid: str, placement: Placement | None, ctx: Mapping[str, object]
+    ) -> int:
+        """Destroy the warm instances on `placement` of the GPU (None: all of them); the caller
+        holds the GPU lock. Returns how many."""
+        found = [w for w in self.checkpoint().warm if in_the_way(w, gpu_uuid, placement)]
+        for w in found:
+            self._reclaim_locked(w, "reclaimed", ctx)
+        return len(found)
+
+    def _reclaim_locked(self, warm: WarmInstance, outcome: str, ctx: Mapping[str, object]) -> None:
+        """IDLE -> RECLAIMING (saved) -> destroyed -> forgotten; the caller holds the GPU lock."""
+        key = (warm.gpu_uuid, warm.gi_id)
+        if warm.state is WarmState.IDLE:
+            nxt = transition(warm, WarmEvent.RECLAIM)
+            assert nxt is not None
+            self._save(
+                lambda cp: cp.with_warm(
+                    tuple(nxt if (w.gpu_uuid, w.gi_id) == key else w for w in cp.warm)
+                )
+            )
+            warm = nxt
+        try:
+            self._backend.destroy(
+                warm.gpu_uuid,
+                warm.gi_id,
+                expect_profile_id=warm.profile_id,
+                expect_placement=placement_of(warm),
+            )
+        except InstanceMismatch:
+            log.warning(
+                "warm MIG instance is gone and its id now names another instance",
+                extra={**ctx, "gpu": warm.gpu_uuid, "giID": warm.gi_id},
+            )
+        except Exception as e:
+            raise ClaimError(
+                "destroy-failed",
+                f"destroying the MIG instance kept warm at {_span(placement_of(warm))} on GPU "
+                f"{warm.gpu_uuid} (GI {warm.gi_id}) to make room: {e}",
+            ) from e
+        self._forget_warm(warm, WarmEvent.DESTROYED)
+        self.metrics.warm_outcomes.labels(outcome=outcome).inc()
+        log.info(
+            "destroyed warm MIG instance (%s)",
+            outcome,
+            extra={**ctx, "gpu": warm.gpu_uuid, "giID": warm.gi_id},
+        )
+
+    def warm_instances(self) -> tuple[WarmInstance, ...]:
+        return self.checkpoint().warm
+
+    def reclaim_expired(self) -> None:
+        """Housekeeping: destroy warm instances idle past the TTL (all of them when warm slices
+        are off), and finish reclaims a failure or crash interrupted."""
+        for warm in self.checkpoint().warm:
+            try:
+                with self._lock(self._gpu_locks, warm.gpu_uuid):
+                    # Looked up again under the lock: a prepare may have taken it meanwhile.
+                    current = self.checkpoint().warm_at(warm.gpu_uuid, warm.gi_id)
+                    if current is None:
+                        continue
+                    if current.state is WarmState.RECLAIMING:
+                        self._reclaim_locked(current, "reclaimed", {})
+                    else:
+                        now = time.time()
+                        wanted = self._demand.predicted(current.gpu_uuid, current.profile_id, now)
+                        if expired(current, self._s.warm, now, still_wanted=wanted):
+                            self._reclaim_locked(current, "expired", {})
+            except Exception as e:
+                log.warning(
+                    "reclaiming a warm MIG instance failed; will retry",
+                    extra={"gpu": warm.gpu_uuid, "giID": warm.gi_id, "error": str(e)},
+                )
+
+    def _reconcile_warm(self) -> None:
+        """At start-up: drop warm instances that are gone (reboot, GPU reset), then reclaim the
+        expired and half-reclaimed ones."""
+        for warm in self.checkpoint().warm:
+            if warm.state is not WarmState.IDLE:
+                continue
+            try:
+                self._backend.running_processes(warm.gpu_uuid, warm.mig_uuid)
+            except NotFound:
+                self._forget_warm(warm, WarmEvent.VANISHED)
+                log.warning(
+                    "warm MIG instance vanished while the plugin was down",
+                    extra={"gpu": warm.gpu_uuid, "giID": warm.gi_id},
+                )
+            except Exception as e:
+                log.warning(
+                    "could not check a warm MIG instance",
+                    extra={"gpu": warm.gpu_uuid, "giID": warm.gi_id, "error": str(e)},
+                )
+        self.reclaim_expired()
+
     # -- start-up reconcile ---------------------------------------------------------------------
 
     def reconcile(self) -> None:
@@ -915,6 +1184,7 @@ class Preparer:
                     self._teardown(record, ctx)
             except Exception:
                 log.exception("could not finish interrupted operation; will retry", extra=ctx)
+        self._reconcile_warm()
         self._record_foreign()
         known = set(self.checkpoint().claims)
         for uid in self._cdi.claim_uids_on_disk() - known:
@@ -953,6 +1223,7 @@ class Preparer:
                         self._teardown(current, ctx)
             except Exception as e:
                 log.warning("housekeeping of claim failed", extra={**ctx, "error": str(e)})
+        self.reclaim_expired()
 
     def _not_ours_any_more(self, claim: ClaimView | None, uid: str) -> str:
         """Why a prepared claim no longer belongs on this node ("" when it still does)."""
@@ -974,7 +1245,10 @@ class Preparer:
             if not self._backend.mig_enabled(gpu.uuid):
                 continue
             for inst in self._backend.instances(gpu.uuid):
-                if cp.owner_of(gpu.uuid, inst.gi_id) is not None:
+                if (
+                    cp.owner_of(gpu.uuid, inst.gi_id) is not None
+                    or cp.warm_at(gpu.uuid, inst.gi_id) is not None
+                ):
                     continue
                 old = previous.get((gpu.uuid, inst.gi_id))
                 found.append(
@@ -1063,6 +1337,7 @@ def _find_own_instance(
         if (
             cp.owner_of(d.gpu_uuid, inst.gi_id) is None
             and cp.foreign_at(d.gpu_uuid, inst.gi_id) is None
+            and cp.warm_at(d.gpu_uuid, inst.gi_id) is None
         ):
             return inst
     return None

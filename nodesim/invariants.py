@@ -9,6 +9,9 @@ the API says is allocated (DESIGN.md invariants 1, 2 and 4). Pure functions over
   node-finalizer handshake an allocation outlives its instance, so this is exact in controller
   mode.
 - Exact at rest: once nothing runs, every allocated device has its instance and vice versa.
+
+Instances a node's plugin keeps warm (warm slices, docs/kubeletplugin.md) belong to the node,
+not to a claim: they count neither as leaks nor as instances without a claim.
 """
 
 from __future__ import annotations
@@ -41,6 +44,12 @@ class NodeHardware:
     node: str
     models: Mapping[int, GpuModel]
     instances: tuple[Slot, ...]
+    warm: frozenset[Slot] = frozenset()  # kept warm by the node's plugin (its checkpoint)
+
+    @property
+    def claimed(self) -> tuple[Slot, ...]:
+        """The instances that must belong to a claim: all but the warm ones."""
+        return tuple(s for s in self.instances if s not in self.warm)
 
 
 def node_hardware(node: str, models: Sequence[GpuModel], state: Obj) -> NodeHardware:
@@ -141,7 +150,7 @@ def leaks(
         f"leaked instance on {slot.node}/gpu-{slot.minor}: profile id {slot.profile_id} at "
         f"placement start {slot.start} belongs to no allocated claim"
         for hw in hardware.values()
-        for slot in hw.instances
+        for slot in hw.claimed
         if slot not in named
     ]
 
@@ -149,7 +158,7 @@ def leaks(
 def at_rest(hardware: Mapping[str, NodeHardware], devices: Sequence[HeldDevice]) -> list[str]:
     """With nothing in flight, instances and allocated MIG devices must match one to one."""
     wanted = {s for s in (_slot_of(d) for d in devices) if s is not None and s.node in hardware}
-    have = {s for hw in hardware.values() for s in hw.instances}
+    have = {s for hw in hardware.values() for s in hw.claimed}
     problems = [
         f"allocated {s.node}/gpu-{s.minor} profile {s.profile_id}@{s.start} has no instance"
         for s in sorted(wanted - have)

@@ -18,7 +18,7 @@ import logging
 import signal
 import time
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from devcluster.nodes import FakeNode, NodeHeartbeater, delete_node
 from devcluster.processes import ManagedProcess, console_script, tail_of
 from driver import catalog
 from driver.contract import DEFAULT_DRIVER_NAME
-from nodesim.invariants import NodeHardware, node_hardware
+from nodesim.invariants import NodeHardware, Slot, node_hardware
 from nodesim.kubelet import KubeletSim, socket_identity
 from nodesim.node_agent import AgentSettings, NodeAgent
 
@@ -105,10 +105,28 @@ def read_hardware(sim_config: Path) -> dict[str, Any]:
         return state.to_json()
 
 
-def hardware_view(node: str, gpus: tuple[str, ...], sim_config: Path) -> NodeHardware:
-    """A node's GPU instances as invariant-checker slots."""
+def hardware_view(
+    node: str, gpus: tuple[str, ...], sim_config: Path, checkpoint: Path | None = None
+) -> NodeHardware:
+    """A node's GPU instances as invariant-checker slots, with those its plugin keeps warm
+    (from the plugin's `checkpoint` file, read before and after the hardware: an instance
+    parked or reclaimed in between is warm in one of the two reads)."""
     models = [catalog.gpu_model(k) for k in gpus]
-    return node_hardware(node, models, read_hardware(sim_config))
+    before = _warm_slots(node, checkpoint)
+    hw = node_hardware(node, models, read_hardware(sim_config))
+    return replace(hw, warm=before | _warm_slots(node, checkpoint))
+
+
+def _warm_slots(node: str, checkpoint: Path | None) -> frozenset[Slot]:
+    from kubeletplugin.checkpoint import CheckpointError, CheckpointVersionError, decode
+
+    if checkpoint is None:
+        return frozenset()
+    try:
+        cp = decode(checkpoint.read_bytes())
+    except (OSError, CheckpointError, CheckpointVersionError):
+        return frozenset()  # none yet, or being replaced: only warm slices are lost to the view
+    return frozenset(Slot(node, w.gpu_minor, w.profile_id, w.placement_start) for w in cp.warm)
 
 
 def plugin_argv(
@@ -328,7 +346,8 @@ class SimNode:
         return read_hardware(self.sim_config)
 
     def hardware_view(self) -> NodeHardware:
-        return hardware_view(self.name, self.spec.gpus, self.sim_config)
+        checkpoint = self.plugins_dir / self.driver / "checkpoint.json"
+        return hardware_view(self.name, self.spec.gpus, self.sim_config, checkpoint)
 
     def plugin_log_tail(self, lines: int = 40) -> str:
         return tail_of(self.plugin_log, lines)

@@ -899,6 +899,25 @@ class NvmlBackend:
                 int(exc.value), f"destroy GPU instance {gi_id}", gpu=gpu_uuid
             ) from exc
 
+    def running_processes(self, gpu_uuid: str, mig_uuid: str) -> tuple[int, ...]:
+        """Host PIDs of the processes running on the MIG device ``mig_uuid``, asked of that MIG
+        device's own handle (the parent GPU's handle aggregates every MIG device). Raises
+        NotFound when no MIG device has that UUID any more: it was destroyed."""
+        nv = self._nvml
+        try:
+            handle = nv.nvmlDeviceGetHandleByUUID(mig_uuid)
+        except nv.NVMLError as exc:
+            if self._code(exc) == errors.NVML_ERROR_NOT_FOUND:
+                raise NotFound(f"{gpu_uuid}: no MIG device {mig_uuid}", gpu=gpu_uuid) from exc
+            raise errors.from_code(int(exc.value), f"look up {mig_uuid}", gpu=gpu_uuid) from exc
+        procs = self._call(
+            f"list the processes on {mig_uuid}",
+            gpu_uuid,
+            nv.nvmlDeviceGetComputeRunningProcesses,
+            handle,
+        )
+        return tuple(sorted(int(p.pid) for p in procs))
+
     # --- device nodes: driver.devnodes, with the proc root this backend was given -----------------
 
     def caps_major(self) -> int:

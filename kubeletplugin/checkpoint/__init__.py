@@ -43,6 +43,8 @@ from kubeletplugin.checkpoint.model import (
     DeviceRecord,
     ForeignInstance,
     MpsDaemon,
+    WarmInstance,
+    WarmState,
 )
 from kubeletplugin.checkpoint.store import FILE_NAME, CheckpointStore
 from kubeletplugin.checkpoint.versions import (
@@ -72,6 +74,8 @@ __all__ = [
     "ForeignInstance",
     "Formats",
     "MpsDaemon",
+    "WarmInstance",
+    "WarmState",
     "decode",
     "encode",
 ]

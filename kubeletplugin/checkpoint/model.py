@@ -91,12 +91,48 @@ class ForeignInstance:
     first_seen: float = 0.0
 
 
+class WarmState(StrEnum):
+    """A warm instance's state (kubeletplugin.warm has the transitions).
+
+    IDLE: carved, no claim owns it, no process on it; a claim allocated exactly its profile and
+    placement (in its namespace, unless reuse across namespaces is on) takes it over in one
+    checkpoint save. RECLAIMING: being destroyed (expired, or its space is needed); never handed
+    out again, and a restart finishes the destroy, because a crash may have left it half gone
+    (its compute instance destroyed, its GPU instance not).
+    """
+
+    IDLE = "idle"
+    RECLAIMING = "reclaiming"
+
+
+@dataclass(frozen=True)
+class WarmInstance:
+    """A MIG instance a released claim left carved for the next claim of its profile there.
+
+    The node agent owns it (DESIGN invariant 2: exactly one checkpointed owner); the controller
+    sees its placement as free, since the claim that held it is released.
+    """
+
+    gpu_uuid: str
+    gpu_minor: int
+    gi_id: int
+    ci_id: int
+    mig_uuid: str
+    profile_id: int
+    placement_start: int
+    placement_size: int
+    namespace: str  # of the claim that released it: reuse is limited to it unless opted out
+    since: float  # wall clock when it became warm (expiry is counted from here)
+    state: WarmState = WarmState.IDLE
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     """An immutable snapshot; every change makes a new one that the store then persists."""
 
     claims: Mapping[str, ClaimRecord] = field(default_factory=dict)
     foreign: tuple[ForeignInstance, ...] = ()
+    warm: tuple[WarmInstance, ...] = ()
 
     def with_claim(self, record: ClaimRecord) -> Checkpoint:
         stamped = replace(record, updated_at=time.time())
@@ -117,3 +153,9 @@ class Checkpoint:
 
     def foreign_at(self, gpu_uuid: str, gi_id: int) -> ForeignInstance | None:
         return next((f for f in self.foreign if f.gpu_uuid == gpu_uuid and f.gi_id == gi_id), None)
+
+    def warm_at(self, gpu_uuid: str, gi_id: int) -> WarmInstance | None:
+        return next((w for w in self.warm if w.gpu_uuid == gpu_uuid and w.gi_id == gi_id), None)
+
+    def with_warm(self, warm: tuple[WarmInstance, ...]) -> Checkpoint:
+        return replace(self, warm=warm)

@@ -27,6 +27,8 @@ from kubeletplugin.checkpoint.model import (
     DeviceRecord,
     ForeignInstance,
     MpsDaemon,
+    WarmInstance,
+    WarmState,
 )
 
 VERSION: Literal[1] = 1
@@ -39,6 +41,11 @@ _STATE_NAMES: Mapping[ClaimState, str] = {
     ClaimState.UNPREPARE_STARTED: "UnprepareStarted",
 }
 _STATES: Mapping[str, ClaimState] = {name: state for state, name in _STATE_NAMES.items()}
+_WARM_STATE_NAMES: Mapping[WarmState, str] = {
+    WarmState.IDLE: "Idle",
+    WarmState.RECLAIMING: "Reclaiming",
+}
+_WARM_STATES: Mapping[str, WarmState] = {n: st for st, n in _WARM_STATE_NAMES.items()}
 
 
 # --- the on-disk shapes -------------------------------------------------------------------
@@ -95,9 +102,26 @@ class ForeignV1(TypedDict):
     firstSeen: float
 
 
+class WarmV1(TypedDict):
+    gpuUUID: str
+    gpuMinor: int
+    giID: int
+    ciID: int
+    migUUID: str
+    profileID: int
+    placementStart: int
+    placementSize: int
+    namespace: str
+    since: float
+    state: str
+
+
 class DataV1(TypedDict):
     claims: dict[str, ClaimV1]
     foreign: list[ForeignV1]
+    # Warm instances (kubeletplugin.warm); written only when there are any, so a checkpoint
+    # without them is byte for byte what carve 0.1.0 wrote.
+    warm: NotRequired[list[WarmV1]]
 
 
 class DocumentV1(TypedDict):
@@ -162,6 +186,22 @@ def _foreign_out(f: ForeignInstance) -> ForeignV1:
     }
 
 
+def _warm_out(w: WarmInstance) -> WarmV1:
+    return {
+        "gpuUUID": w.gpu_uuid,
+        "gpuMinor": w.gpu_minor,
+        "giID": w.gi_id,
+        "ciID": w.ci_id,
+        "migUUID": w.mig_uuid,
+        "profileID": w.profile_id,
+        "placementStart": w.placement_start,
+        "placementSize": w.placement_size,
+        "namespace": w.namespace,
+        "since": w.since,
+        "state": _WARM_STATE_NAMES[w.state],
+    }
+
+
 def checksum(data: Mapping[str, object]) -> str:
     """The `checksum` field for `data`, computed exactly as carve 0.1.0 verifies it."""
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
@@ -173,6 +213,8 @@ def encode(cp: Checkpoint) -> bytes:
         "claims": {uid: _claim_out(r) for uid, r in sorted(cp.claims.items())},
         "foreign": [_foreign_out(f) for f in cp.foreign],
     }
+    if cp.warm:
+        data["warm"] = [_warm_out(w) for w in cp.warm]
     doc: DocumentV1 = {"version": VERSION, "checksum": checksum(data), "data": data}
     return json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n"
 
@@ -348,6 +390,27 @@ def _foreign_in(f: _Fields) -> ForeignInstance:
     )
 
 
+def _warm_in(f: _Fields) -> WarmInstance:
+    state = f.text("state")
+    if state not in _WARM_STATES:
+        raise CheckpointError(
+            f"{f.where}.state: expected one of {', '.join(sorted(_WARM_STATES))}, got {state!r}"
+        )
+    return WarmInstance(
+        gpu_uuid=f.text("gpuUUID"),
+        gpu_minor=f.integer("gpuMinor"),
+        gi_id=f.integer("giID"),
+        ci_id=f.integer("ciID"),
+        mig_uuid=f.text("migUUID"),
+        profile_id=f.integer("profileID"),
+        placement_start=f.integer("placementStart"),
+        placement_size=f.integer("placementSize"),
+        namespace=f.text("namespace"),
+        since=f.seconds("since"),
+        state=_WARM_STATES[state],
+    )
+
+
 def decode(doc: Mapping[str, object]) -> Checkpoint:
     data = doc.get("data")
     if not isinstance(data, dict):
@@ -362,6 +425,7 @@ def decode(doc: Mapping[str, object]) -> Checkpoint:
     return Checkpoint(
         claims={uid: _claim_in(c) for uid, c in top.mapping("claims").items()},
         foreign=tuple(_foreign_in(f) for f in top.objects("foreign")),
+        warm=tuple(_warm_in(f) for f in top.objects("warm")),
     )
 
 

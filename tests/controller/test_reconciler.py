@@ -12,7 +12,7 @@ import copy
 import datetime as dt
 import itertools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -268,7 +268,13 @@ class ListRecorder:
 
 
 class Harness:
-    def __init__(self, *, nodes: Mapping[str, int] = {"n1": 2}, **cfg: Any) -> None:
+    def __init__(
+        self,
+        *,
+        nodes: Mapping[str, int] = {"n1": 2},
+        release_beside: Callable[[str, Callable[[], None]], bool] | None = None,
+        **cfg: Any,
+    ) -> None:
         self.planner = FirstFitPlanner()
         self.writer = MemoryWriter()
         self.recorder = ListRecorder()
@@ -281,6 +287,7 @@ class Harness:
             config=ReconcilerConfig(**cfg),
             clock=lambda: self.now[0],
             wall_clock=lambda: self.wall[0],
+            release_beside=release_beside,
         )
         for k in Kind:
             self.rec.mark_synced(k)

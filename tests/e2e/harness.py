@@ -343,7 +343,8 @@ class E2E:
         )
 
     def instance_count(self) -> int:
-        return sum(len(hw.instances) for hw in self.hardware().values())
+        """Instances held for claims (warm ones belong to the node and go with it)."""
+        return sum(len(hw.claimed) for hw in self.hardware().values())
 
     # -- teardown ------------------------------------------------------------------------------
 

@@ -5,7 +5,9 @@ Claims live in ROOT/claims.json (so finalizers survive the process, as they woul
 The environment variable CRASH_AT kills the process with SIGKILL at a non-NVML step:
 `cdi-write` (right after the spec is on disk), `cdi-remove` (right after it is removed),
 `save:<n>` (right after the n-th checkpoint write of this process). NVML steps are killed by
-the simulator's own faults (CARVE_SIM_FAULT_TAG=worker).
+the simulator's own faults (CARVE_SIM_FAULT_TAG=worker). WARM_TTL (seconds) turns warm
+slices on; WARM_SEED=<gpu minor>:<profile id> stands for the demand an earlier life of the
+process saw there (the prediction is in memory, so a fresh process has none).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,6 +31,7 @@ from kubeletplugin.checkpoint import Checkpoint, CheckpointStore
 from kubeletplugin.claims import ClaimGoneError, ClaimView, parse_claim
 from kubeletplugin.draservice import ClaimRef
 from kubeletplugin.prepare import Preparer, PreparerSettings
+from kubeletplugin.warm import WarmSettings
 
 _REPO = Path(__file__).resolve().parents[2]
 
@@ -128,12 +132,19 @@ def main(argv: list[str]) -> int:
     sim.configure(None)  # from CARVE_SIM_CONFIG
     backend = NvmlBackend(sim, proc_root=sim.sim_proc_root()).open()
     preparer = Preparer(
-        settings=PreparerSettings(DRIVER, NODE, NODE),
+        settings=PreparerSettings(
+            DRIVER, NODE, NODE, warm=WarmSettings(float(os.environ.get("WARM_TTL") or 0))
+        ),
         backend=backend,
         claims=claims,
         store=CheckpointStore(rootp / "checkpoint"),
         cdi=CdiWriter(rootp / "cdi", vendor=DRIVER),
     )
+    if os.environ.get("WARM_SEED"):
+        minor, profile = (int(x) for x in os.environ["WARM_SEED"].split(":"))
+        gpu = next(g.uuid for g in backend.gpus() if g.minor == minor)
+        for _ in range(2):
+            preparer._demand.record(gpu, profile, time.time())
     preparer.reconcile()
     crash_at = os.environ.get("CRASH_AT", "")
     if crash_at:

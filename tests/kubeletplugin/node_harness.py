@@ -21,6 +21,7 @@ from kubeletplugin.checkpoint import CheckpointStore
 from kubeletplugin.claims import ClaimGoneError, ClaimView, parse_claim
 from kubeletplugin.draservice import ClaimRef
 from kubeletplugin.prepare import ForeignPolicy, Preparer, PreparerSettings
+from kubeletplugin.warm import WarmSettings
 
 DRIVER = "mig.carve.dev"
 NODE = "node-a"
@@ -160,6 +161,7 @@ class Node:
     policy: ForeignPolicy = ForeignPolicy.LEAVE
     preparer: Preparer | None = None
     offers_changed: int = 0  # how often the preparer said the node's offers changed
+    warm: WarmSettings = field(default_factory=WarmSettings)
 
     @property
     def cdi_root(self) -> Path:
@@ -173,7 +175,9 @@ class Node:
         if self.preparer is not None:
             self.preparer.close()
         self.preparer = Preparer(
-            settings=PreparerSettings(DRIVER, NODE, NODE, foreign_policy=self.policy),
+            settings=PreparerSettings(
+                DRIVER, NODE, NODE, foreign_policy=self.policy, warm=self.warm
+            ),
             backend=self.backend,
             claims=self.claims,
             store=CheckpointStore(self.checkpoint_dir),

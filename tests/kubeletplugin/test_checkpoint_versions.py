@@ -36,6 +36,8 @@ from kubeletplugin.checkpoint import (
     ForeignInstance,
     Formats,
     MpsDaemon,
+    WarmInstance,
+    WarmState,
     decode,
     encode,
     v1,
@@ -351,10 +353,25 @@ _foreign = st.builds(
     ci_ids=st.lists(_ints, max_size=3).map(tuple),
     first_seen=_seconds,
 )
+_warm = st.builds(
+    WarmInstance,
+    gpu_uuid=_text,
+    gpu_minor=_ints,
+    gi_id=_ints,
+    ci_id=_ints,
+    mig_uuid=_text,
+    profile_id=_ints,
+    placement_start=_ints,
+    placement_size=_ints,
+    namespace=_text,
+    since=_seconds,
+    state=st.sampled_from(list(WarmState)),
+)
 _checkpoints = st.builds(
     Checkpoint,
     claims=st.lists(_claims, max_size=4).map(lambda rs: {r.uid: r for r in rs}),
     foreign=st.lists(_foreign, max_size=3).map(tuple),
+    warm=st.lists(_warm, max_size=3).map(tuple),
 )
 
 # Every codec this build has, so a new version is covered by adding it to FORMATS.

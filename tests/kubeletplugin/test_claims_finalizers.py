@@ -32,6 +32,7 @@ class FakeApi:
             }
         }
         self.patches: list[Obj] = []
+        self.gets = 0
         self.before_patch: Callable[[], None] | None = None
 
     def other_writer(self, finalizers: list[str]) -> None:
@@ -43,6 +44,7 @@ class FakeApi:
     def request(self, method: str, path: str, **kw: Any) -> Obj:
         assert path == PATH
         if method == "GET":
+            self.gets += 1
             if self.claim is None:
                 raise ApiError(404, "not found")
             return copy.deepcopy(self.claim)
@@ -114,3 +116,34 @@ def test_no_new_finalizer_on_a_claim_being_deleted() -> None:
         _client(api).add_finalizer("ns", "c", "u1", MINE)
     _client(api).remove_finalizer("ns", "c", "u1", "mig.carve.dev/allocation")
     assert api.claim["metadata"]["finalizers"] == []
+
+
+def test_adding_after_a_read_derives_the_patch_from_that_read() -> None:
+    """Prepare reads the claim, then adds its finalizer: one GET, not two, on its path."""
+    api = FakeApi()
+    client = _client(api)
+    assert client.get("ns", "c") is not None
+    client.add_finalizer("ns", "c", "u1", MINE)
+    assert api.gets == 1
+    assert [p["metadata"]["resourceVersion"] for p in api.patches] == ["5"]
+    client.remove_finalizer("ns", "c", "u1", MINE)  # no copy left: reads again
+    assert api.gets == 2
+
+
+def test_a_stale_read_is_caught_by_its_resource_version() -> None:
+    api = FakeApi()
+    client = _client(api)
+    assert client.get("ns", "c") is not None
+    api.other_writer(["someone/else"])  # changed after our read
+    client.add_finalizer("ns", "c", "u1", MINE)
+    assert api.claim is not None and api.claim["metadata"]["finalizers"] == ["someone/else", MINE]
+    assert [p["metadata"]["resourceVersion"] for p in api.patches] == ["5", "6"]
+
+
+def test_a_read_of_another_uid_is_not_used() -> None:
+    api = FakeApi()
+    client = _client(api)
+    assert client.get("ns", "c") is not None
+    with pytest.raises(ClaimGoneError):
+        client.add_finalizer("ns", "c", "u-other", MINE)  # re-read: the name has UID u1
+    assert api.patches == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from hypothesis import given
@@ -67,6 +68,17 @@ def test_at_rest_is_one_to_one() -> None:
     assert at_rest(hw((P1G.id, 3)), [dev("a", P1G, 3)]) == []
     assert len(at_rest(hw((P1G.id, 3)), [])) == 1
     assert len(at_rest(hw(), [dev("a", P1G, 3)])) == 1
+
+
+def test_an_instance_the_node_keeps_warm_is_neither_a_leak_nor_unclaimed() -> None:
+    [node] = hw((P1G.id, 3), (P1G.id, 4)).values()
+    warm = {"n": replace(node, warm=frozenset({Slot("n", 0, P1G.id, 4)}))}
+    owned = [dev("a", P1G, 3)]
+    assert leaks(warm, owned, owned) == []
+    assert at_rest(warm, owned) == []
+    assert len(leaks(hw((P1G.id, 3), (P1G.id, 4)), owned, owned)) == 1  # not warm: a leak
+    # Warm means owned by the node, not allocated: a claim still needs its own instance.
+    assert len(at_rest(warm, [*owned, dev("b", P1G, 4)])) == 1
 
 
 def test_snapshots_are_read_from_simulator_state_and_claims() -> None:

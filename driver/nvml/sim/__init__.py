@@ -42,6 +42,7 @@ from driver.nvml.sim.admin import (
     sim_reset_gpu,
     sim_set_busy,
     sim_set_gpu_clients,
+    sim_set_processes,
     sim_snapshot,
     sim_write_config,
 )
@@ -115,6 +116,10 @@ from driver.nvml.sim.health import (
     sim_inject_ecc,
     sim_inject_xid,
 )
+from driver.nvml.sim.processes import (
+    nvmlDeviceGetComputeRunningProcesses,
+    nvmlDeviceGetComputeRunningProcesses_v3,
+)
 from driver.nvml.sim.runtime import (
     configure,
     nvmlInit,
@@ -146,6 +151,8 @@ __all__ = [
     "nvmlDeviceCreateGpuInstanceWithPlacement",
     "nvmlDeviceGetArchitecture",
     "nvmlDeviceGetComputeInstanceId",
+    "nvmlDeviceGetComputeRunningProcesses",
+    "nvmlDeviceGetComputeRunningProcesses_v3",
     "nvmlDeviceGetCount",
     "nvmlDeviceGetCudaComputeCapability",
     "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
@@ -208,6 +215,7 @@ __all__ = [
     "sim_reset_gpu",
     "sim_set_busy",
     "sim_set_gpu_clients",
+    "sim_set_processes",
     "sim_snapshot",
     "sim_write_config",
 ]

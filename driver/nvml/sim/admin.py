@@ -59,14 +59,22 @@ def sim_reboot() -> None:
 
 
 def sim_set_busy(gpu: int, gi_id: int, ci_id: int, busy: bool = True) -> None:
-    """Pretend a process runs on a compute instance, so destroying it gives IN_USE."""
+    """Pretend a process runs on a compute instance, so destroying it gives IN_USE (and the
+    process query names the calling process)."""
+    sim_set_processes(gpu, gi_id, ci_id, [os.getpid()] if busy else [])
+
+
+def sim_set_processes(gpu: int, gi_id: int, ci_id: int, pids: list[int]) -> None:
+    """The host PIDs running on a compute instance (empty: none), as
+    nvmlDeviceGetComputeRunningProcesses reports them; any makes a destroy IN_USE."""
 
     def body(cfg: SimConfig, state: HwState) -> None:
         gi = state.gpus[gpu].gi(gi_id)
         ci = None if gi is None else next((c for c in gi.cis if c.id == ci_id), None)
         if ci is None:
             raise SimConfigError(f"no compute instance {gpu}/{gi_id}/{ci_id}")
-        ci.busy = busy
+        ci.busy = False
+        ci.pids = [int(p) for p in pids]
 
     admin(body)
 

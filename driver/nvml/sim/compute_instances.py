@@ -147,7 +147,7 @@ def nvmlComputeInstanceDestroy(computeInstance: Any) -> int:
         r = resolve(cfg, state, computeInstance, (KIND_CI,))
         require_privilege(cfg)
         assert r.gi is not None and r.ci is not None
-        if r.ci.busy:
+        if r.ci.in_use:
             raise_nvml(pynvml.NVML_ERROR_IN_USE)
         r.gi.cis.remove(r.ci)
         return int(pynvml.NVML_SUCCESS)

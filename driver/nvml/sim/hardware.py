@@ -55,6 +55,13 @@ class CiRec:
     serial: int
     uuid: str
     busy: bool = False
+    # Host PIDs of the processes running on this compute instance (what
+    # nvmlDeviceGetComputeRunningProcesses reports); any of them makes a destroy IN_USE.
+    pids: list[int] = field(default_factory=list)
+
+    @property
+    def in_use(self) -> bool:
+        return self.busy or bool(self.pids)
 
 
 @dataclass

@@ -96,6 +96,8 @@ CARVE_LOG_LEVEL: {{ .Values.logging.level | quote }}
 {{- $kubelet := trimSuffix "/" .Values.plugin.kubeletDir -}}
 CARVE_DRIVER_NAME: {{ .Values.driverName | quote }}
 CARVE_FOREIGN_INSTANCES: {{ .Values.plugin.foreignInstances | quote }}
+CARVE_WARM_SLICES_TTL: {{ .Values.plugin.warmSlices.ttl | quote }}
+CARVE_WARM_SLICES_ACROSS_NAMESPACES: {{ .Values.plugin.warmSlices.acrossNamespaces | toString | quote }}
 CARVE_REGISTRY_DIR: {{ printf "%s/plugins_registry" $kubelet | quote }}
 CARVE_PLUGINS_DIR: {{ printf "%s/plugins" $kubelet | quote }}
 CARVE_CDI_ROOT: {{ .Values.plugin.cdiDir | quote }}
