@@ -531,6 +531,10 @@ class Reconciler:
             self._releasing.discard(obj[_RELEASE_DONE])
             self._dirty_claims.add(obj[_RELEASE_DONE])
             return
+        if _RELEASE_WRITTEN in obj:
+            obj = obj[_RELEASE_WRITTEN]
+            if not self._still_stored(obj):
+                return
         key = key_of(obj)
         store = self.stores[kind]
         if type_ is EventType.DELETED:
@@ -740,7 +744,20 @@ class Reconciler:
 
     def _queue_written(self, claim: Obj) -> None:
         """A claim written beside the decision thread: into the queue, as an informer event."""
-        self._events.put((Kind.CLAIM, EventType.MODIFIED, claim))
+        self._events.put((Kind.CLAIM, EventType.MODIFIED, {_RELEASE_WRITTEN: claim}))
+
+    def _still_stored(self, written: Obj) -> bool:
+        """Whether a claim written beside the decision thread may go into the store.
+
+        Its copy reaches the queue only once the write's response is back, and the informer's
+        later events about the claim can be applied first, its deletion included: dropping the
+        last finalizer of a deleted claim deletes it, and the apiserver answers with the claim
+        as it was, allocated. Stored after the deletion, that copy would hold its placement in
+        the model for good. So only a claim still stored, as the same object, takes it (and
+        `_older` keeps a newer informer copy over it)."""
+        old = self.stores[Kind.CLAIM].get(key_of(written))
+        uid = written.get("metadata", {}).get("uid")
+        return old is not None and old.get("metadata", {}).get("uid") == uid
 
     def _release(
         self, claim: Obj, action: ReleaseKind, store: Callable[[Obj], None] | None = None
@@ -1406,6 +1423,8 @@ def _scheduling_message(pod: Obj) -> str:
 
 # The marker a release run beside the decision thread queues when it is done (see _apply).
 _RELEASE_DONE = "__release_done__"
+# The wrapper of a claim such a release wrote, queued for the store (see _still_stored).
+_RELEASE_WRITTEN = "__release_written__"
 
 
 def _run_now(_key: str, write: Callable[[], None]) -> None:

@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from controller.reconciler import Kind
+from controller.reconciler import EventType, Kind
 from tests.controller.test_reconciler import (
     ALLOCATION_FINALIZER,
     Harness,
@@ -164,3 +164,25 @@ def test_the_wait_for_releases_is_bounded() -> None:
     waited = time.monotonic() - started
     assert 0.2 <= waited < 2.0  # it did wait, and no longer than release_wait (plus a step)
     assert not h.current("d")["status"].get("allocation")
+
+
+def test_a_deleted_claim_stays_gone_when_its_written_copy_arrives_after_the_deletion() -> None:
+    """Dropping the last finalizer of a claim being deleted deletes it, and the write answers
+    with the claim as it was, allocated. The watch may deliver the deletion before that answer
+    reaches the queue: the late copy must not bring the claim back, holding its slot for good
+    (the churn e2e test stalled on such ghosts)."""
+    beside = HeldWrites()
+    h = _one_slot_with_a_finished_pod(beside)
+    deleting = h.current("c")
+    deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:09Z"
+    h.update(Kind.CLAIM, deleting)
+    h.step()
+    assert [key for key, _ in beside.held] == ["ns/c"]
+    gone = h.current("c")
+    gone["metadata"]["finalizers"] = []
+    h.rec.enqueue(Kind.CLAIM, EventType.DELETED, gone)  # the watch is first
+    beside.run_all()
+    assert h.writer.calls[-1] == ("remove_finalizer", "c")
+    h.step()
+    assert "ns/c" not in h.rec.stores[Kind.CLAIM]
+    assert h.current("d")["status"]["allocation"]  # c's slot is free for q
