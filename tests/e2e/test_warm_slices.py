@@ -13,7 +13,7 @@ import pytest
 
 from devcluster.waiting import wait_for
 from driver.contract import DEFAULT_CONTRACT
-from nodesim.invariants import allocated_devices
+from nodesim.invariants import HeldDevice, allocated_devices
 from tests.e2e.harness import E2E, profile_is, request
 
 pytestmark = pytest.mark.cluster
@@ -22,6 +22,10 @@ pytestmark = pytest.mark.cluster
 def _mig_uuid(e2e: E2E, pod: str) -> str:
     env = dict(e.split("=", 1) for e in e2e.container_env(pod))
     return env["NVIDIA_VISIBLE_DEVICES"]
+
+
+def _allocated(e2e: E2E) -> list[HeldDevice]:
+    return allocated_devices(e2e.all_claims(), DEFAULT_CONTRACT.driver)
 
 
 def test_a_released_slice_is_kept_and_the_next_pod_there_reuses_it(e2e: E2E) -> None:
@@ -48,6 +52,9 @@ def test_a_released_slice_is_kept_and_the_next_pod_there_reuses_it(e2e: E2E) -> 
 
     wait_for("both instances to be kept warm", both_kept, timeout=30)
     assert e2e.check_invariants() == []
+    # The controller frees a placement in its model only once it has cleared the claim, which
+    # follows the node's parking; a pod placed before that lands beside the held slot instead.
+    wait_for("every claim released", lambda: not _allocated(e2e), timeout=30)
 
     e2e.pod("third", claims, run_seconds=2)
     e2e.wait_phase("third", "Running")
@@ -60,9 +67,5 @@ def test_a_released_slice_is_kept_and_the_next_pod_there_reuses_it(e2e: E2E) -> 
     wait_for("the instance to be kept again", lambda: len(node.hardware_view().warm) == 2, 30)
     # At rest means nothing in flight: the controller has also cleared the third claim (the
     # node parks the instance first, then drops its finalizer; the deallocation follows).
-    wait_for(
-        "every claim released",
-        lambda: not allocated_devices(e2e.all_claims(), DEFAULT_CONTRACT.driver),
-        timeout=30,
-    )
+    wait_for("every claim released", lambda: not _allocated(e2e), timeout=30)
     assert e2e.check_at_rest() == []
