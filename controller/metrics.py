@@ -69,22 +69,37 @@ class _SlicePart:
     consumes: Mapping[str, tuple[tuple[str, frozenset[int]], ...]]
 
 
-def _slice_part(s: Obj, driver: str) -> _SlicePart | None:
+def _slice_part(s: Obj, driver: str, shared: dict[Any, Any] | None = None) -> _SlicePart | None:
+    """``shared`` (kept by the caller across slices) gives one object per distinct counter
+    set and consumption: every GPU of a model consumes the same memory slices, and a fresh
+    frozenset per device cost ~80 KB per GPU node."""
     spec = s.get("spec", {})
     if spec.get("driver") != driver:
         return None
+    one: dict[Any, Any] = {} if shared is None else shared
+
+    def share(value: Any) -> Any:
+        return one.setdefault(value, value)
+
     pool = spec.get("pool", {})
     return _SlicePart(
         pool=pool.get("name", ""),
         generation=int(pool.get("generation") or 0),
-        sets=tuple(
-            (cs.get("name", ""), frozenset(_memory_slices(cs.get("counters"))))
-            for cs in spec.get("sharedCounters") or []
+        sets=share(
+            tuple(
+                (cs.get("name", ""), frozenset(_memory_slices(cs.get("counters"))))
+                for cs in spec.get("sharedCounters") or []
+            )
         ),
         consumes={
-            dev.get("name", ""): tuple(
-                (str(cc.get("counterSet", "")), frozenset(_memory_slices(cc.get("counters"))))
-                for cc in dev.get("consumesCounters") or []
+            dev.get("name", ""): share(
+                tuple(
+                    (
+                        str(cc.get("counterSet", "")),
+                        share(frozenset(_memory_slices(cc.get("counters")))),
+                    )
+                    for cc in dev.get("consumesCounters") or []
+                )
             )
             for dev in spec.get("devices") or []
         },
@@ -133,6 +148,7 @@ class SliceUsageIndex:
     def __init__(self, driver: str) -> None:
         self.driver = driver
         self._parts: dict[str, tuple[str, _SlicePart | None]] = {}
+        self._shared: dict[Any, Any] = {}
 
     def usage(self, slices: Mapping[str, Obj], claims: Iterable[Obj]) -> SliceUsage:
         parts: dict[str, tuple[str, _SlicePart | None]] = {}
@@ -142,8 +158,10 @@ class SliceUsageIndex:
             if rv and known is not None and known[0] == rv:
                 parts[key] = known
             else:
-                parts[key] = (rv, _slice_part(s, self.driver))
+                parts[key] = (rv, _slice_part(s, self.driver, self._shared))
         self._parts = parts
+        if len(self._shared) > 1 << 16:
+            self._shared = {}  # parts of replaced slices; those kept hold their own
         return _usage((p for _, p in parts.values() if p is not None), claims, self.driver)
 
 

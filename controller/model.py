@@ -22,6 +22,7 @@ import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
+from types import MappingProxyType
 
 from controller.claims import ClaimHold, ClaimKey
 from controller.nodefit import NO_RESOURCES, NodeInfo, Resources
@@ -31,11 +32,13 @@ from driver.cel import AttributeValue, CelDevice, Semver, parse_kubernetes_quant
 from driver.contract import IDENTITY_ATTRIBUTES
 from driver.geometry import EMPTY_STATE, Geometry, GpuState, PlacementError, geometry_for
 
+_NO_DEVICES: Mapping[str, tuple[str, PublishedDevice]] = MappingProxyType({})
+
 WHOLE_GPU = -1
 """Profile id the model uses for a whole-GPU device (it blocks every MIG placement)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a fleet holds one per published device
 class PublishedDevice:
     """One device a node publishes for a GPU: a (profile, placement) or the whole GPU."""
 
@@ -109,6 +112,12 @@ class GpuRecord:
         return self.inventory.node
 
 
+@functools.lru_cache(maxsize=4096)
+def _placement_key(profile_id: int, start: int) -> tuple[int, int]:
+    """One (profile, start) tuple for every GPU that publishes that placement (~1.5 KB a GPU)."""
+    return (profile_id, start)
+
+
 def _used_units(record: GpuRecord) -> int:
     occupancy = record.occupancy
     if occupancy.blocked:
@@ -137,7 +146,8 @@ class ClusterModel:
         self._node_usage: dict[str, Resources] = {}
         self.gpus: dict[str, GpuRecord] = {}
         self._node_gpus: dict[str, list[str]] = {}
-        self._device_index: dict[tuple[str, str], tuple[str, PublishedDevice]] = {}
+        # pool -> device name -> (GPU uuid, device); nested, so no (pool, name) key per device
+        self._device_index: dict[str, dict[str, tuple[str, PublishedDevice]]] = {}
         self._holds: dict[ClaimKey, ClaimHold] = {}
         self._claims_on_gpu: dict[str, set[ClaimKey]] = {}
         self._gpus_of_claim: dict[ClaimKey, set[str]] = {}
@@ -214,13 +224,14 @@ class ClusterModel:
                 geometry=geometry_for(inv.model),
                 kind=kind,
                 position=position,
-                by_placement={(d.profile_id, d.start): d for d in inv.devices},
+                by_placement={_placement_key(d.profile_id, d.start): d for d in inv.devices},
             )
             self.gpus[inv.uuid] = record
             key = inv.model.key
             self._units_total[key] = self._units_total.get(key, 0) + inv.model.memory_units
+            in_pool = self._device_index.setdefault(inv.pool, {})
             for d in inv.devices:
-                self._device_index[(inv.pool, d.name)] = (inv.uuid, d)
+                in_pool[d.name] = (inv.uuid, d)
         for claim in list(self._unresolved):
             self._attach(self._holds[claim])
         for uuid in self._node_gpus.get(node, ()):
@@ -234,8 +245,11 @@ class ClusterModel:
         key = record.inventory.model.key
         self._units_total[key] -= record.inventory.model.memory_units
         self._units_used[key] = self._units_used.get(key, 0) - _used_units(record)
+        in_pool = self._device_index.get(record.inventory.pool, {})
         for d in record.inventory.devices:
-            self._device_index.pop((record.inventory.pool, d.name), None)
+            in_pool.pop(d.name, None)
+        if not in_pool:
+            self._device_index.pop(record.inventory.pool, None)
         for claim in self._claims_on_gpu.pop(uuid, set()):
             self._gpus_of_claim.get(claim, set()).discard(uuid)
             self._unresolved[claim] = ()  # re-resolved against the new publication
@@ -251,7 +265,7 @@ class ClusterModel:
         return iter(self._node_gpus)
 
     def device(self, pool: str, name: str) -> tuple[GpuRecord, PublishedDevice] | None:
-        hit = self._device_index.get((pool, name))
+        hit = self._device_index.get(pool, _NO_DEVICES).get(name)
         if hit is None:
             return None
         return self.gpus[hit[0]], hit[1]
@@ -288,7 +302,7 @@ class ClusterModel:
         missing = []
         touched = set()
         for d in hold.devices:
-            hit = self._device_index.get((d.pool, d.device))
+            hit = self._device_index.get(d.pool, _NO_DEVICES).get(d.device)
             if hit is None:
                 missing.append(f"{d.pool}/{d.device}")
                 continue
@@ -313,7 +327,7 @@ class ClusterModel:
         holders: dict[tuple[int, int], set[ClaimKey]] = {}
         for claim in sorted(self._claims_on_gpu.get(uuid, ())):
             for d in self._holds[claim].devices:
-                hit = self._device_index.get((d.pool, d.device))
+                hit = self._device_index.get(d.pool, _NO_DEVICES).get(d.device)
                 if hit is not None and hit[0] == uuid:
                     holders.setdefault((hit[1].profile_id, hit[1].start), set()).add(claim)
         record.holders = holders

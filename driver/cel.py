@@ -127,7 +127,7 @@ def parse_kubernetes_quantity(text: str) -> Decimal:
         raise ValueError(f"invalid quantity {text!r}") from exc
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a fleet holds one per published device
 class CelDevice:
     """The facts about one device that selectors may read.
 

@@ -21,6 +21,7 @@ Everything here is pure: manifests are plain JSON-ready dicts with the API's cam
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -816,18 +817,20 @@ def _parse_gpu(
     cc = _compute_capability(gpu_dev)
     rows, names = _profile_rows(mig_devices, uuid, counter_set, memory_units)
     profiles = sorted((_profile_spec(pid, row) for pid, row in rows.items()), key=lambda p: p.index)
-    model = GpuModel(
-        key=product,
-        product_name=product,
-        pci_device_ids=(),
-        architecture=architecture,
-        memory_mib=memory // _MIB,
-        memory_units=memory_units,
-        compute_slices=max((p.slices for p in profiles), default=0),
-        cuda_compute_capability=cc,
-        profiles=tuple(profiles),
-        placement_evidence=Evidence.INFERRED,
-        note="reconstructed from ResourceSlices",
+    model = _shared_model(
+        GpuModel(
+            key=product,
+            product_name=product,
+            pci_device_ids=(),
+            architecture=architecture,
+            memory_mib=memory // _MIB,
+            memory_units=memory_units,
+            compute_slices=max((p.slices for p in profiles), default=0),
+            cuda_compute_capability=cc,
+            profiles=tuple(profiles),
+            placement_evidence=Evidence.INFERRED,
+            note="reconstructed from ResourceSlices",
+        )
     )
     return SlicedGpu(
         node_name=node_name,
@@ -843,6 +846,13 @@ def _parse_gpu(
         pci_bus_id=_optional_text(gpu_dev, PCI_BUS_ID_ATTRIBUTE, "string"),
         driver_version=_optional_text(gpu_dev, Attr.DRIVER_VERSION, "version"),
     )
+
+
+@functools.lru_cache(maxsize=256)
+def _shared_model(model: GpuModel) -> GpuModel:
+    """One object per distinct rebuilt model: every GPU of a model gives an equal one, and the
+    controller keeps one per GPU (~4 KB of profiles each, ~30 KB per GPU node)."""
+    return model
 
 
 def _optional_text(dev: Mapping[str, Any], name: str, kind: str) -> str | None:
