@@ -10,23 +10,23 @@ the cluster rather than the cluster.
   one slice changes, and the usage gauges read the counters), but compactly: the plugin
   publishes the same capacity maps, counter consumptions and attribute values for every GPU of
   a model, so those are shared (a fleet of a few GPU models holds a few thousand distinct
-  ones), and each device is packed (`PackedDevice`): its values in one tuple, its keys and its
-  attributes' names once per layout. A device dict and its attributes dict cost ~650 bytes; a
-  packed device ~250, and a GPU node publishes ~200 devices.
+  ones), and a slice's devices are packed (`PackedDevices`): their values in one tuple, their
+  keys and their attributes' names once per layout. A device dict and its attributes dict cost
+  ~650 bytes; a packed device ~140, and a GPU node publishes ~200 devices.
 - Every object loses `metadata.managedFields` and the last-applied annotation, which nothing in
   the controller reads.
 
 Objects from the cache are read-only: the interned containers are shared between objects, and
-packed devices are read-only mappings (`plain_json` turns a cached object back into plain JSON).
+packed devices are read-only sequences and mappings (`plain_json` gives plain JSON back).
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 from controller.reconciler import is_terminal
 from controller.status import has_gate
@@ -113,8 +113,9 @@ class _DeviceLayout:
 
     keys: tuple[str, ...]
     attributes: tuple[str, ...]
-    index: Mapping[str, int]  # device key -> position in the values; -1 for "attributes"
-    attribute_index: Mapping[str, int]  # attribute name -> position in the values
+    index: Mapping[str, int]  # device key -> position among its values; -1 for "attributes"
+    attribute_index: Mapping[str, int]  # attribute name -> position among its values
+    size: int  # how many values a device of this layout has
 
 
 def _layout(keys: tuple[str, ...], attributes: tuple[str, ...]) -> _DeviceLayout:
@@ -125,30 +126,88 @@ def _layout(keys: tuple[str, ...], attributes: tuple[str, ...]) -> _DeviceLayout
     if "attributes" in keys:
         index["attributes"] = -1
     start = len(others)
-    return _DeviceLayout(keys, attributes, index, {a: start + i for i, a in enumerate(attributes)})
+    return _DeviceLayout(
+        keys,
+        attributes,
+        index,
+        {a: start + i for i, a in enumerate(attributes)},
+        start + len(attributes),
+    )
+
+
+class PackedDevices(Sequence["PackedDevice"]):
+    """A ResourceSlice's ``spec.devices``, packed: one tuple of every device's values (its own
+    values, name, capacity, counter consumption..., then its attributes' values) and one layout
+    per device, shared with every device that has the same keys. Reading a device gives a
+    `PackedDevice` view over the tuple; nothing per device is kept but its values."""
+
+    __slots__ = ("_layouts", "_values")
+
+    def __init__(self, layouts: tuple[_DeviceLayout, ...], values: tuple[Any, ...]) -> None:
+        self._layouts = layouts
+        self._values = values
+
+    def __len__(self) -> int:
+        return len(self._layouts)
+
+    @overload
+    def __getitem__(self, i: int) -> PackedDevice: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[PackedDevice]: ...
+
+    def __getitem__(self, i: int | slice) -> PackedDevice | list[PackedDevice]:
+        if isinstance(i, slice):
+            return list(self)[i]
+        n = len(self._layouts)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("device index out of range")
+        offset = sum(layout.size for layout in self._layouts[:i])
+        return PackedDevice(self._layouts[i], self._values, offset)
+
+    def __iter__(self) -> Iterator[PackedDevice]:
+        offset = 0
+        for layout in self._layouts:
+            yield PackedDevice(layout, self._values, offset)
+            offset += layout.size
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, PackedDevices | list | tuple):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"PackedDevices({list(self)!r})"
 
 
 class PackedDevice(Mapping[str, Any]):
-    """A ResourceSlice device as a read-only mapping equal to the device's JSON, stored as one
-    tuple of values: the device's own values (name, capacity, counter consumption, ...) and
-    then its attributes' values, in the order of its layout. Reading ``["attributes"]`` gives a
-    mapping over the same tuple."""
+    """One device of `PackedDevices`: a read-only mapping equal to the device's JSON. Reading
+    ``["attributes"]`` gives a mapping over the same values."""
 
-    __slots__ = ("_layout", "_values")
+    __slots__ = ("_layout", "_offset", "_values")
 
-    def __init__(self, layout: _DeviceLayout, values: tuple[Any, ...]) -> None:
+    def __init__(self, layout: _DeviceLayout, values: tuple[Any, ...], offset: int) -> None:
         self._layout = layout
         self._values = values
+        self._offset = offset
 
     def __getitem__(self, key: str) -> Any:
         i = self._layout.index[key]
-        return _PackedAttributes(self._layout, self._values) if i < 0 else self._values[i]
+        if i < 0:
+            return _PackedAttributes(self._layout, self._values, self._offset)
+        return self._values[self._offset + i]
 
     def get(self, key: str, default: Any = None) -> Any:
         i = self._layout.index.get(key)
         if i is None:
             return default
-        return _PackedAttributes(self._layout, self._values) if i < 0 else self._values[i]
+        if i < 0:
+            return _PackedAttributes(self._layout, self._values, self._offset)
+        return self._values[self._offset + i]
 
     def __contains__(self, key: object) -> bool:
         return key in self._layout.index
@@ -164,20 +223,21 @@ class PackedDevice(Mapping[str, Any]):
 
 
 class _PackedAttributes(Mapping[str, Any]):
-    """A packed device's ``attributes``: a view, made when read, over the device's values."""
+    """A packed device's ``attributes``: a view over the device's values."""
 
-    __slots__ = ("_layout", "_values")
+    __slots__ = ("_layout", "_offset", "_values")
 
-    def __init__(self, layout: _DeviceLayout, values: tuple[Any, ...]) -> None:
+    def __init__(self, layout: _DeviceLayout, values: tuple[Any, ...], offset: int) -> None:
         self._layout = layout
         self._values = values
+        self._offset = offset
 
     def __getitem__(self, key: str) -> Any:
-        return self._values[self._layout.attribute_index[key]]
+        return self._values[self._offset + self._layout.attribute_index[key]]
 
     def get(self, key: str, default: Any = None) -> Any:
         i = self._layout.attribute_index.get(key)
-        return default if i is None else self._values[i]
+        return default if i is None else self._values[self._offset + i]
 
     def __contains__(self, key: object) -> bool:
         return key in self._layout.attribute_index
@@ -196,7 +256,7 @@ def plain_json(value: Any) -> Any:
     """A cached object (or any part of one) as plain JSON: dicts and lists, no packed devices."""
     if isinstance(value, Mapping):
         return {k: plain_json(v) for k, v in value.items()}
-    if isinstance(value, list):
+    if isinstance(value, list | PackedDevices):
         return [plain_json(v) for v in value]
     return value
 
@@ -205,8 +265,8 @@ class SharedParts:
     """One object per distinct JSON value at the places a ResourceSlice repeats itself: every
     attribute value, every device's capacity map and counter consumption, every counter set's
     counters. The key is the value's compact JSON text (C-speed, and it keeps 1, 1.0 and true
-    apart); device and attribute names are interned strings, and each device is packed
-    (`PackedDevice`) over a layout shared by the devices with the same keys.
+    apart); device and attribute names are interned strings, and a slice's devices are packed
+    (`PackedDevices`) over layouts shared by the devices with the same keys.
 
     Entries that no cached object uses any more are dropped whenever the table has doubled
     since the last sweep, so replaced slices do not pin their parts.
@@ -229,8 +289,8 @@ class SharedParts:
         spec = strip_bookkeeping(obj).get("spec")
         if isinstance(spec, dict):
             devices = spec.get("devices")
-            if isinstance(devices, list):
-                spec["devices"] = [self._device(d) if isinstance(d, dict) else d for d in devices]
+            if isinstance(devices, list) and devices:
+                spec["devices"] = self._devices(devices)
             for counter_set in spec.get("sharedCounters") or ():
                 if isinstance(counter_set, dict) and "counters" in counter_set:
                     counter_set["counters"] = self.share(counter_set["counters"])
@@ -238,23 +298,32 @@ class SharedParts:
             self.sweep()
         return obj
 
-    def _device(self, device: Obj) -> Obj | PackedDevice:
+    def _devices(self, devices: list[Any]) -> list[Any] | PackedDevices:
+        layouts: list[_DeviceLayout] = []
+        values: list[Any] = []
+        for device in devices:
+            attributes = device.get("attributes", {}) if isinstance(device, dict) else None
+            if not isinstance(attributes, dict):
+                # Not what the API sends: kept as it came, its parts shared.
+                return [self._share_device(d) if isinstance(d, dict) else d for d in devices]
+            self._share_device(device)
+            keys, names = tuple(device), tuple(attributes)
+            layout = self._layouts.get((keys, names))
+            if layout is None:
+                layout = self._layouts.setdefault((keys, names), _layout(keys, names))
+            layouts.append(layout)
+            values += [device[k] for k in layout.keys if k != "attributes"]
+            values += [self._attribute(v) for v in attributes.values()]
+        return PackedDevices(tuple(layouts), tuple(values))
+
+    def _share_device(self, device: Obj) -> Obj:
         name = device.get("name")
         if isinstance(name, str):
             device["name"] = sys.intern(name)
         for key in ("capacity", "consumesCounters"):
             if key in device:
                 device[key] = self.share(device[key])
-        attributes = device.get("attributes", {})
-        if not isinstance(attributes, dict):
-            return device  # not what the API sends: kept as it came
-        keys, names = tuple(device), tuple(attributes)
-        layout = self._layouts.get((keys, names))
-        if layout is None:
-            layout = self._layouts.setdefault((keys, names), _layout(keys, names))
-        values = [device[k] for k in layout.keys if k != "attributes"]
-        values += [self._attribute(v) for v in attributes.values()]
-        return PackedDevice(layout, tuple(values))
+        return device
 
     def _attribute(self, value: Any) -> Any:
         """An attribute value is one `{type: value}` pair: keyed without JSON, by the pair."""

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from controller.cache import (
     PackedDevice,
+    PackedDevices,
     SharedParts,
     plain_json,
     plain_pod,
@@ -202,3 +203,29 @@ def test_slices_of_equal_gpus_share_their_parts() -> None:
     dev2 = next(s for s in second if s["spec"].get("devices"))["spec"]["devices"][3]
     assert dev1["capacity"] is dev2["capacity"]
     assert dev1["consumesCounters"] is dev2["consumesCounters"]
+
+
+def test_packed_devices_read_as_the_published_list() -> None:
+    published = _node_slices("n1", 1)
+    cached = [slice_view()(s) for s in _node_slices("n1", 1)]
+    for plain, kept in zip(published, cached, strict=True):
+        devices = kept["spec"].get("devices")
+        if not devices:
+            continue
+        want = plain["spec"]["devices"]
+        assert isinstance(devices, PackedDevices) and len(devices) == len(want)
+        assert devices[-1] == want[-1] and devices[1:3] == want[1:3] and devices == want
+        first = devices[0]
+        assert isinstance(first, PackedDevice) and set(first) == set(want[0])
+        assert first.get("taints") is None and "attributes" in first and "taints" not in first
+        assert dict(first["attributes"]) == want[0]["attributes"]
+        assert first["attributes"].get("nope", 7) == 7
+        assert plain_json(kept) == plain and json.dumps(plain_json(kept))
+
+
+def test_a_device_the_api_would_refuse_is_kept_as_it_came() -> None:
+    odd = _slice({}, {"m": {"value": "1"}}, {})
+    odd["spec"]["devices"].append({"name": "e", "attributes": ["not", "a", "map"]})
+    kept = SharedParts()(copy.deepcopy(odd))
+    del odd["metadata"]["managedFields"]
+    assert isinstance(kept["spec"]["devices"], list) and kept == odd
