@@ -78,6 +78,24 @@ def _one_slot_with_a_finished_pod(
     return h
 
 
+def _a_finished_pod_then_a_new_one(
+    beside: HeldWrites | ThreadedWrites, release_wait: float
+) -> Harness:
+    """Node n1 with one slot: pod p ran there and ended, and only then pod q arrives (the
+    common case at a steady rate), never refused before; the next step places q."""
+    h = Harness(nodes={"n1": 1}, release_beside=beside.offer, release_wait=release_wait)
+    h.add(Kind.NODE, node("n1"))
+    h.add(Kind.CLAIM, claim("c"))
+    h.add(Kind.POD, pod("p", ["c"]))
+    h.step()
+    done = h.current("p")
+    done["status"]["phase"] = "Succeeded"
+    h.update(Kind.POD, done)
+    h.add(Kind.CLAIM, claim("d"))
+    h.add(Kind.POD, pod("q", ["d"], created="2026-01-02T00:00:00Z"))
+    return h
+
+
 def test_release_writes_run_beside_and_the_slot_stays_busy_until_they_land() -> None:
     beside = HeldWrites()
     h = _one_slot_with_a_finished_pod(beside)
@@ -122,18 +140,8 @@ def test_writes_the_workers_cannot_take_run_inline() -> None:
 
 def test_a_new_pod_waits_for_releases_in_flight_and_gets_the_freed_slot() -> None:
     beside = ThreadedWrites(delay=0.05)
-    h = Harness(nodes={"n1": 1}, release_beside=beside.offer, release_wait=5.0)
-    h.add(Kind.NODE, node("n1"))
-    h.add(Kind.CLAIM, claim("c"))
-    h.add(Kind.POD, pod("p", ["c"]))
-    h.step()
-    done = h.current("p")
-    done["status"]["phase"] = "Succeeded"
-    h.update(Kind.POD, done)
-    # A new pod arrives as p ends (the common case at a steady rate).
-    h.add(Kind.CLAIM, claim("d"))
-    h.add(Kind.POD, pod("q", ["d"], created="2026-01-02T00:00:00Z"))
-    h.step()  # hands c's release beside, then waits for it before placing q
+    h = _a_finished_pod_then_a_new_one(beside, release_wait=5.0)
+    h.step()  # hands c's release beside, then waits for it before placing q  # hands c's release beside, then waits for it before placing q
     assert h.current("d")["status"]["allocation"]
     assert len(beside.threads) == 1
 
@@ -149,16 +157,7 @@ def test_a_pod_waiting_out_its_retry_does_not_hold_the_pass() -> None:
 
 def test_the_wait_for_releases_is_bounded() -> None:
     beside = HeldWrites()  # never runs them on its own
-    h = Harness(nodes={"n1": 1}, release_beside=beside.offer, release_wait=0.2)
-    h.add(Kind.NODE, node("n1"))
-    h.add(Kind.CLAIM, claim("c"))
-    h.add(Kind.POD, pod("p", ["c"]))
-    h.step()
-    done = h.current("p")
-    done["status"]["phase"] = "Succeeded"
-    h.update(Kind.POD, done)
-    h.add(Kind.CLAIM, claim("d"))
-    h.add(Kind.POD, pod("q", ["d"], created="2026-01-02T00:00:00Z"))
+    h = _a_finished_pod_then_a_new_one(beside, release_wait=0.2)
     started = time.monotonic()
     h.step()
     waited = time.monotonic() - started
