@@ -141,7 +141,7 @@ def test_writes_the_workers_cannot_take_run_inline() -> None:
 def test_a_new_pod_waits_for_releases_in_flight_and_gets_the_freed_slot() -> None:
     beside = ThreadedWrites(delay=0.05)
     h = _a_finished_pod_then_a_new_one(beside, release_wait=5.0)
-    h.step()  # hands c's release beside, then waits for it before placing q  # hands c's release beside, then waits for it before placing q
+    h.step()  # hands c's release beside, then waits for it before placing q
     assert h.current("d")["status"]["allocation"]
     assert len(beside.threads) == 1
 
