@@ -184,72 +184,74 @@ class PackedDevices(Sequence["PackedDevice"]):
         return f"PackedDevices({list(self)!r})"
 
 
-class PackedDevice(Mapping[str, Any]):
-    """One device of `PackedDevices`: a read-only mapping equal to the device's JSON. Reading
-    ``["attributes"]`` gives a mapping over the same values."""
+class _PackedView(Mapping[str, Any]):
+    """A read-only mapping over one packed device's values: names in order, and each name's
+    position among the device's values (a device's own keys, or its attributes' names)."""
 
-    __slots__ = ("_layout", "_offset", "_values")
+    __slots__ = ("_index", "_layout", "_names", "_offset", "_values")
 
-    def __init__(self, layout: _DeviceLayout, values: tuple[Any, ...], offset: int) -> None:
+    def __init__(
+        self,
+        layout: _DeviceLayout,
+        values: tuple[Any, ...],
+        offset: int,
+        names: tuple[str, ...],
+        index: Mapping[str, int],
+    ) -> None:
         self._layout = layout
         self._values = values
         self._offset = offset
+        self._names = names
+        self._index = index
+
+    def _value(self, i: int) -> Any:
+        return self._values[self._offset + i]
 
     def __getitem__(self, key: str) -> Any:
-        i = self._layout.index[key]
-        if i < 0:
-            return _PackedAttributes(self._layout, self._values, self._offset)
-        return self._values[self._offset + i]
+        return self._value(self._index[key])
 
     def get(self, key: str, default: Any = None) -> Any:
-        i = self._layout.index.get(key)
-        if i is None:
-            return default
-        if i < 0:
-            return _PackedAttributes(self._layout, self._values, self._offset)
-        return self._values[self._offset + i]
+        i = self._index.get(key)
+        return default if i is None else self._value(i)
 
     def __contains__(self, key: object) -> bool:
-        return key in self._layout.index
+        return key in self._index
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._layout.keys)
+        return iter(self._names)
 
     def __len__(self) -> int:
-        return len(self._layout.keys)
+        return len(self._names)
+
+    def __repr__(self) -> str:
+        return repr(dict(self))
+
+
+class PackedDevice(_PackedView):
+    """One device of `PackedDevices`: a read-only mapping equal to the device's JSON. Reading
+    ``["attributes"]`` gives a mapping over the same values."""
+
+    __slots__ = ()
+
+    def __init__(self, layout: _DeviceLayout, values: tuple[Any, ...], offset: int) -> None:
+        super().__init__(layout, values, offset, layout.keys, layout.index)
+
+    def _value(self, i: int) -> Any:
+        if i < 0:  # "attributes"
+            return _PackedAttributes(self._layout, self._values, self._offset)
+        return self._values[self._offset + i]
 
     def __repr__(self) -> str:
         return f"PackedDevice({dict(self)!r})"
 
 
-class _PackedAttributes(Mapping[str, Any]):
+class _PackedAttributes(_PackedView):
     """A packed device's ``attributes``: a view over the device's values."""
 
-    __slots__ = ("_layout", "_offset", "_values")
+    __slots__ = ()
 
     def __init__(self, layout: _DeviceLayout, values: tuple[Any, ...], offset: int) -> None:
-        self._layout = layout
-        self._values = values
-        self._offset = offset
-
-    def __getitem__(self, key: str) -> Any:
-        return self._values[self._offset + self._layout.attribute_index[key]]
-
-    def get(self, key: str, default: Any = None) -> Any:
-        i = self._layout.attribute_index.get(key)
-        return default if i is None else self._values[self._offset + i]
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._layout.attribute_index
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._layout.attributes)
-
-    def __len__(self) -> int:
-        return len(self._layout.attributes)
-
-    def __repr__(self) -> str:
-        return repr(dict(self))
+        super().__init__(layout, values, offset, layout.attributes, layout.attribute_index)
 
 
 def plain_json(value: Any) -> Any:
