@@ -28,11 +28,17 @@ from controller.claims import ClaimHold, ClaimKey
 from controller.nodefit import NO_RESOURCES, NodeInfo, Resources
 from controller.tolerations import DeviceTaint, parse_taints
 from driver.catalog import GpuModel
-from driver.cel import AttributeValue, CelDevice, Semver, parse_kubernetes_quantity
+from driver.cel import (
+    AttributeValue,
+    CelDevice,
+    Semver,
+    common_facts,
+    parse_kubernetes_quantity,
+)
 from driver.contract import IDENTITY_ATTRIBUTES
 from driver.geometry import EMPTY_STATE, Geometry, GpuState, PlacementError, geometry_for
 
-_NO_DEVICES: Mapping[str, tuple[str, PublishedDevice]] = MappingProxyType({})
+_NO_DEVICES: Mapping[str, str] = MappingProxyType({})
 
 WHOLE_GPU = -1
 """Profile id the model uses for a whole-GPU device (it blocks every MIG placement)."""
@@ -118,6 +124,11 @@ def _placement_key(profile_id: int, start: int) -> tuple[int, int]:
     return (profile_id, start)
 
 
+def _named_device(record: GpuRecord, name: str) -> PublishedDevice:
+    """The device ``name`` of a GPU the device index points at (so it is there)."""
+    return next(d for d in record.inventory.devices if d.name == name)
+
+
 def _used_units(record: GpuRecord) -> int:
     occupancy = record.occupancy
     if occupancy.blocked:
@@ -146,8 +157,10 @@ class ClusterModel:
         self._node_usage: dict[str, Resources] = {}
         self.gpus: dict[str, GpuRecord] = {}
         self._node_gpus: dict[str, list[str]] = {}
-        # pool -> device name -> (GPU uuid, device); nested, so no (pool, name) key per device
-        self._device_index: dict[str, dict[str, tuple[str, PublishedDevice]]] = {}
+        # pool -> device name -> GPU uuid; nested, so no (pool, name) key per device, and the
+        # uuid alone (the record's own string), so no (uuid, device) pair per device either:
+        # the device is found among its GPU's ~20 when a claim resolves (see _named_device).
+        self._device_index: dict[str, dict[str, str]] = {}
         self._holds: dict[ClaimKey, ClaimHold] = {}
         self._claims_on_gpu: dict[str, set[ClaimKey]] = {}
         self._gpus_of_claim: dict[ClaimKey, set[str]] = {}
@@ -231,7 +244,7 @@ class ClusterModel:
             self._units_total[key] = self._units_total.get(key, 0) + inv.model.memory_units
             in_pool = self._device_index.setdefault(inv.pool, {})
             for d in inv.devices:
-                in_pool[d.name] = (inv.uuid, d)
+                in_pool[d.name] = inv.uuid
         for claim in list(self._unresolved):
             self._attach(self._holds[claim])
         for uuid in self._node_gpus.get(node, ()):
@@ -265,10 +278,11 @@ class ClusterModel:
         return iter(self._node_gpus)
 
     def device(self, pool: str, name: str) -> tuple[GpuRecord, PublishedDevice] | None:
-        hit = self._device_index.get(pool, _NO_DEVICES).get(name)
-        if hit is None:
+        uuid = self._device_index.get(pool, _NO_DEVICES).get(name)
+        if uuid is None:
             return None
-        return self.gpus[hit[0]], hit[1]
+        record = self.gpus[uuid]
+        return record, _named_device(record, name)
 
     # ------------------------------------------------------------------------------------------
     # Claims
@@ -302,13 +316,13 @@ class ClusterModel:
         missing = []
         touched = set()
         for d in hold.devices:
-            hit = self._device_index.get(d.pool, _NO_DEVICES).get(d.device)
-            if hit is None:
+            uuid = self._device_index.get(d.pool, _NO_DEVICES).get(d.device)
+            if uuid is None:
                 missing.append(f"{d.pool}/{d.device}")
                 continue
-            self._claims_on_gpu.setdefault(hit[0], set()).add(hold.claim)
-            self._gpus_of_claim.setdefault(hold.claim, set()).add(hit[0])
-            touched.add(hit[0])
+            self._claims_on_gpu.setdefault(uuid, set()).add(hold.claim)
+            self._gpus_of_claim.setdefault(hold.claim, set()).add(uuid)
+            touched.add(uuid)
         if missing:
             # Slices not seen yet (or withdrawn): keep the hold and attach when they appear.
             self._unresolved[hold.claim] = tuple(missing)
@@ -327,9 +341,9 @@ class ClusterModel:
         holders: dict[tuple[int, int], set[ClaimKey]] = {}
         for claim in sorted(self._claims_on_gpu.get(uuid, ())):
             for d in self._holds[claim].devices:
-                hit = self._device_index.get(d.pool, _NO_DEVICES).get(d.device)
-                if hit is not None and hit[0] == uuid:
-                    holders.setdefault((hit[1].profile_id, hit[1].start), set()).add(claim)
+                if self._device_index.get(d.pool, _NO_DEVICES).get(d.device) == uuid:
+                    device = _named_device(record, d.device)
+                    holders.setdefault((device.profile_id, device.start), set()).add(claim)
         record.holders = holders
         subject = f"gpu {uuid}"
         self.problems.pop(subject, None)
@@ -517,24 +531,41 @@ def inventories_from_slices(
         named = [((pid, start), name) for (pid, start), name in gpu.devices.items()]
         if gpu.whole_gpu_device is not None:
             named.append(((WHOLE_GPU, 0), gpu.whole_gpu_device))
-        devices = []
+        found = []
         for (pid, start), name in sorted(named):
             device = raw.get((gpu.pool, name))
             if device is None:  # parse_resource_slices saw it, so this cannot happen
                 continue
-            devices.append(
-                PublishedDevice(
-                    name,
-                    pid,
-                    start,
-                    device_facts(device, driver),
-                    parse_taints(device.get("taints")),
-                    _condition_names(device.get("bindingConditions")),
-                    _condition_names(device.get("bindingFailureConditions")),
-                )
+            found.append((name, pid, start, device, device_facts(device, driver)))
+        shared = _gpu_level_facts([(pid, facts) for _, pid, _, _, facts in found])
+        devices = tuple(
+            PublishedDevice(
+                name,
+                pid,
+                start,
+                facts.sharing(shared),
+                parse_taints(device.get("taints")),
+                _condition_names(device.get("bindingConditions")),
+                _condition_names(device.get("bindingFailureConditions")),
             )
-        out.append(GpuInventory(gpu.node_name, gpu.pool, gpu.uuid, gpu.model, tuple(devices)))
+            for name, pid, start, device, facts in found
+        )
+        out.append(GpuInventory(gpu.node_name, gpu.pool, gpu.uuid, gpu.model, devices))
     return out
+
+
+def _gpu_level_facts(
+    devices: list[tuple[int, CelDevice]],
+) -> tuple[tuple[str, AttributeValue], ...]:
+    """The attributes a GPU's MIG placements all publish alike (product, driver, PCI address,
+    parent UUID, ...), held once per GPU instead of once per device (~20 of them a GPU).
+
+    The whole-GPU device is left out of the comparison: it names the GPU by ``uuid``, not
+    ``parentUUID``, so counting it would leave the per-GPU UUID in every placement's own facts
+    and no placement's own facts could be one tuple for the fleet. It keeps all of its own.
+    """
+    placements = [facts for pid, facts in devices if pid != WHOLE_GPU]
+    return common_facts(placements) if len(placements) > 1 else ()
 
 
 def _condition_names(value: object) -> tuple[str, ...]:

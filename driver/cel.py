@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from enum import StrEnum
@@ -127,18 +127,26 @@ def parse_kubernetes_quantity(text: str) -> Decimal:
         raise ValueError(f"invalid quantity {text!r}") from exc
 
 
-@dataclass(frozen=True, slots=True)  # slots: a fleet holds one per published device
+@dataclass(frozen=True, slots=True, eq=False)  # slots: a fleet holds one per published device
 class CelDevice:
     """The facts about one device that selectors may read.
 
     Names are fully qualified (``domain/name``); :meth:`of` qualifies bare names with the
-    driver's domain, as Kubernetes does. Stored as sorted tuples so a device is hashable and two
-    devices with the same facts compare equal, which the result cache relies on.
+    driver's domain, as Kubernetes does. :attr:`attributes` is a sorted tuple so a device is
+    hashable and two devices with the same facts compare equal, which the result cache relies
+    on, however their facts are split between ``own`` and ``shared``.
+
+    The attributes are held in two parts because most of them are the GPU's, not the device's:
+    ``shared`` (one tuple per GPU, see :meth:`sharing`) and ``own``, the rest, which for a MIG
+    placement is the same on every GPU of a model and so is one tuple for the whole fleet.
+    Together they are exactly the device's published attributes; names never repeat across
+    the two.
     """
 
     driver: str
-    attributes: tuple[tuple[str, AttributeValue], ...]
+    own: tuple[tuple[str, AttributeValue], ...]
     capacity: tuple[tuple[str, Decimal], ...]
+    shared: tuple[tuple[str, AttributeValue], ...] = ()
 
     @classmethod
     def of(
@@ -150,15 +158,113 @@ class CelDevice:
         # A fleet publishes the same names, values and capacity maps on every GPU of a model:
         # share them, so a device's facts cost its own few values only (1,000 nodes x 8 GPUs
         # hold over a million facts, most of them equal).
-        attrs = sorted(_attribute_fact(_qualified(driver, k), v) for k, v in attributes.items())
+        attrs = sorted(
+            _attribute_fact(_qualified(driver, k), v, _fact_type(v)) for k, v in attributes.items()
+        )
         caps = sorted(_capacity_fact(_qualified(driver, k), v) for k, v in (capacity or {}).items())
         return cls(driver, tuple(attrs), _shared_capacity(tuple(caps)))
 
+    @property
+    def attributes(self) -> tuple[tuple[str, AttributeValue], ...]:
+        """Every attribute, sorted by name: what selectors see."""
+        if not self.shared:
+            return self.own
+        if not self.own:
+            return self.shared
+        return tuple(sorted(self.shared + self.own))
+
+    def sharing(self, shared: tuple[tuple[str, AttributeValue], ...]) -> CelDevice:
+        """The same device with ``shared`` held by reference and only the rest as its own.
+
+        ``shared`` is what the caller found common to a GPU's devices (:func:`common_facts`);
+        a device that does not carry all of it exactly (an override, a missing name) keeps
+        every attribute as its own, so the view never changes.
+        """
+        if not shared or self.shared:
+            return self
+        mine = dict(self.own)
+        if any(not _same_fact(mine.get(name, _MISSING), value) for name, value in shared):
+            return self
+        names = {name for name, _ in shared}
+        own = tuple(item for item in self.own if item[0] not in names)
+        return CelDevice(self.driver, _shared_attributes(own), self.capacity, shared)
+
     def attribute(self, qualified_name: str) -> AttributeValue | None:
-        for name, value in self.attributes:
+        for name, value in self.shared:
+            if name == qualified_name:
+                return value
+        for name, value in self.own:
             if name == qualified_name:
                 return value
         return None
+
+    def __eq__(self, other: object) -> bool:
+        # Every result-cache hit lands here (the key is built afresh per look-up): keep it short.
+        if self is other:
+            return True
+        if not isinstance(other, CelDevice):
+            return NotImplemented
+        mine, theirs = self.attributes, other.attributes
+        return (
+            self.driver == other.driver
+            and self.capacity == other.capacity
+            and mine == theirs
+            and _typed(mine) == _typed(theirs)
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.driver, self.attributes, self.capacity))
+
+
+def common_facts(
+    devices: Iterable[CelDevice],
+) -> tuple[tuple[str, AttributeValue], ...]:
+    """The attributes every one of ``devices`` carries with exactly the same value (type and
+    semver build included, which ``==`` alone would not tell apart): the GPU-level facts
+    (``productName``, ``pciBusID``, ``parentUUID``, ...) to hold once with
+    :meth:`CelDevice.sharing`."""
+    # name -> the (name, value) pair itself, so the result reuses the interned pairs
+    common: dict[str, tuple[str, AttributeValue]] | None = None
+    for device in devices:
+        if common is None:
+            common = {item[0]: item for item in device.attributes}
+            continue
+        mine = dict(device.attributes)
+        common = {k: i for k, i in common.items() if _same_fact(mine.get(k, _MISSING), i[1])}
+    return tuple(common[name] for name in sorted(common)) if common else ()
+
+
+_MISSING = object()
+
+
+def _fact_type(value: object) -> object:
+    """What tells equal-comparing values apart: ``1`` from ``True``, and a semver's build
+    metadata (which :class:`Semver` ordering ignores but selectors can read as a string)."""
+    if isinstance(value, Semver):
+        return (Semver, value.build)
+    return type(value)
+
+
+def _same_fact(a: object, b: object) -> bool:
+    return a is b or (_fact_type(a) == _fact_type(b) and a == b)
+
+
+def _typed(facts: tuple[tuple[str, AttributeValue], ...]) -> tuple[object, ...]:
+    return tuple(_fact_type(v) for _, v in facts)
+
+
+def _shared_attributes(
+    facts: tuple[tuple[str, AttributeValue], ...],
+) -> tuple[tuple[str, AttributeValue], ...]:
+    return _interned_attributes(_typed(facts), facts)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _interned_attributes(
+    types: tuple[object, ...], facts: tuple[tuple[str, AttributeValue], ...]
+) -> tuple[tuple[str, AttributeValue], ...]:
+    # types is part of the key: (("a", 1),) == (("a", True),), but a selector tells them apart.
+    return facts
 
 
 def qualify(driver: str, name: str) -> str:
@@ -171,8 +277,8 @@ def _qualified(driver: str, name: str) -> str:
     return sys.intern(qualify(driver, name))
 
 
-@functools.lru_cache(maxsize=1 << 16, typed=True)  # typed: 1 and True stay apart
-def _attribute_fact(name: str, value: AttributeValue) -> tuple[str, AttributeValue]:
+@functools.lru_cache(maxsize=1 << 16)  # kind: 1 and True, and semver builds, stay apart
+def _attribute_fact(name: str, value: AttributeValue, kind: object) -> tuple[str, AttributeValue]:
     return (name, value)
 
 
@@ -459,7 +565,10 @@ def _activation(facts: _Facts) -> dict[str, object]:
 
 def _project(device: CelDevice, referenced: frozenset[str] | None) -> _Facts:
     """Drop facts the selector cannot read, so devices differing only there share a result."""
-    attribute_domains = _domains(device.attributes)
+    # Shared and own parts unsorted: neither the domains nor what is kept depend on the order,
+    # and the kept few are sorted below (no merged tuple per look-up on the decision path).
+    attributes = device.shared + device.own
+    attribute_domains = _domains(attributes)
     capacity_domains = _domains(device.capacity)
     if referenced is None:
         return _Facts(device, attribute_domains, capacity_domains)
@@ -471,7 +580,7 @@ def _project(device: CelDevice, referenced: frozenset[str] | None) -> _Facts:
 
     projected = CelDevice(
         device.driver if "driver" in referenced else "",
-        tuple(item for item in device.attributes if keep(item[0])),
+        tuple(sorted(item for item in attributes if keep(item[0]))),
         tuple(item for item in device.capacity if keep(item[0])),
     )
     return _Facts(projected, attribute_domains, capacity_domains)
