@@ -114,6 +114,28 @@ CARVE_WAIT = flags.duration(
     "the carve; then it is ungated and kube-scheduler's own wait takes over",
     "30s",
 )
+
+
+def _workers(text: str) -> int:
+    try:
+        value = int(text.strip())
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 64:
+        raise ValueError("must be a whole number from 0 (write on the decision thread) to 64")
+    return value
+
+
+COMMIT_WORKERS: Flag[int] = Flag(
+    "commit-workers",
+    "threads that write placements (claim finalizer, allocation, gate) while the next pod is "
+    "decided; each placement is assumed in the model until its writes land, and a failed one "
+    "is placed again (0: write each placement before deciding the next)",
+    "8",
+    _workers,
+    example="8",
+    metavar="N",
+)
 LEADER_ELECT = flags.switch("leader-elect", "run leader election", default=True)
 LEASE_NAME: Flag[str] = Flag(
     "lease-name", "Lease object name", "carve-controller", flags.nonempty, example="carve"
@@ -162,6 +184,7 @@ def command_line() -> flags.CommandLine:
             PREEMPTION_HOLD,
             HOLD_GATE_UNTIL_CARVED,
             CARVE_WAIT,
+            COMMIT_WORKERS,
             LEADER_ELECT,
             LEASE_NAME,
             LEASE_NAMESPACE,
@@ -203,6 +226,7 @@ class ControllerOptions:
     preemption_hold: float = 300.0
     hold_gate_until_carved: bool = True
     carve_wait: float = 30.0
+    commit_workers: int = 8
 
 
 def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ControllerOptions:
@@ -242,6 +266,7 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
         preemption_hold=got[PREEMPTION_HOLD],
         hold_gate_until_carved=got[HOLD_GATE_UNTIL_CARVED],
         carve_wait=got[CARVE_WAIT],
+        commit_workers=got[COMMIT_WORKERS],
     )
 
 
@@ -338,6 +363,11 @@ class Controller:
         # Release writes (allocation cleared, finalizer dropped) beside the decision thread too,
         # on their own workers so that events queued behind never delay a release.
         self.release_writes = SideWriter(workers=2)
+        # Placement writes too: each placement is assumed in the model meanwhile, so pods are
+        # decided one at a time but written many at once (Reconciler, commit_beside).
+        self.commit_writes = (
+            SideWriter(workers=opts.commit_workers) if opts.commit_workers else None
+        )
         self.reconciler = Reconciler(
             planner,
             self.writer,
@@ -348,6 +378,7 @@ class Controller:
             defer=self.side_writes.submit,
             preemption=_preemptor(api_client, planner, recorder, opts, fence),
             release_beside=self.release_writes.offer,
+            commit_beside=self.commit_writes.offer if self.commit_writes else None,
         )
         self.resync_s = opts.resync_period
         self.informers: list[Informer] = standard_informers(
@@ -427,6 +458,8 @@ class Controller:
             inf.stop()
         self.side_writes.stop()
         self.release_writes.stop()
+        if self.commit_writes is not None:
+            self.commit_writes.stop()
         if self.elector is not None:
             self.elector.stop(release=self.exit_code != EXIT_LOST_LEASE)
         if self._http is not None:
@@ -454,7 +487,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return usage_exit(PROG, e)
     start_logging(opts.log_format, opts.log_level, opts.deprecations)
     try:
-        controller = Controller(load_api_client(opts.kubeconfig), opts)
+        # Watches, event and release writers, commit workers, leader election: one each.
+        connections = opts.commit_workers + 16
+        controller = Controller(load_api_client(opts.kubeconfig, connections=connections), opts)
     except KubeconfigError as e:
         _log.error(str(e))
         return 1

@@ -506,8 +506,15 @@ class EnginePlanner:
         )
 
     def committed(self, pod: Obj, plan: Plan) -> None:
-        """The plan was written: count the pod's requests on the node before it is bound."""
+        """The plan is written (or being written): count the pod's requests on the node
+        before it is bound."""
         key = key_of(pod)
         self._pinned[key] = plan.node
         with contextlib.suppress(PodSpecError):
             self.model.set_pod(key, plan.node, pod_requests(pod.get("spec") or {}))
+
+    def withdrawn(self, pod: Obj) -> None:
+        """The plan's writes failed: the pod's requests count on no node until it is placed."""
+        key = key_of(pod)
+        if self._pinned.pop(key, None) is not None:
+            self.model.remove_pod(key)

@@ -3,8 +3,9 @@
 One thread owns all decisions. Informer threads only enqueue events; `Reconciler.step` applies
 them to the stores and to the planner's model, then releases what can be released and places
 waiting pods one at a time, highest priority first, then oldest. Because the planner's model is
-fed the claim returned by each successful write before the next decision, two pods can never be
-given the same placement, whatever the watch latency.
+fed each claim as written (or, while its writes are in flight beside this thread, as assumed)
+before the next decision, two pods can never be given the same placement, whatever the watch
+latency.
 
 The placement engine is reached through the narrow `Planner` seam so that this module knows
 nothing about MIG geometry: it asks "where does this pod's set of claims go?" and gets either a
@@ -42,6 +43,7 @@ from controller.status import (
     ClaimWriter,
     ObjectGoneError,
     WriteSkippedError,
+    build_allocation_status,
     has_finalizer,
     has_gate,
     other_gates,
@@ -117,6 +119,10 @@ class Planner(Protocol):
 
     def committed(self, pod: Obj, plan: Plan) -> None:
         """The plan is written: count the pod on `plan.node` until it is bound there."""
+        ...
+
+    def withdrawn(self, pod: Obj) -> None:
+        """A plan given to `committed` could not be written after all: count the pod nowhere."""
         ...
 
 
@@ -400,6 +406,32 @@ def release_action(
 # --------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _Commit:
+    """A placement whose writes are in flight beside the decision thread.
+
+    Until they land, the store holds an *assumed* copy of each claim (ours: the finalizer and
+    the allocation the writes will give it), so the model counts the placement as taken and no
+    later decision hands it out again, whatever the watch latency."""
+
+    plan: Plan
+    claims: tuple[Obj, ...]
+    assumed: Mapping[str, Obj]  # claim key -> the assumed copy put in the store
+    first_seen: float
+    writing: tuple[ClaimAllocation, ...]  # the plan's allocations not yet written before
+
+
+@dataclass(frozen=True)
+class _CommitResult:
+    """What a commit's writes left behind, queued back to the decision thread."""
+
+    pod: str
+    stored: tuple[Obj, ...]  # the last copy of every claim it wrote, as the apiserver answered
+    ungated: Obj | None
+    error: Exception | None
+    allocated: bool  # every allocation was written (a failure, if any, came after)
+
+
 @dataclass
 class _PodState:
     first_seen: float
@@ -461,6 +493,7 @@ class Reconciler:
         defer: Callable[[str, Callable[[], None]], None] | None = None,
         preemption: PreemptionHook | None = None,
         release_beside: Callable[[str, Callable[[], None]], bool] | None = None,
+        commit_beside: Callable[[str, Callable[[], None]], bool] | None = None,
     ) -> None:
         """`defer(key, write)` runs a best-effort write (a pod condition) later and in order per
         key (`controller.sidewrites`); by default it runs at once, on this thread.
@@ -470,12 +503,22 @@ class Reconciler:
         run here). Inline, every pod that ended put two apiserver round trips in front of the
         next pod's placement. The model learns of each write from the queue, as of an informer
         event, so until then the placement counts as busy: late, never early (invariant 4).
-        None: inline, as the tests step it."""
+        None: inline, as the tests step it.
+
+        `commit_beside(key, writes)` likewise runs a placement's writes (finalizer, allocation,
+        gate) on another thread. The decision thread assumes the allocation in its store and
+        model and goes on to the next pod, so placements of different pods write in parallel
+        instead of three round trips each in a row; a failed commit puts the claims back as the
+        apiserver has them and the pod is placed again."""
         self._planner = planner
         self._preemption = preemption
         self._defer = defer or _run_now
         self._release_beside = release_beside
         self._releasing: set[str] = set()  # claims whose release writes are in flight beside
+        self._commit_beside = commit_beside
+        self._committing: dict[str, _Commit] = {}  # pod key -> its commit in flight
+        # Claim key -> the newest copy the informer gave of a claim held assumed meanwhile.
+        self._assumed: dict[str, Obj] = {}
         self._writer = writer
         self._recorder = recorder
         self._cfg = config or ReconcilerConfig()
@@ -531,11 +574,16 @@ class Reconciler:
             self._releasing.discard(obj[_RELEASE_DONE])
             self._dirty_claims.add(obj[_RELEASE_DONE])
             return
-        if _RELEASE_WRITTEN in obj:
-            obj = obj[_RELEASE_WRITTEN]
+        if _COMMIT_DONE in obj:
+            self._commit_done(obj[_COMMIT_DONE])
+            return
+        if _WRITTEN_BESIDE in obj:
+            obj = obj[_WRITTEN_BESIDE]
             if not self._still_stored(obj):
                 return
         key = key_of(obj)
+        if kind is Kind.CLAIM and key in self._assumed and self._keeps_assumption(type_, obj):
+            return
         store = self.stores[kind]
         if type_ is EventType.DELETED:
             old = store.pop(key, None)
@@ -683,7 +731,7 @@ class Reconciler:
             if claim is None:
                 self._loss_told.pop(key, None)
                 continue
-            if key in self._releasing:
+            if key in self._releasing or key in self._assumed:
                 continue  # its writes are in flight; their completion marks it dirty again
             loss = self._claim_loss(claim, now)
             try:
@@ -744,7 +792,7 @@ class Reconciler:
 
     def _queue_written(self, claim: Obj) -> None:
         """A claim written beside the decision thread: into the queue, as an informer event."""
-        self._events.put((Kind.CLAIM, EventType.MODIFIED, {_RELEASE_WRITTEN: claim}))
+        self._events.put((Kind.CLAIM, EventType.MODIFIED, {_WRITTEN_BESIDE: claim}))
 
     def _still_stored(self, written: Obj) -> bool:
         """Whether a claim written beside the decision thread may go into the store.
@@ -995,6 +1043,12 @@ class Reconciler:
         names = resource_classes(self.stores[Kind.CLASS], self._cfg.classes)
         for pod, w in work:
             key = key_of(pod)
+            if key in self._committing:
+                continue  # its writes are in flight; the commit's end decides what is next
+            if self._assumed and any(key_of(c) in self._assumed for c in w.claims):
+                # A claim it shares with a pod being committed looks allocated but is not yet:
+                # ungated now, kube-scheduler would find it unallocated and allocate it itself.
+                continue  # the commit's answers wake this pod (`_wake_pods_of_claim`)
             state = self._pods[key]
             if w.kind is WorkKind.WAIT and w.reason == GATED_ELSEWHERE:
                 # Held by a queue (Kueue) for as long as it likes: said once, not every pass,
@@ -1034,17 +1088,24 @@ class Reconciler:
                     self._replan(pod, state, w.claims, now)
                 else:
                     self._place(pod, state, w.claims)
-            except (WriteSkippedError, ObjectGoneError) as exc:
-                _log.info("pod %s: %s; will look again", key, exc, extra={"pod": key})
-                state.retry_at = now + 1.0
             except Exception as exc:
-                _log.exception("pod %s: placement failed; will retry", key, extra={"pod": key})
-                state.attempts += 1
-                state.retry_at = now + min(30.0, 0.5 * 2**state.attempts)
-                # Not only a log line: the user reads pods and claims, not the controller log.
-                why = _write_failure(exc)
-                state.permanent = why.permanent
-                self._tell(pod, state, w.claims, why)
+                self._placement_failed(pod, state, w.claims, exc)
+
+    def _placement_failed(
+        self, pod: Obj, state: _PodState, claims: Sequence[Obj], exc: Exception
+    ) -> None:
+        key, now = key_of(pod), self._clock()
+        if isinstance(exc, WriteSkippedError | ObjectGoneError):
+            _log.info("pod %s: %s; will look again", key, exc, extra={"pod": key})
+            state.retry_at = now + 1.0
+            return
+        _log.error("pod %s: placement failed; will retry", key, exc_info=exc, extra={"pod": key})
+        state.attempts += 1
+        state.retry_at = now + min(30.0, 0.5 * 2**state.attempts)
+        # Not only a log line: the user reads pods and claims, not the controller log.
+        why = _write_failure(exc)
+        state.permanent = why.permanent
+        self._tell(pod, state, claims, why)
 
     def _place_extended(
         self, pod: Obj, state: _PodState, claims: Sequence[Obj], names: Mapping[str, str]
@@ -1264,24 +1325,42 @@ class Reconciler:
         self._commit(pod, state, claims, verdict)
 
     def _commit(self, pod: Obj, state: _PodState, claims: Sequence[Obj], plan: Plan) -> None:
-        """Write the plan claim by claim; undo what was written if a later claim fails."""
-        key = key_of(pod)
+        """Write the plan claim by claim (beside this thread when it can take them); undo what
+        was written if a later claim fails."""
         by_key = {key_of(c): c for c in claims}
-        written: list[Obj] = []
-        profiles: list[str] = []
-        try:
-            for alloc in plan.allocations:
-                ckey = f"{alloc.namespace}/{alloc.name}"
-                claim = self.stores[Kind.CLAIM].get(ckey) or by_key[ckey]
-                if is_allocated(claim):
-                    continue
-                claim = self._writer.add_finalizer(claim)
-                self._store_claim(claim)
-                claim = self._writer.write_allocation(claim, alloc, self.stores[Kind.CLASS])
-                self._store_claim(claim)
-                written.append(claim)
-                profiles.extend(r.profile for r in alloc.results if r.profile)
-                devices = ", ".join(f"{r.request}={r.pool}/{r.device}" for r in alloc.results)
+        todo: list[tuple[ClaimAllocation, Obj]] = []
+        for alloc in plan.allocations:
+            ckey = f"{alloc.namespace}/{alloc.name}"
+            claim = self.stores[Kind.CLAIM].get(ckey) or by_key[ckey]
+            if not is_allocated(claim):
+                todo.append((alloc, claim))
+        hold = self._cfg.hold_gate_until_carved and any(
+            plan_waits_for_carve(a.results) for a in plan.allocations
+        )
+        ungate = has_gate(pod, self._cfg.gate) and not hold
+        if self._commit_elsewhere(pod, state, claims, plan, todo=todo, ungate=ungate):
+            return
+        stored, error = _write_claims(self._writer, todo, self.stores[Kind.CLASS])
+        for claim in stored:
+            self._store_claim(claim)
+        if error is not None:
+            self._metrics.count_outcome("write-failed")
+            raise error
+        self._planner.committed(pod, plan)
+        if ungate:
+            self._set_pod(key_of(pod), self._writer.remove_gate(pod))
+        self._placed(pod, state.first_seen, plan, [a for a, _ in todo])
+
+    def _placed(
+        self, pod: Obj, first_seen: float, plan: Plan, written: Sequence[ClaimAllocation]
+    ) -> None:
+        """Tell the user and the metrics: the plan is written (and the gate gone, unless it
+        waits for the carve)."""
+        key = key_of(pod)
+        for alloc in written:
+            devices = ", ".join(f"{r.request}={r.pool}/{r.device}" for r in alloc.results)
+            claim = self.stores[Kind.CLAIM].get(f"{alloc.namespace}/{alloc.name}")
+            if claim is not None:
                 self._recorder.event(
                     claim,
                     Kind.CLAIM,
@@ -1289,22 +1368,10 @@ class Reconciler:
                     "Allocated",
                     f"allocated on node {alloc.node}: {devices}",
                 )
-        except Exception:
-            self._metrics.count_outcome("write-failed")
-            for claim in written:
-                try:
-                    self._store_claim(self._writer.clear_allocation(claim))
-                except Exception:
-                    _log.exception("rollback of claim %s failed", key_of(claim))
-            raise
-        self._planner.committed(pod, plan)
-        hold = self._cfg.hold_gate_until_carved and any(
-            plan_waits_for_carve(a.results) for a in plan.allocations
+        latency = self._clock() - first_seen
+        self._metrics.observe_allocation(
+            latency, [r.profile for a in written for r in a.results if r.profile]
         )
-        if has_gate(pod, self._cfg.gate) and not hold:
-            self._set_pod(key, self._writer.remove_gate(pod))
-        latency = self._clock() - state.first_seen
-        self._metrics.observe_allocation(latency, profiles)
         self._metrics.count_outcome("allocated")
         summary = "; ".join(
             f"{a.name}: " + ", ".join(r.device for r in a.results) for a in plan.allocations
@@ -1320,6 +1387,108 @@ class Reconciler:
             extra={"pod": key, "node": plan.node},
         )
         self._forget_pod(key)
+
+    # -- commits beside the decision thread -----------------------------------------------------
+
+    def _commit_elsewhere(
+        self,
+        pod: Obj,
+        state: _PodState,
+        claims: Sequence[Obj],
+        plan: Plan,
+        *,
+        todo: Sequence[tuple[ClaimAllocation, Obj]],
+        ungate: bool,
+    ) -> bool:
+        """Assume the plan in the store and model and hand its writes to `commit_beside`;
+        False (nothing assumed) when there is none or it took nothing."""
+        if self._commit_beside is None or not todo:
+            return False
+        key = key_of(pod)
+        classes = dict(self.stores[Kind.CLASS])  # the writes must not see later changes
+        writer, finalizer, now = self._writer, self._cfg.finalizer, self._wall()
+
+        def writes() -> None:
+            stored, error = _write_claims(writer, todo, classes)
+            ungated: Obj | None = None
+            allocated = error is None
+            if allocated and ungate:
+                try:
+                    ungated = writer.remove_gate(pod)
+                except Exception as exc:
+                    error = exc
+            result = _CommitResult(key, stored, ungated, error, allocated)
+            self._events.put((Kind.POD, EventType.MODIFIED, {_COMMIT_DONE: result}))
+
+        assumed = {
+            key_of(claim): _assumed_copy(claim, alloc, classes, finalizer, now)
+            for alloc, claim in todo
+        }
+        for ckey, copy_ in assumed.items():
+            self._assumed[ckey] = self.stores[Kind.CLAIM].get(ckey) or copy_
+            self.stores[Kind.CLAIM][ckey] = copy_
+            self._planner.observe(Kind.CLAIM, copy_)
+        self._planner.committed(pod, plan)
+        self._committing[key] = _Commit(
+            plan, tuple(claims), assumed, state.first_seen, tuple(a for a, _ in todo)
+        )
+        if self._commit_beside(key, writes):
+            return True
+        del self._committing[key]
+        self._unassume(assumed)
+        self._planner.withdrawn(pod)
+        return False
+
+    def _keeps_assumption(self, type_: EventType, claim: Obj) -> bool:
+        """An informer copy of a claim held assumed: while it shows our allocation not yet
+        written (the finalizer alone, or nothing new), the assumed copy stays in the store and
+        the informer's is kept aside for the commit's end. A deletion or an allocation
+        (written by us, or by anyone) ends the assumption: the informer's copy is the truth."""
+        key = key_of(claim)
+        if type_ is EventType.DELETED or is_allocated(claim):
+            self._assumed.pop(key, None)
+            return False
+        if not _older(claim, self._assumed[key]):
+            self._assumed[key] = claim
+        return True
+
+    def _unassume(self, assumed: Mapping[str, Obj]) -> None:
+        """Put back the informer's copy of every claim still held as assumed."""
+        store = self.stores[Kind.CLAIM]
+        for ckey, copy_ in assumed.items():
+            real = self._assumed.pop(ckey, None)
+            if store.get(ckey) is copy_ and real is not None:
+                store[ckey] = real
+                self._planner.observe(Kind.CLAIM, real)
+                self._wake_all(capacity=True)
+            self._dirty_claims.add(ckey)
+
+    def _commit_done(self, result: _CommitResult) -> None:
+        commit = self._committing.pop(result.pod, None)
+        if commit is None:
+            return
+        self._unassume(commit.assumed)
+        for claim in result.stored:
+            self._apply(Kind.CLAIM, EventType.MODIFIED, {_WRITTEN_BESIDE: claim})
+        pods = self.stores[Kind.POD]
+        pod = pods.get(result.pod)
+        if pod is None:
+            return  # deleted meanwhile: its claims are released as for any pod that went
+        if result.ungated is not None and not _older(result.ungated, pod):
+            self._set_pod(result.pod, result.ungated)
+            pod = result.ungated
+        if result.allocated:
+            for claim in result.stored:
+                self._lost_cleared.pop(key_of(claim), None)
+        else:
+            self._planner.withdrawn(pod)
+        if result.error is not None:
+            if not result.allocated:
+                self._metrics.count_outcome("write-failed")
+            state = self._pods.setdefault(result.pod, _PodState(first_seen=commit.first_seen))
+            self._placement_failed(pod, state, commit.claims, result.error)
+            return
+        self._placed(pod, commit.first_seen, commit.plan, commit.writing)
 
     def _wait(
         self, pod: Obj, state: _PodState, why: Unplaceable, claims: Sequence[Obj] = ()
@@ -1423,8 +1592,57 @@ def _scheduling_message(pod: Obj) -> str:
 
 # The marker a release run beside the decision thread queues when it is done (see _apply).
 _RELEASE_DONE = "__release_done__"
-# The wrapper of a claim such a release wrote, queued for the store (see _still_stored).
-_RELEASE_WRITTEN = "__release_written__"
+# The wrapper of a claim written beside the decision thread (a release's or a commit's),
+# queued for the store (see _still_stored).
+_WRITTEN_BESIDE = "__written_beside__"
+# The marker a commit run beside the decision thread queues when it is done (see _commit_done).
+_COMMIT_DONE = "__commit_done__"
+
+
+def _write_claims(
+    writer: ClaimWriter,
+    todo: Sequence[tuple[ClaimAllocation, Obj]],
+    classes: Mapping[str, Obj],
+) -> tuple[tuple[Obj, ...], Exception | None]:
+    """A plan's claim writes: finalizer, then allocation, claim by claim; on a failure the
+    allocations already written are cleared again. Returns the last copy of every claim
+    written, as the apiserver answered, and the failure (None: all written)."""
+    stored: dict[str, Obj] = {}
+    written: list[Obj] = []
+    try:
+        for alloc, unwritten in todo:
+            claim = writer.add_finalizer(unwritten)
+            stored[key_of(claim)] = claim
+            claim = writer.write_allocation(claim, alloc, classes)
+            stored[key_of(claim)] = claim
+            written.append(claim)
+    except Exception as exc:
+        for claim in written:
+            try:
+                stored[key_of(claim)] = writer.clear_allocation(claim)
+            except Exception:
+                _log.exception("rollback of claim %s failed", key_of(claim))
+        return tuple(stored.values()), exc
+    return tuple(stored.values()), None
+
+
+def _assumed_copy(
+    claim: Obj,
+    alloc: ClaimAllocation,
+    classes: Mapping[str, Obj],
+    finalizer: str,
+    now: dt.datetime,
+) -> Obj:
+    """The claim as the commit's writes will leave it: our finalizer and the allocation."""
+    meta = claim.get("metadata", {})
+    finalizers = list(meta.get("finalizers") or [])
+    if finalizer not in finalizers:
+        finalizers.append(finalizer)
+    status = {
+        **(claim.get("status") or {}),
+        "allocation": build_allocation_status(claim, alloc, classes, now),
+    }
+    return {**claim, "metadata": {**meta, "finalizers": finalizers}, "status": status}
 
 
 def _run_now(_key: str, write: Callable[[], None]) -> None:

@@ -15,12 +15,18 @@ class KubeconfigError(Exception):
     """No usable API configuration: the file is missing or broken, or not running in a pod."""
 
 
-def load_api_client(kubeconfig: str | None) -> Any:
-    """An `ApiClient` for `kubeconfig`, or the in-cluster config when it is None."""
+def load_api_client(kubeconfig: str | None, *, connections: int | None = None) -> Any:
+    """An `ApiClient` for `kubeconfig`, or the in-cluster config when it is None.
+
+    `connections`: how many HTTP connections to keep open at once, for a process whose threads
+    talk to the apiserver in parallel (the client's default is five per CPU; a thread finding
+    the pool full opens a connection, TLS handshake included, and throws it away after)."""
     from kubernetes import client, config
 
     loader: Any = config  # the config loaders are untyped
     cfg = client.Configuration()
+    if connections is not None:
+        cfg.connection_pool_maxsize = max(cfg.connection_pool_maxsize, connections)
     try:
         if kubeconfig:
             loader.load_kube_config(config_file=kubeconfig, client_configuration=cfg)

@@ -42,6 +42,12 @@ def test_the_gate_is_held_until_carved_by_default() -> None:
     assert (off.hold_gate_until_carved, off.carve_wait) == (False, 5.0)
 
 
+def test_placements_are_written_by_eight_workers_unless_told_otherwise() -> None:
+    assert parse_options([], {}).commit_workers == 8
+    assert parse_options(["--commit-workers=0"], {}).commit_workers == 0
+    assert parse_options([], {"CARVE_COMMIT_WORKERS": "3"}).commit_workers == 3
+
+
 def test_flags_have_environment_equivalents() -> None:
     env = {
         "CARVE_NATIVE_FALLBACK_AFTER": "10m",
@@ -82,6 +88,8 @@ def test_leader_elect_takes_a_value_or_stands_alone() -> None:
         (["--log-level=loud"], "not a log level"),
         (["--hold-gate-until-carved=perhaps"], "not a boolean"),
         (["--carve-wait=later"], r"--carve-wait='later': not a duration.*e\.g\. --carve-wait=30s"),
+        (["--commit-workers=many"], r"--commit-workers='many': must be a whole number from 0"),
+        (["--commit-workers=100"], r"to 64.*e\.g\. --commit-workers=8"),
     ],
 )
 def test_bad_values_are_usage_errors(argv: list[str], message: str) -> None:

@@ -133,6 +133,9 @@ class FirstFitPlanner:
     def committed(self, pod: Obj, plan: Plan) -> None:
         self.committed_pods.append(pod["metadata"]["name"])
 
+    def withdrawn(self, pod: Obj) -> None:
+        self.committed_pods.remove(pod["metadata"]["name"])
+
     def used(self) -> set[tuple[str, str]]:
         out = set()
         for c in self.claims.values():
@@ -273,6 +276,7 @@ class Harness:
         *,
         nodes: Mapping[str, int] = {"n1": 2},
         release_beside: Callable[[str, Callable[[], None]], bool] | None = None,
+        commit_beside: Callable[[str, Callable[[], None]], bool] | None = None,
         **cfg: Any,
     ) -> None:
         self.planner = FirstFitPlanner()
@@ -288,6 +292,7 @@ class Harness:
             clock=lambda: self.now[0],
             wall_clock=lambda: self.wall[0],
             release_beside=release_beside,
+            commit_beside=commit_beside,
         )
         for k in Kind:
             self.rec.mark_synced(k)
