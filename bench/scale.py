@@ -23,6 +23,10 @@ source tree, e.g. `git worktree add` of an older commit, on the same fleet in th
 - controller RSS from /proc (after start-up, and the peak during churn);
 - start-up: process start to /readyz, and to a pod created beforehand being placed (lists
   done, every node's GPUs in the model, first decision made);
+- queue/s (with --backlog N): N pods are created, and their claims generated, before each
+  controller starts; the figure is the rate from the first to the last of their placements,
+  which no pod creator's speed limits; cpu/pl is the controller's CPU time (ms, user and
+  system, from /proc) per placement while it placed them;
 - apiserver requests per placement: kube-apiserver's API Priority and Fairness counter
   `apiserver_flowcontrol_dispatched_requests_total` for a FlowSchema that matches only the
   controller's own user (the apiserver's request counters carry no client label).
@@ -78,6 +82,7 @@ def print_report(figures: Sequence[ScaleFigures], cfg: ScaleConfig) -> None:
                 f"first placement x{f.model_s / b.model_s:.2f}, "
                 f"decision p99 x{_ratio(f.decision_p99_ms, b.decision_p99_ms)}, "
                 f"placed/s x{_ratio(f.overall_rate, b.overall_rate)}, "
+                f"queue/s x{_ratio(f.backlog_rate, b.backlog_rate)}, "
                 f"requests/placement x{_ratio(f.requests_per_placement, b.requests_per_placement)}"
             )
 
@@ -123,6 +128,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=0,
         help="pods of other workloads (no claims) bound to every node",
     )
+    parser.add_argument(
+        "--backlog",
+        type=int,
+        default=0,
+        help="pods created, with their claims, before each controller starts: 'queue/s' is "
+        "the rate at which it places them (its own rate, not the pod creators')",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
     cfg = ScaleConfig(
@@ -132,6 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         hold_s=args.hold,
         drain_s=args.drain,
         plain_pods_per_node=args.plain_pods_per_node,
+        backlog=args.backlog,
         controllers=_controllers(args.compare),
     )
     from devcluster.binaries import BinariesUnavailableError

@@ -34,7 +34,13 @@ def test_scale_machinery_places_and_releases_every_pod(
     tmp_path: Path,
 ) -> None:
     cfg = ScaleConfig(
-        node_counts=(NODES,), rate=4.0, duration_s=5.0, hold_s=1.0, drain_s=180.0, creators=2
+        node_counts=(NODES,),
+        rate=4.0,
+        duration_s=5.0,
+        hold_s=1.0,
+        drain_s=180.0,
+        creators=2,
+        backlog=6,
     )
     bench = ScaleBench(k8s_cluster.info, tmp_path, cfg, progress=print)
     try:
@@ -54,3 +60,5 @@ def test_scale_machinery_places_and_releases_every_pod(
     assert not math.isnan(figures.decision_p99_ms)
     assert figures.requests > 0, "the controller's FlowSchema counted its requests"
     assert figures.rss_peak_mb >= figures.rss_start_mb > 0
+    assert (figures.backlog, figures.backlog_placed) == (6, 6), "the queued pods were placed"
+    assert figures.backlog_rate > 0

@@ -45,6 +45,9 @@ class ScaleConfig:
     creators: int = 4
     gpus_per_node: int = 8
     plain_pods_per_node: int = 0  # pods of other workloads bound to every node
+    # Pods created (and their claims generated) before the controller starts: the rate at
+    # which it places a queue that is already there is its own, not the pod creators'.
+    backlog: int = 0
     # (label, source tree whose controller/ runs; None: this tree), run in this order per size.
     controllers: tuple[tuple[str, Path | None], ...] = (("this", None),)
 
@@ -73,6 +76,18 @@ class ScaleFigures:
     requests_per_placement: float
     bound_off_fleet: int = 0  # pods bound to a node that is not a fleet node (a bench bug)
     left_behind: bool = False  # pods or claims still there after the clean-up wait
+    backlog: int = 0  # pods waiting, claims generated, when the controller started
+    backlog_placed: int = 0
+    backlog_s: float = math.nan  # first to last placement of the backlog
+    # The controller's CPU time per placement while it placed the backlog.
+    backlog_cpu_ms: float = math.nan
+
+    @property
+    def backlog_rate(self) -> float:
+        """Placements per second of the queue that was there at start-up."""
+        if self.backlog_placed < 2 or not self.backlog_s:
+            return math.nan
+        return (self.backlog_placed - 1) / self.backlog_s
 
     @property
     def create_rate(self) -> float:
@@ -135,6 +150,14 @@ class _Startup:
     rss_mb: float
 
 
+@dataclass(frozen=True)
+class _Backlog:
+    pods: int
+    placed: int
+    seconds: float
+    cpu_ms: float = math.nan  # the controller's, per placement
+
+
 @dataclass
 class _PodTimes:
     created: float = math.nan
@@ -191,6 +214,12 @@ def rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return math.nan
+
+
+def cpu_s(pid: int) -> float:
+    """CPU time the process has used so far (user and system), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _http_text(url: str, timeout: float = 10.0) -> str:
@@ -256,6 +285,9 @@ class ControllerUnderTest:
 
     def rss_mb(self) -> float:
         return rss_mb(self.process.pid)
+
+    def cpu_s(self) -> float:
+        return cpu_s(self.process.pid)
 
     def alive(self) -> bool:
         return self.process.exit_code() is None
@@ -448,6 +480,7 @@ class ScaleBench:
             time.sleep(0.05)
         probe = self._new_name("probe")
         self._create_pod(probe, "1g", tracker)
+        backlog = self._create_backlog(tracker)
         log = self.workdir / f"controller-{label}-{len(self.fleet.nodes)}.log"
         ctl = ControllerUnderTest(self.kubeconfig, log, source)
         try:
@@ -466,7 +499,15 @@ class ScaleBench:
                 f"[{label} @ {len(self.fleet.nodes)} nodes] ready in {ready_s:.1f}s, "
                 f"first placement {model_s:.1f}s after start, RSS {rss_start:.0f} MB; churning"
             )
+            queued = self._drain_backlog(label, ctl, tracker, backlog)
             figures = self._churn(label, ctl, tracker, _Startup(ready_s, model_s, rss_start))
+            figures = dataclasses.replace(
+                figures,
+                backlog=queued.pods,
+                backlog_placed=queued.placed,
+                backlog_s=queued.seconds,
+                backlog_cpu_ms=queued.cpu_ms,
+            )
         finally:
             clean = self._clean_up(pods_path, ctl)
             ctl.stop()
@@ -474,6 +515,56 @@ class ScaleBench:
         figures = dataclasses.replace(figures, left_behind=not clean)
         self.say(f"[{label} @ {figures.nodes} nodes] {format_row(figures)}")
         return figures
+
+    def _create_backlog(self, tracker: PodTracker) -> list[str]:
+        """`backlog` pods, created while no controller runs, and their claims generated."""
+        from devcluster.waiting import wait_for
+
+        names = [self._new_name("queued") for _ in range(self.cfg.backlog)]
+        if not names:
+            return names
+        with ThreadPoolExecutor(self.cfg.creators) as pool:
+            list(
+                pool.map(
+                    lambda i: self._create_pod(names[i], PROFILES[i % len(PROFILES)], tracker),
+                    range(len(names)),
+                )
+            )
+        claims = f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims"
+        wait_for(
+            f"kube-controller-manager to create the {len(names)} queued pods' claims",
+            lambda: len(self.api.request("GET", claims).get("items") or []) > len(names),
+            timeout=600,
+            interval=1.0,
+        )
+        self.say(f"backlog: {len(names)} pods and their claims wait for the controller")
+        return names
+
+    def _drain_backlog(
+        self, label: str, ctl: ControllerUnderTest, tracker: PodTracker, names: list[str]
+    ) -> _Backlog:
+        if not names:
+            return _Backlog(0, 0, math.nan)
+        cpu0, start = ctl.cpu_s(), time.monotonic()
+        with contextlib.suppress(TimeoutError):
+            self._wait(
+                ctl,
+                lambda: all(not math.isnan(tracker.snapshot()[n].placed) for n in names),
+                self.cfg.drain_s,
+                "the backlog to be placed",
+            )
+        snap = tracker.snapshot()
+        times = sorted(snap[n].placed for n in names if not math.isnan(snap[n].placed))
+        seconds = times[-1] - times[0] if len(times) > 1 else math.nan
+        in_window = sum(1 for t in times if t >= start)
+        cpu_ms = (ctl.cpu_s() - cpu0) * 1000 / in_window if in_window else math.nan
+        queued = _Backlog(len(names), len(times), seconds, cpu_ms)
+        self.say(
+            f"[{label} @ {len(self.fleet.nodes)} nodes] backlog: {len(times)}/{len(names)} "
+            f"placed in {seconds:.1f}s; controller CPU {cpu_ms:.1f} ms per placement "
+            f"(over the {in_window} placed after its first)"
+        )
+        return queued
 
     def _wait(
         self, ctl: ControllerUnderTest, done: Callable[[], bool], timeout: float, what: str
@@ -608,7 +699,7 @@ class ScaleBench:
 HEADER = (
     f"{'controller':<11}{'nodes':>6}{'GPUs':>6}{'ready s':>8}{'model s':>8}{'RSS MB':>8}"
     f"{'peak MB':>8}{'dec p50':>8}{'dec p99':>8}{'create/s':>9}{'placed/s':>9}{'bound/s':>8}"
-    f"{'all/s':>7}{'req/pl':>7}{'placed':>9}"
+    f"{'all/s':>7}{'req/pl':>7}{'placed':>9}{'queue/s':>8}{'cpu/pl':>7}"
 )
 
 
@@ -618,5 +709,5 @@ def format_row(f: ScaleFigures) -> str:
         f"{f.rss_start_mb:>8.0f}{f.rss_peak_mb:>8.0f}{f.decision_p50_ms:>8.2f}"
         f"{f.decision_p99_ms:>8.2f}{f.create_rate:>9.1f}{f.placement_rate:>9.1f}"
         f"{f.bound_rate:>8.1f}{f.overall_rate:>7.1f}{f.requests_per_placement:>7.1f}"
-        f"{f.placed:>5}/{f.created:<4}"
+        f"{f.placed:>5}/{f.created:<4}{f.backlog_rate:>8.1f}{f.backlog_cpu_ms:>7.1f}"
     )
