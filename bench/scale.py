@@ -17,7 +17,9 @@ allocation of every carve claim of the pod; "bound" means kube-scheduler set spe
 Printed per size (and per controller with --compare, which runs the controller from another
 source tree, e.g. `git worktree add` of an older commit, on the same fleet in the same session):
 - decision p50/p99: the controller's own `carve_decision_seconds` histogram (the placement
-  engine's time per pod), over the churn;
+  engine's time per pod, wall clock), over the churn; cpu p99: `carve_decision_cpu_seconds`,
+  the same decisions in the deciding thread's CPU time, so that a tail of waiting for a CPU
+  or the GIL shows as the gap between the two;
 - placement and binding rate: pods placed (bound) per second while pods arrive, and over the
   whole run including the drain after the last pod was created;
 - controller RSS from /proc (after start-up, and the peak during churn);

@@ -58,6 +58,7 @@ def test_scale_machinery_places_and_releases_every_pod(
     assert not figures.left_behind, "deleted pods' claims were released"
     assert figures.decisions >= figures.created
     assert not math.isnan(figures.decision_p99_ms)
+    assert figures.decision_cpu_p99_ms <= figures.decision_p99_ms, "CPU time within wall time"
     assert figures.requests > 0, "the controller's FlowSchema counted its requests"
     assert figures.rss_peak_mb >= figures.rss_start_mb > 0
     assert (figures.backlog, figures.backlog_placed) == (6, 6), "the queued pods were placed"

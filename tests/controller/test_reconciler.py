@@ -277,6 +277,7 @@ class Harness:
         nodes: Mapping[str, int] = {"n1": 2},
         release_beside: Callable[[str, Callable[[], None]], bool] | None = None,
         commit_beside: Callable[[str, Callable[[], None]], bool] | None = None,
+        metrics: Any = None,
         **cfg: Any,
     ) -> None:
         self.planner = FirstFitPlanner()
@@ -293,6 +294,7 @@ class Harness:
             wall_clock=lambda: self.wall[0],
             release_beside=release_beside,
             commit_beside=commit_beside,
+            metrics=metrics,
         )
         for k in Kind:
             self.rec.mark_synced(k)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -96,6 +97,31 @@ def test_metrics_are_exported() -> None:
     assert "carve_allocation_latency_seconds_count 1.0" in text
     assert "carve_slice_utilization_ratio 0.125" in text
     assert 'carve_placement_outcomes_total{outcome="allocated"} 1.0' in text
+
+
+def test_a_decision_is_timed_in_wall_and_thread_cpu_time() -> None:
+    """A planner that waits (as a thread does for the CPU or the GIL) shows in the wall-time
+    histogram and not in the CPU one: the two tell a busy machine from a slow engine."""
+    from tests.controller.test_reconciler import Harness, claim, pod
+
+    m = ControllerMetrics()
+    h = Harness(metrics=m)
+    plan = h.planner.plan
+
+    def waiting_plan(*args: Any) -> Any:
+        time.sleep(0.03)
+        return plan(*args)
+
+    h.planner.plan = waiting_plan  # type: ignore[method-assign]
+    h.add(Kind.CLAIM, claim("c1"))
+    h.add(Kind.POD, pod("p1", ["c1"]))
+    h.step()
+    assert h.planner.plans == 1
+    text = generate_latest(m.registry).decode()
+    assert "carve_decision_seconds_count 1.0" in text
+    assert "carve_decision_cpu_seconds_count 1.0" in text
+    assert 'carve_decision_seconds_bucket{le="0.025"} 0.0' in text  # waited 30 ms
+    assert 'carve_decision_cpu_seconds_bucket{le="0.025"} 1.0' in text  # and spent little
 
 
 def test_usage_index_agrees_with_a_full_read_and_sees_a_new_version() -> None:

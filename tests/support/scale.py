@@ -81,6 +81,9 @@ class ScaleFigures:
     backlog_s: float = math.nan  # first to last placement of the backlog
     # The controller's CPU time per placement while it placed the backlog.
     backlog_cpu_ms: float = math.nan
+    # carve_decision_cpu_seconds: the deciding thread's CPU time; NaN for a controller that
+    # does not export it (an older tree under --compare).
+    decision_cpu_p99_ms: float = math.nan
 
     @property
     def backlog_rate(self) -> float:
@@ -649,6 +652,8 @@ class ScaleBench:
         b0 = promtext.buckets(m0, "carve_decision_seconds")
         b1 = promtext.buckets(m1, "carve_decision_seconds")
         decisions = int(b1.get(math.inf, 0.0) - b0.get(math.inf, 0.0))
+        c0 = promtext.buckets(m0, "carve_decision_cpu_seconds")
+        c1 = promtext.buckets(m1, "carve_decision_cpu_seconds")
         return ScaleFigures(
             controller=label,
             nodes=len(self.fleet.nodes),
@@ -668,6 +673,7 @@ class ScaleBench:
             decisions=decisions,
             decision_p50_ms=promtext.quantile(b0, b1, 0.5) * 1000,
             decision_p99_ms=promtext.quantile(b0, b1, 0.99) * 1000,
+            decision_cpu_p99_ms=promtext.quantile(c0, c1, 0.99) * 1000,
             requests=requests,
             requests_per_placement=requests / placements if placements else math.nan,
             bound_off_fleet=sum(
@@ -698,7 +704,8 @@ class ScaleBench:
 
 HEADER = (
     f"{'controller':<11}{'nodes':>6}{'GPUs':>6}{'ready s':>8}{'model s':>8}{'RSS MB':>8}"
-    f"{'peak MB':>8}{'dec p50':>8}{'dec p99':>8}{'create/s':>9}{'placed/s':>9}{'bound/s':>8}"
+    f"{'peak MB':>8}{'dec p50':>8}{'dec p99':>8}{'cpu p99':>8}{'create/s':>9}{'placed/s':>9}"
+    f"{'bound/s':>8}"
     f"{'all/s':>7}{'req/pl':>7}{'placed':>9}{'queue/s':>8}{'cpu/pl':>7}"
 )
 
@@ -707,7 +714,7 @@ def format_row(f: ScaleFigures) -> str:
     return (
         f"{f.controller:<11}{f.nodes:>6}{f.gpus:>6}{f.ready_s:>8.1f}{f.model_s:>8.1f}"
         f"{f.rss_start_mb:>8.0f}{f.rss_peak_mb:>8.0f}{f.decision_p50_ms:>8.2f}"
-        f"{f.decision_p99_ms:>8.2f}{f.create_rate:>9.1f}{f.placement_rate:>9.1f}"
+        f"{f.decision_p99_ms:>8.2f}{f.decision_cpu_p99_ms:>8.2f}{f.create_rate:>9.1f}{f.placement_rate:>9.1f}"
         f"{f.bound_rate:>8.1f}{f.overall_rate:>7.1f}{f.requests_per_placement:>7.1f}"
         f"{f.placed:>5}/{f.created:<4}{f.backlog_rate:>8.1f}{f.backlog_cpu_ms:>7.1f}"
     )
