@@ -38,6 +38,7 @@ from controller.extres import (
     resource_classes,
 )
 from controller.nodeloss import NodeLoss, allocated_node, node_loss, not_ready_deadline
+from controller.podqueue import PodQueue, Queued
 from controller.status import (
     ClaimAllocation,
     ClaimWriter,
@@ -530,9 +531,11 @@ class Reconciler:
         self._synced: set[Kind] = set()
         self.stores: dict[Kind, dict[str, Obj]] = {k: {} for k in Kind}
         self._pods: dict[str, _PodState] = {}
-        # Pods for which `pod_work` can be anything but NONE: a pass looks at these only, not
-        # at every pod the cache holds (bound and foreign pods never need the controller).
+        # Pods for which `pod_work` can be anything but NONE: only these are classified, not
+        # every pod the cache holds (bound and foreign pods never need the controller).
         self._candidates: set[str] = set()
+        # Their classifications, and which of them the next pass visits (controller.podqueue).
+        self._queue: PodQueue[PodWork] = PodQueue()
         self._dirty_claims: set[str] = set()
         self._event_sent: dict[str, dict[str, float]] = {}
         # Ungated pods whose allocation kube-scheduler cleared: how often, and when to retry.
@@ -595,6 +598,7 @@ class Reconciler:
             store[key] = obj
             self._planner.observe(kind, obj)
         if kind is Kind.POD:
+            self._queue.changed(key)
             self._index_pod(key, None if type_ is EventType.DELETED else obj)
             self._index_candidate(key, None if type_ is EventType.DELETED else obj)
             self._on_pod(key, obj, type_)
@@ -647,11 +651,13 @@ class Reconciler:
             self._candidates.add(key)
         elif key in self._candidates:
             self._candidates.discard(key)
-            self._forget_pod(key)
+            self._queue.drop(key)
+            self._drop_state(key)
 
     def _set_pod(self, key: str, pod: Obj) -> None:
         """Store a pod this controller just wrote."""
         self.stores[Kind.POD][key] = pod
+        self._queue.changed(key)
         self._index_candidate(key, pod)
 
     def _condition(self, pod: Obj, status: bool, reason: str, message: str) -> None:
@@ -666,12 +672,24 @@ class Reconciler:
         self._defer(key_of(pod), write)
 
     def _forget_pod(self, key: str) -> None:
-        """The pod needs nothing more from us: drop its queue state and event memory."""
+        """The pod needs nothing more from us: drop its queue state and event memory, and
+        classify it afresh should it still need something (its next change says what)."""
+        self._drop_state(key)
+        self._queue.changed(key)
+
+    def _drop_state(self, key: str) -> None:
         self._pods.pop(key, None)
         self._event_sent.pop(key, None)
 
+    def _claim_changed(self, claim_key: str) -> None:
+        """A claim changed in the store: the pods that name it are classified again."""
+        for pod_key in self._users.get(claim_key, ()):
+            self._queue.changed(pod_key)
+
     def _wake_pods_of_claim(self, claim: Obj) -> None:
-        for pod_key in self._users.get(key_of(claim), ()):
+        key = key_of(claim)
+        self._claim_changed(key)
+        for pod_key in self._users.get(key, ()):
             state = self._pods.get(pod_key)
             if state is not None:
                 state.retry_at = 0.0
@@ -679,10 +697,11 @@ class Reconciler:
 
     def _wake_all(self, *, capacity: bool = False, classes: bool = False) -> None:
         """Capacity changes retry pods that lacked room; class changes also retry bad claims."""
-        for state in self._pods.values():
+        for key, state in self._pods.items():
             if (capacity and not state.permanent) or classes:
                 state.retry_at = 0.0
                 state.permanent = False
+                self._queue.wake(key)
 
     def drain(self, timeout: float = 0.0) -> int:
         """Apply queued events; wait up to `timeout` for the first one. Returns how many."""
@@ -717,6 +736,8 @@ class Reconciler:
         self._dirty_claims.update(self.stores[Kind.CLAIM])
         for state in self._pods.values():
             state.retry_at = 0.0
+        for key in self._candidates | set(self._queue.keys()):
+            self._queue.changed(key)
 
     # -- release (invariant 4) --------------------------------------------------------------------
 
@@ -999,6 +1020,7 @@ class Reconciler:
             return
         self.stores[Kind.CLAIM][key] = claim
         self._planner.observe(Kind.CLAIM, claim)
+        self._claim_changed(key)
         if is_allocated(claim):
             self._lost_cleared.pop(key, None)
         if _allocation_dropped(old, claim):
@@ -1006,90 +1028,122 @@ class Reconciler:
 
     # -- placement --------------------------------------------------------------------------------
 
-    def _queue(self) -> list[tuple[Obj, PodWork]]:
-        work: list[tuple[Obj, PodWork]] = []
+    def _classify(self) -> None:
+        """Classify again the pods that changed since the last pass (not every waiting pod)."""
         now = self._clock()
         claims = self.stores[Kind.CLAIM]
         pods = self.stores[Kind.POD]
-        for key in list(self._candidates):
+        for key in self._queue.take_stale():
             pod = pods.get(key)
-            if pod is None:
+            if pod is None or key not in self._candidates:
                 self._candidates.discard(key)
-                self._forget_pod(key)
+                self._queue.drop(key)
+                self._drop_state(key)
                 continue
             w = pod_work(pod, claims, self._cfg.classes, self._cfg.contract)
             if w.kind is WorkKind.NONE:
-                self._forget_pod(key)
+                self._queue.drop(key)
+                self._drop_state(key)
                 continue
-            self._pods.setdefault(key, _PodState(first_seen=now))
-            work.append((pod, w))
-        work.sort(key=lambda pw: priority_key(pw[0]))
-        return work
+            # Pods a queue still holds are not waiting for carve.
+            counted = w.kind is not WorkKind.UNGATE and w.reason != GATED_ELSEWHERE
+            old = self._queue.put(key, Queued(w, priority_key(pod), counted))
+            state = self._pods.setdefault(key, _PodState(first_seen=now))
+            was_held = old is not None and old.work.reason == GATED_ELSEWHERE
+            if was_held and w.reason != GATED_ELSEWHERE:
+                state.held_until = self._wall()  # the other gate went just now
+
+    def _due(self) -> list[tuple[Obj, PodWork]]:
+        pods = self.stores[Kind.POD]
+        return [(pods[key], q.work) for key, q in self._queue.take_due(self._clock())]
 
     def pending(self) -> list[str]:
         """Keys of pods that still need the controller, in the order they will be served."""
-        return [key_of(p) for p, _ in self._queue()]
+        self._classify()
+        return [key for key, _ in self._queue.ordered()]
 
     def _place_pass(self) -> None:
-        work = self._queue()
+        self._classify()
+        work = self._due()
         if self._releasing and any(self._due_for_placement(pod, w) for pod, w in work):
+            for pod, _ in work:
+                self._queue.wake(key_of(pod))
             self._await_releases()
-            work = self._queue()
-        # Pods a queue still holds are not waiting for carve.
-        self._metrics.set_queue_depth(
-            sum(1 for _, w in work if w.kind is not WorkKind.UNGATE and w.reason != GATED_ELSEWHERE)
-        )
+            self._classify()
+            work = self._due()
+        self._metrics.set_queue_depth(self._queue.depth)
         now = self._clock()
         names = resource_classes(self.stores[Kind.CLASS], self._cfg.classes)
-        for pod, w in work:
-            key = key_of(pod)
-            if key in self._committing:
-                continue  # its writes are in flight; the commit's end decides what is next
-            if self._assumed and any(key_of(c) in self._assumed for c in w.claims):
-                # A claim it shares with a pod being committed looks allocated but is not yet:
-                # ungated now, kube-scheduler would find it unallocated and allocate it itself.
-                continue  # the commit's answers wake this pod (`_wake_pods_of_claim`)
-            state = self._pods[key]
-            if w.kind is WorkKind.WAIT and w.reason == GATED_ELSEWHERE:
-                # Held by a queue (Kueue) for as long as it likes: said once, not every pass,
-                # and the native-fallback clock starts only once the pod is carve's alone.
-                state.held_until = self._wall()
-                if state.last_message != w.message:
-                    state.last_message = w.message
-                    self._recorder.event(pod, Kind.POD, "Normal", w.reason, w.message)
-                    self._condition(pod, False, w.reason, w.message)
-                continue
-            if w.kind is WorkKind.WAIT:
-                # kube-controller-manager normally creates claims within milliseconds: only a
-                # wait that lasts is worth an event (and a condition write) per pod.
-                if now - state.first_seen >= self._cfg.claims_grace:
-                    self._wait(pod, state, Unplaceable("ClaimsNotReady", w.message))
-                continue
-            if state.retry_at > now or state.permanent:
-                continue
-            if w.kind is WorkKind.UNGATE and self._on_lost_node(w.claims):
-                # Allocated on a node that is lost: `_release_lost` clears it (at once, or once
-                # nothing reserves it) and the pod is placed again, still gated.
-                continue
+        for i, (pod, w) in enumerate(work):
             if not self._is_leader():
+                for later, _ in work[i:]:
+                    self._queue.wake(key_of(later))
                 return
-            try:
-                if w.kind is WorkKind.UNGATE and self._held_for_carve(pod, state, w.claims, now):
-                    continue
-                if has_gate(pod, self._cfg.gate) and asks_carve_resources(pod, names):
-                    self._place_extended(pod, state, w.claims, names)
-                elif w.kind is WorkKind.UNGATE:
-                    refused = self._planner.check_allocated(pod, w.claims)
-                    if refused is not None:
-                        self._wait(pod, state, refused, w.claims)
-                    else:
-                        self._ungate(pod, w.claims)
-                elif not has_gate(pod, self._cfg.gate):
-                    self._replan(pod, state, w.claims, now)
+            key = key_of(pod)
+            self._visit(pod, w, names, now)
+            self._wake_later(key, w, now)
+
+    def _visit(self, pod: Obj, w: PodWork, names: Mapping[str, str], now: float) -> None:
+        key = key_of(pod)
+        if key in self._committing:
+            return  # its writes are in flight; the commit's end decides what is next
+        if self._assumed and any(key_of(c) in self._assumed for c in w.claims):
+            # A claim it shares with a pod being committed looks allocated but is not yet:
+            # ungated now, kube-scheduler would find it unallocated and allocate it itself.
+            return  # the commit's answers wake this pod (`_wake_pods_of_claim`)
+        state = self._pods.setdefault(key, _PodState(first_seen=now))
+        if w.kind is WorkKind.WAIT and w.reason == GATED_ELSEWHERE:
+            # Held by a queue (Kueue) for as long as it likes: said once, not every pass,
+            # and the native-fallback clock starts only once the pod is carve's alone.
+            state.held_until = self._wall()
+            if state.last_message != w.message:
+                state.last_message = w.message
+                self._recorder.event(pod, Kind.POD, "Normal", w.reason, w.message)
+                self._condition(pod, False, w.reason, w.message)
+            return
+        if w.kind is WorkKind.WAIT:
+            # kube-controller-manager normally creates claims within milliseconds: only a
+            # wait that lasts is worth an event (and a condition write) per pod.
+            if now - state.first_seen >= self._cfg.claims_grace:
+                self._wait(pod, state, Unplaceable("ClaimsNotReady", w.message))
+            return
+        if state.retry_at > now or state.permanent:
+            return
+        if w.kind is WorkKind.UNGATE and self._on_lost_node(w.claims):
+            # Allocated on a node that is lost: `_release_lost` clears it (at once, or once
+            # nothing reserves it) and the pod is placed again, still gated.
+            return
+        try:
+            if w.kind is WorkKind.UNGATE and self._held_for_carve(pod, state, w.claims, now):
+                return
+            if has_gate(pod, self._cfg.gate) and asks_carve_resources(pod, names):
+                self._place_extended(pod, state, w.claims, names)
+            elif w.kind is WorkKind.UNGATE:
+                refused = self._planner.check_allocated(pod, w.claims)
+                if refused is not None:
+                    self._wait(pod, state, refused, w.claims)
                 else:
-                    self._place(pod, state, w.claims)
-            except Exception as exc:
-                self._placement_failed(pod, state, w.claims, exc)
+                    self._ungate(pod, w.claims)
+            elif not has_gate(pod, self._cfg.gate):
+                self._replan(pod, state, w.claims, now)
+            else:
+                self._place(pod, state, w.claims)
+        except Exception as exc:
+            self._placement_failed(pod, state, w.claims, exc)
+
+    def _wake_later(self, key: str, w: PodWork, now: float) -> None:
+        """After a visit that left the pod waiting: when to look at it again by itself. Waits
+        for a change (another gate, a commit in flight, a lost node, a permanent refusal) set
+        no time: the change wakes the pod."""
+        state = self._pods.get(key)
+        if state is None or key not in self._queue or key in self._committing:
+            return
+        if w.kind is WorkKind.WAIT and w.reason == GATED_ELSEWHERE:
+            return
+        if w.kind is WorkKind.WAIT and now - state.first_seen < self._cfg.claims_grace:
+            self._queue.wake_at(key, state.first_seen + self._cfg.claims_grace)
+        elif not state.permanent and state.retry_at > now:
+            self._queue.wake_at(key, state.retry_at)
 
     def _decide(
         self, pod: Obj, claims: Sequence[Obj], classes: Mapping[str, Obj]
@@ -1438,6 +1492,7 @@ class Reconciler:
             self._assumed[ckey] = self.stores[Kind.CLAIM].get(ckey) or copy_
             self.stores[Kind.CLAIM][ckey] = copy_
             self._planner.observe(Kind.CLAIM, copy_)
+            self._claim_changed(ckey)
         self._planner.committed(pod, plan)
         self._committing[key] = _Commit(
             plan, tuple(claims), assumed, state.first_seen, tuple(a for a, _ in todo)
@@ -1470,6 +1525,7 @@ class Reconciler:
             if store.get(ckey) is copy_ and real is not None:
                 store[ckey] = real
                 self._planner.observe(Kind.CLAIM, real)
+                self._claim_changed(ckey)
                 self._wake_all(capacity=True)
             self._dirty_claims.add(ckey)
 
@@ -1477,6 +1533,7 @@ class Reconciler:
         commit = self._committing.pop(result.pod, None)
         if commit is None:
             return
+        self._queue.changed(result.pod)  # the pod is visited again, whatever came of it
         self._unassume(commit.assumed)
         for claim in result.stored:
             self._apply(Kind.CLAIM, EventType.MODIFIED, {_WRITTEN_BESIDE: claim})

@@ -95,13 +95,16 @@ def test_time_held_by_a_queue_does_not_count_towards_the_native_fallback() -> No
     h.step()
     h.wall[0] += dt.timedelta(hours=1)
     h.now[0] += 3600
-    h.step()  # still held: the fallback clock restarts from here
+    h.step()  # still held
+    assert h.planner.plans == 0
     h.update(Kind.POD, _drop(h.current("p"), KUEUE_GATE))
+    h.step()  # carve sees the queue's gate go: the fallback clock starts here
+    assert h.planner.plans == 1
     h.wall[0] += dt.timedelta(seconds=30)
     h.now[0] += 30
-    h.step()
+    h.step()  # the retry: 30 s of carve's own attempts, under native_fallback_after
     assert has_gate(h.current("p"), SCHEDULING_GATE)
-    assert h.planner.plans == 1
+    assert h.planner.plans == 2
     h.wall[0] += dt.timedelta(seconds=40)
     h.now[0] += 40
     h.step()
