@@ -103,7 +103,10 @@ class LocalCluster:
         binaries: Binaries | None = None,
         detached: bool = False,
         progress: Callable[[str], None] | None = None,
+        client_qps: float | None = None,
     ) -> None:
+        """`client_qps`: raise kube-scheduler's and kube-controller-manager's client rate
+        limit to this many requests per second (`components._client_rate`); None: defaults."""
         self._owns_root = root is None
         self.layout = Layout(
             Path(tempfile.mkdtemp(prefix="carve-devcluster-")) if root is None else root
@@ -111,6 +114,7 @@ class LocalCluster:
         self._binaries = binaries
         self._detached = detached
         self._progress = progress or (lambda _msg: None)
+        self._client_qps = client_qps
         self._processes: list[ManagedProcess] = []
         self._info: ClusterInfo | None = None
         self._stopped = False
@@ -210,12 +214,14 @@ class LocalCluster:
         self._progress("kube-apiserver ready")
         scheduler = self._spawn(
             "kube-scheduler",
-            components.scheduler_args(binaries.kube_scheduler, layout, ports),
+            components.scheduler_args(
+                binaries.kube_scheduler, layout, ports, client_qps=self._client_qps
+            ),
         )
         kcm = self._spawn(
             "kube-controller-manager",
             components.controller_manager_args(
-                binaries.kube_controller_manager, layout, ports, pki
+                binaries.kube_controller_manager, layout, ports, pki, client_qps=self._client_qps
             ),
         )
         self._wait(scheduler, deadline, lambda: _lease_held(server, "kube-scheduler", pki))

@@ -165,7 +165,21 @@ def apiserver_args(binary: Path, layout: Layout, ports: Ports, pki: ClusterPki) 
     ]
 
 
-def scheduler_args(binary: Path, layout: Layout, ports: Ports) -> list[str]:
+def _client_rate(qps: float | None) -> list[str]:
+    """The client-side rate limit of kube-scheduler and kube-controller-manager, when raised.
+
+    Their defaults (50 and 20 requests per second; bursts 100 and 30) suit small clusters; a
+    scale benchmark at these defaults measures them, not carve: generating one pod's claim
+    from its template takes kube-controller-manager two requests, so its 20 per second cap
+    arrivals near 10 pods per second. Providers raise both for large clusters (to 100-200)."""
+    if qps is None:
+        return []
+    return [f"--kube-api-qps={qps:g}", f"--kube-api-burst={int(2 * qps)}"]
+
+
+def scheduler_args(
+    binary: Path, layout: Layout, ports: Ports, client_qps: float | None = None
+) -> list[str]:
     kubeconfig = layout.scheduler_kubeconfig
     return [
         str(binary),
@@ -176,13 +190,14 @@ def scheduler_args(binary: Path, layout: Layout, ports: Ports) -> list[str]:
         f"--secure-port={ports.scheduler}",
         # Leader election gives readiness a visible signal: the Lease kube-system/kube-scheduler.
         "--leader-elect=true",
+        *_client_rate(client_qps),
         feature_gates_flag(),
         "--v=2",
     ]
 
 
 def controller_manager_args(
-    binary: Path, layout: Layout, ports: Ports, pki: ClusterPki
+    binary: Path, layout: Layout, ports: Ports, pki: ClusterPki, client_qps: float | None = None
 ) -> list[str]:
     kubeconfig = layout.controller_manager_kubeconfig
     return [
@@ -200,6 +215,7 @@ def controller_manager_args(
         f"--service-account-private-key-file={pki.service_account_key}",
         f"--root-ca-file={pki.ca.cert}",
         f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+        *_client_rate(client_qps),
         feature_gates_flag(),
         "--v=2",
     ]

@@ -128,6 +128,25 @@ def test_every_component_gets_the_same_dra_gates(tmp_path: Path) -> None:
                 assert "127.0.0.1" in arg, arg
 
 
+def test_client_rate_limits_stay_at_their_defaults_unless_raised(tmp_path: Path) -> None:
+    pki = create_cluster_pki(tmp_path / "pki")
+    layout = Layout(tmp_path)
+    bins = Binaries.in_directory(tmp_path / "bin")
+
+    def argvs(qps: float | None) -> list[list[str]]:
+        return [
+            components.scheduler_args(bins.kube_scheduler, layout, PORTS, client_qps=qps),
+            components.controller_manager_args(
+                bins.kube_controller_manager, layout, PORTS, pki, client_qps=qps
+            ),
+        ]
+
+    for argv in argvs(None):
+        assert not [a for a in argv if a.startswith("--kube-api-")]
+    for argv in argvs(200):
+        assert "--kube-api-qps=200" in argv and "--kube-api-burst=400" in argv
+
+
 def test_fake_node_reports_what_a_kubelet_would() -> None:
     node = FakeNode(
         "n1",
