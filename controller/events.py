@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from controller.reconciler import Kind
+from controller.status import discard_response
 from driver.contract import DEFAULT_CONTRACT
 
 Obj = dict[str, Any]
@@ -112,14 +113,18 @@ class KubeRecorder:
         try:
             if count == 1:
                 try:
-                    self._api.create_namespaced_event(ns, body)
+                    discard_response(
+                        self._api.create_namespaced_event(ns, body, _preload_content=False)
+                    )
                     return
                 except Exception as exc:
                     if getattr(exc, "status", None) != 409:
                         raise
                     count = 2
             patch = {"series": {"count": count, "lastObservedTime": _micro(now)}}
-            self._api.patch_namespaced_event(name, ns, patch)
+            discard_response(
+                self._api.patch_namespaced_event(name, ns, patch, _preload_content=False)
+            )
         except Exception as exc:
             if getattr(exc, "status", None) == 403 and "NamespaceTerminating" in str(
                 getattr(exc, "body", "") or ""

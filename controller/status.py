@@ -196,6 +196,13 @@ def _loads(resp: Any) -> Obj:
     return result
 
 
+def discard_response(resp: Any) -> None:
+    """For a write whose answer nobody reads (`_preload_content=False`): the client would
+    otherwise build its typed model of the whole object (a `V1Pod` costs more CPU than the
+    request itself); reading the raw body hands the connection back to the pool."""
+    _ = getattr(resp, "data", None)
+
+
 class KubeClaimWriter:
     """`ClaimWriter` against the apiserver with the official client (resource.k8s.io/v1, core/v1).
 
@@ -377,12 +384,14 @@ class KubeClaimWriter:
         self._check_fence()
         meta = pod["metadata"]
         cond = pod_condition(self._contract, status, reason, message, self._clock())
-        self._core.patch_namespaced_pod_status(
+        resp = self._core.patch_namespaced_pod_status(
             meta["name"],
             meta.get("namespace", ""),
             {"status": {"conditions": [cond]}},
             _content_type="application/strategic-merge-patch+json",
+            _preload_content=False,
         )
+        discard_response(resp)
 
 
 def pod_condition(

@@ -354,7 +354,7 @@ def test_events_into_a_terminating_namespace_are_dropped_quietly(
         body = '{"reason":"Forbidden","details":{"causes":[{"reason":"NamespaceTerminating"}]}}'
 
     class Api:
-        def create_namespaced_event(self, ns: str, body: Obj) -> None:
+        def create_namespaced_event(self, ns: str, body: Obj, **_options: Any) -> None:
             raise RefusedError()
 
     claim = {"metadata": {"name": "c", "namespace": "gone", "uid": "u"}}

@@ -296,3 +296,31 @@ def test_conflict_storm_gives_up_after_bounded_attempts() -> None:
     with pytest.raises(ApiException):
         _writer(store, attempts=4).add_finalizer(c)
     assert calls["n"] == 4
+
+
+def test_the_pod_condition_is_written_without_building_the_clients_model_of_the_pod() -> None:
+    """A `V1Pod` built from the answer cost more CPU than the request; the raw answer is read
+    all the same, so the connection goes back to the pool."""
+    seen: dict[str, Any] = {}
+
+    class Answer:
+        reads = 0
+
+        @property
+        def data(self) -> bytes:
+            Answer.reads += 1
+            return b"{}"
+
+    class Core:
+        def patch_namespaced_pod_status(
+            self, name: str, ns: str, body: Obj, **options: Any
+        ) -> Answer:
+            seen.update(name=name, body=body, **options)
+            return Answer()
+
+    writer = KubeClaimWriter(None, Core())
+    pod = {"metadata": {"name": "p", "namespace": "ns", "uid": "u"}}
+    writer.set_pod_condition(pod, True, "Placed", "placed on n1")
+    assert seen["_preload_content"] is False
+    assert seen["body"]["status"]["conditions"][0]["reason"] == "Placed"
+    assert Answer.reads == 1
