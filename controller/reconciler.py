@@ -536,6 +536,7 @@ class Reconciler:
         self._candidates: set[str] = set()
         # Their classifications, and which of them the next pass visits (controller.podqueue).
         self._queue: PodQueue[PodWork] = PodQueue()
+        self._extended_names: dict[str, str] | None = None  # resource_classes(), per class change
         self._dirty_claims: set[str] = set()
         self._event_sent: dict[str, dict[str, float]] = {}
         # Ungated pods whose allocation kube-scheduler cleared: how often, and when to retry.
@@ -610,6 +611,8 @@ class Reconciler:
         else:
             if kind is Kind.NODE:
                 self._nodes_changed = True
+            elif kind is Kind.CLASS:
+                self._extended_names = None
             self._wake_all(capacity=kind is not Kind.CLASS, classes=kind is Kind.CLASS)
 
     def _on_pod(self, key: str, pod: Obj, type_: EventType) -> None:
@@ -1073,7 +1076,9 @@ class Reconciler:
             work = self._due()
         self._metrics.set_queue_depth(self._queue.depth)
         now = self._clock()
-        names = resource_classes(self.stores[Kind.CLASS], self._cfg.classes)
+        if self._extended_names is None:  # DeviceClasses change rarely; passes are many
+            self._extended_names = resource_classes(self.stores[Kind.CLASS], self._cfg.classes)
+        names = self._extended_names
         for i, (pod, w) in enumerate(work):
             if not self._is_leader():
                 for later, _ in work[i:]:

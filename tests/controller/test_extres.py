@@ -226,6 +226,25 @@ def test_best_fit_pins_the_pod_next_to_the_slice_already_in_use() -> None:
     assert placed and held_node in placed[0][3] and "3g40gb" in placed[0][3]
 
 
+def test_a_class_that_takes_an_extended_resource_name_later_is_seen_by_the_next_pod() -> None:
+    """The names are resolved once per DeviceClass change, not per pass: a change is seen."""
+    c = Cluster({"a": ["H100-SXM5-80GB"]})
+    c.rec.enqueue(Kind.CLASS, EventType.ADDED, profile_class("3g.40gb", extendedResourceName="x/y"))
+    c.rec.drain()
+    c.rec.step()  # a pass resolves the names while the class maps only x/y
+    renamed = profile_class("3g.40gb")
+    renamed["metadata"]["resourceVersion"] = "2"
+    c.rec.enqueue(Kind.CLASS, EventType.MODIFIED, renamed)
+    p = limits_pod("limits", {"nvidia.com/mig-3g.40gb": "1"})
+    c.rec.enqueue(Kind.POD, EventType.ADDED, c.writer.put(p))
+    c.rec.drain()
+    c.rec.step()
+    got = c.writer.objects["limits"]
+    assert not has_gate(got, GATE)
+    assert got["spec"]["affinity"]["nodeAffinity"], "placed by carve's best fit, pinned"
+    assert [e for e in c.events_of("limits") if e[2] == "Placed"]
+
+
 def test_a_profile_no_node_has_waits_gated_with_the_engines_reason() -> None:
     c = Cluster({"a": ["A100-SXM4-40GB"]})
     _with_profile_classes(c, "7g.141gb")
