@@ -440,7 +440,8 @@ class _PodState:
     attempts: int = 0
     retry_at: float = 0.0
     permanent: bool = False
-    held_until: dt.datetime | None = None  # last seen held by another scheduling gate
+    # When the controller saw another scheduling gate go (or last saw one hold the pod).
+    held_until: dt.datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -1597,8 +1598,9 @@ class Reconciler:
         _log.info("pod %s waits: %s", key, why.message, extra={"pod": key})
 
     def _fallback_due(self, pod: Obj) -> bool:
-        """Unplaceable for `native_fallback_after` since creation, or since another gate (a
-        queue's) last held it: time spent queued in Kueue is not time carve failed to place."""
+        """Unplaceable for `native_fallback_after` since creation, or since the controller saw
+        another gate (a queue's) go: time spent queued in Kueue is not time carve failed to
+        place."""
         after = self._cfg.native_fallback_after
         if after is None or not has_gate(pod, self._cfg.gate):
             return False
