@@ -877,21 +877,27 @@ def test_missing_generated_claim_is_reported_only_when_it_lasts() -> None:
     assert "kube-controller-manager" in ev[3]
 
 
+def count_classifications(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Names of the pods `pod_work` classifies from now on, in order."""
+    import controller.reconciler as reconciler_module
+
+    seen: list[str] = []
+    real = reconciler_module.pod_work
+
+    def counting(p: Obj, *args: Any) -> Any:
+        seen.append(p["metadata"]["name"])
+        return real(p, *args)
+
+    monkeypatch.setattr(reconciler_module, "pod_work", counting)
+    return seen
+
+
 def test_a_pass_looks_only_at_pods_that_can_need_the_controller(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Bound pods, pods without claims or gate, and pods being deleted are not examined (the
     reconciler keeps a candidate set rather than scanning every cached pod)."""
-    import controller.reconciler as reconciler_module
-
-    examined: list[str] = []
-    real_pod_work = reconciler_module.pod_work
-
-    def counting_pod_work(p: Obj, *args: Any) -> Any:
-        examined.append(p["metadata"]["name"])
-        return real_pod_work(p, *args)
-
-    monkeypatch.setattr(reconciler_module, "pod_work", counting_pod_work)
+    examined = count_classifications(monkeypatch)
     h = Harness()
     h.add(Kind.CLAIM, claim("c1"))
     h.add(Kind.POD, pod("waiting", ["c1"]))

@@ -16,25 +16,13 @@ from hypothesis import strategies as st
 
 import controller.reconciler as reconciler_module
 from controller.reconciler import Kind, PodWork, Unplaceable, WorkKind, key_of, pod_work
-from tests.controller.test_reconciler import Harness, claim, pod
+from tests.controller.test_reconciler import Harness, claim, count_classifications, pod
 
 Obj = dict[str, Any]
 
 
-def _count_classifications(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    seen: list[str] = []
-    real = reconciler_module.pod_work
-
-    def counting(p: Obj, *args: Any) -> PodWork:
-        seen.append(p["metadata"]["name"])
-        return real(p, *args)
-
-    monkeypatch.setattr(reconciler_module, "pod_work", counting)
-    return seen
-
-
 def test_a_pass_classifies_and_decides_only_what_changed(monkeypatch: pytest.MonkeyPatch) -> None:
-    seen = _count_classifications(monkeypatch)
+    seen = count_classifications(monkeypatch)
     h = Harness()
     h.planner.verdict = Unplaceable("NoCapacity", "full")
     h.add(Kind.CLAIM, claim("shared"))
