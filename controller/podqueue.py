@@ -18,7 +18,6 @@ Pure bookkeeping: no I/O, no clock of its own (the caller passes `now`).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -107,9 +106,6 @@ class PodQueue(Generic[W]):
 
     def __len__(self) -> int:
         return len(self._entries)
-
-    def keys(self) -> Iterator[str]:
-        return iter(self._entries)
 
     def ordered(self) -> list[tuple[str, Queued[W]]]:
         """Every waiting pod in queue order."""

@@ -740,7 +740,7 @@ class Reconciler:
         self._dirty_claims.update(self.stores[Kind.CLAIM])
         for state in self._pods.values():
             state.retry_at = 0.0
-        for key in self._candidates | set(self._queue.keys()):
+        for key in self._candidates:  # every pod the queue holds is a candidate
             self._queue.changed(key)
 
     # -- release (invariant 4) --------------------------------------------------------------------
@@ -775,11 +775,11 @@ class Reconciler:
                 _log.exception("release of claim %s failed; will retry", key)
                 self._dirty_claims.add(key)
 
-    def _due_for_placement(self, pod: Obj, w: PodWork) -> bool:
+    def _due_for_placement(self, key: str, w: PodWork) -> bool:
         """A pod this pass will try to place now (not one waiting out a retry interval)."""
         if w.kind is not WorkKind.PLACE:
             return False
-        state = self._pods.get(key_of(pod))
+        state = self._pods.get(key)
         return state is not None and not state.permanent and state.retry_at <= self._clock()
 
     def _await_releases(self) -> None:
@@ -1057,9 +1057,9 @@ class Reconciler:
             if was_held and w.reason != GATED_ELSEWHERE:
                 state.held_until = self._wall()  # the other gate went just now
 
-    def _due(self) -> list[tuple[Obj, PodWork]]:
+    def _due(self) -> list[tuple[str, Obj, PodWork]]:
         pods = self.stores[Kind.POD]
-        return [(pods[key], q.work) for key, q in self._queue.take_due(self._clock())]
+        return [(key, pods[key], q.work) for key, q in self._queue.take_due(self._clock())]
 
     def pending(self) -> list[str]:
         """Keys of pods that still need the controller, in the order they will be served."""
@@ -1069,9 +1069,9 @@ class Reconciler:
     def _place_pass(self) -> None:
         self._classify()
         work = self._due()
-        if self._releasing and any(self._due_for_placement(pod, w) for pod, w in work):
-            for pod, _ in work:
-                self._queue.wake(key_of(pod))
+        if self._releasing and any(self._due_for_placement(key, w) for key, _, w in work):
+            for key, _, _ in work:
+                self._queue.wake(key)
             self._await_releases()
             self._classify()
             work = self._due()
@@ -1080,17 +1080,15 @@ class Reconciler:
         if self._extended_names is None:  # DeviceClasses change rarely; passes are many
             self._extended_names = resource_classes(self.stores[Kind.CLASS], self._cfg.classes)
         names = self._extended_names
-        for i, (pod, w) in enumerate(work):
+        for i, (key, pod, w) in enumerate(work):
             if not self._is_leader():
-                for later, _ in work[i:]:
-                    self._queue.wake(key_of(later))
+                for later, _, _ in work[i:]:
+                    self._queue.wake(later)
                 return
-            key = key_of(pod)
-            self._visit(pod, w, names, now)
+            self._visit(key, pod, w, names, now)
             self._wake_later(key, w, now)
 
-    def _visit(self, pod: Obj, w: PodWork, names: Mapping[str, str], now: float) -> None:
-        key = key_of(pod)
+    def _visit(self, key: str, pod: Obj, w: PodWork, names: Mapping[str, str], now: float) -> None:
         if key in self._committing:
             return  # its writes are in flight; the commit's end decides what is next
         if self._assumed and any(key_of(c) in self._assumed for c in w.claims):
