@@ -32,6 +32,12 @@ source tree, e.g. `git worktree add` of an older commit, on the same fleet in th
   controller starts; the figure is the rate from the first to the last of their placements,
   which no pod creator's speed limits; cpu/pl is the controller's CPU time (ms, user and
   system, from /proc) per placement while it placed them;
+- with --controller-cpus N the controller runs on N CPUs of its own and everything else (the
+  control plane, the fleet's Lease renewals, the pod creators) on the rest: decision wall
+  time then shows what a controller with its own CPU gets, without the control plane's
+  processes in its run queue (on a real cluster they run on other machines);
+- the backlog's progress line also says how fast the control plane alone (no controller
+  running) admitted its pods and generated their claims, with --creators threads;
 - apiserver requests per placement: kube-apiserver's API Priority and Fairness counter
   `apiserver_flowcontrol_dispatched_requests_total` for a FlowSchema that matches only the
   controller's own user (the apiserver's request counters carry no client label).
@@ -45,6 +51,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shutil
 import sys
 import tempfile
@@ -69,6 +76,8 @@ def print_report(figures: Sequence[ScaleFigures], cfg: ScaleConfig) -> None:
         f"({'/'.join(PROFILES)} slices), deleted {cfg.hold_s:g}s after binding; "
         f"decision = carve_decision_seconds (ms); placed = gate removed after allocation"
     )
+    if cfg.controller_cpus:
+        print(f"the controller ran alone on CPUs {sorted(cfg.controller_cpus)}")
     print(HEADER)
     for f in figures:
         print(format_row(f))
@@ -113,6 +122,19 @@ def _controllers(specs: Sequence[str]) -> tuple[tuple[str, Path | None], ...]:
     return tuple(out)
 
 
+def _split_cpus(count: int) -> frozenset[int]:
+    """The last `count` CPUs this process may use, for the controller alone."""
+    if count <= 0:
+        return frozenset()
+    cpus = sorted(os.sched_getaffinity(0))
+    if count >= len(cpus):
+        raise SystemExit(
+            f"--controller-cpus {count}: this process may use {len(cpus)} CPUs "
+            f"({cpus}); at least one must be left for the control plane"
+        )
+    return frozenset(cpus[-count:])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", default="100,300,1000", help="comma-separated node counts")
@@ -148,8 +170,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         "kube-controller-manager; 0 keeps their defaults of 50 and 20, at which claim "
         "generation caps arrivals near 10 pods/s",
     )
+    parser.add_argument(
+        "--creators",
+        type=int,
+        default=4,
+        help="threads creating pods (each waits for the apiserver's answer before its next)",
+    )
+    parser.add_argument(
+        "--controller-cpus",
+        type=int,
+        default=0,
+        help="give the controller this many CPUs of its own (the last ones this process may "
+        "use) and run everything else on the rest, as a controller with a CPU of its own on "
+        "a real cluster runs; 0: all share every CPU",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
+    controller_cpus = _split_cpus(args.controller_cpus)
     cfg = ScaleConfig(
         node_counts=tuple(sorted(int(n) for n in args.nodes.split(","))),
         rate=args.rate,
@@ -159,10 +196,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         plain_pods_per_node=args.plain_pods_per_node,
         backlog=args.backlog,
         controllers=_controllers(args.compare),
+        creators=args.creators,
+        controller_cpus=controller_cpus,
     )
     from devcluster.binaries import BinariesUnavailableError
     from devcluster.cluster import LocalCluster
 
+    if controller_cpus:
+        # Before anything starts: the control plane, the fleet and the pod creators inherit it.
+        os.sched_setaffinity(0, os.sched_getaffinity(0) - controller_cpus)
+        print(
+            f"scale: the controller runs on CPUs {sorted(controller_cpus)}, the rest on "
+            f"{sorted(os.sched_getaffinity(0))}",
+            file=sys.stderr,
+        )
     root = Path(tempfile.mkdtemp(prefix="carve-scale-"))
     cluster = LocalCluster(root / "cluster", client_qps=args.control_plane_qps or None)
     try:

@@ -5,6 +5,9 @@ process, pods churned through it. Only outcomes are checked, never timings."""
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +15,7 @@ import pytest
 from devcluster.cluster import LocalCluster
 from devcluster.pytest_plugin import k8s_cluster  # noqa: F401  (fixture, used by name)
 from tests.support.gpufleet import fleet_node, node_slices
-from tests.support.scale import ScaleBench, ScaleConfig
+from tests.support.scale import ScaleBench, ScaleConfig, started_on_cpus
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -29,6 +32,22 @@ def test_fleet_nodes_publish_the_plugins_pool() -> None:
     assert sum(1 for s in slices if s["spec"].get("devices")) == 8
 
 
+def test_a_process_started_on_cpus_keeps_them_and_the_starter_gets_its_own_back() -> None:
+    mine = os.sched_getaffinity(0)
+    one = frozenset({max(mine)})
+    child = started_on_cpus(
+        one,
+        lambda: subprocess.run(
+            [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ),
+    )
+    assert child.stdout.strip() == str(sorted(one))
+    assert os.sched_getaffinity(0) == mine
+
+
 def test_scale_machinery_places_and_releases_every_pod(
     k8s_cluster: LocalCluster,  # noqa: F811
     tmp_path: Path,
@@ -41,6 +60,7 @@ def test_scale_machinery_places_and_releases_every_pod(
         drain_s=180.0,
         creators=2,
         backlog=6,
+        controller_cpus=frozenset({max(os.sched_getaffinity(0))}),
     )
     bench = ScaleBench(k8s_cluster.info, tmp_path, cfg, progress=print)
     try:
