@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -68,6 +68,44 @@ Obj = dict[str, Any]
 
 _log = logging.getLogger(__name__)
 
+_SHARED_REFUSAL_S = 1.0
+"""How long a refusal is shared by identical requests while nothing in the model changes."""
+
+
+def _request_shape(
+    request: PlacementRequest,
+    to_place: Sequence[ClaimToPlace],
+    floors: Mapping[tuple[ClaimKey, str], int],
+) -> Hashable | None:
+    """Everything the engine and the floor check read of a request, without the pod's and
+    the claims' names (which only the messages carry); None if a part is not hashable."""
+    position = {c.key: i for i, c in enumerate(to_place)}
+    shape = (
+        request.pod.partition("/")[0],  # namespace
+        request.needs,
+        request.node,
+        tuple(c.spec for c in request.claims),
+        tuple(c.spec for c in to_place),
+        tuple(sorted((position[ck], result, n) for (ck, result), n in floors.items())),
+    )
+    try:
+        hash(shape)
+    except TypeError:
+        return None
+    return shape
+
+
+_Built = tuple[PlacementRequest, list[ClaimToPlace], dict[tuple[ClaimKey, str], int]]
+
+
+@dataclass(frozen=True)
+class _ReadRequest:
+    pod: Obj
+    claims: tuple[Obj, ...]
+    classes: int  # EnginePlanner._class_version it was read with
+    built: _Built | Unplaceable
+    shape: Hashable | None
+
 
 @dataclass
 class _Reservation:
@@ -94,9 +132,13 @@ class EnginePlanner:
         policy: Policy = Policy.BEST_FIT,
         *,
         clock: Callable[[], float] = time.monotonic,
+        shared_refusal_s: float = _SHARED_REFUSAL_S,
     ) -> None:
+        """`shared_refusal_s`: how long identical requests share a refusal while the model
+        does not change (see `plan`); 0 decides every pod afresh."""
         self.driver = driver
         self._clock = clock
+        self._shared_refusal_s = shared_refusal_s
         self._reservations: dict[str, _Reservation] = {}  # preemptor pod key -> its hold
         self.model = ClusterModel()
         self._classes: dict[str, DeviceClass] = {}
@@ -109,10 +151,19 @@ class EnginePlanner:
         # at once (counters, devices per GPU); re-reading its pool once per decision instead of
         # once per slice event keeps start-up linear in the number of slices.
         self._dirty_nodes: set[str] = set()
+        # Refusals that identical requests share (see `plan`): request shape -> the refusal's
+        # reason, valid while the model is unchanged (every change empties it) and at most
+        # _SHARED_REFUSAL_S, so a reason that time alone changes is not kept for long.
+        self._refused: dict[Hashable, str] = {}
+        self._refused_since = 0.0
+        # Each waiting pod's request as last read (`_read_request`), and what it was read with.
+        self._requests: dict[str, _ReadRequest] = {}
+        self._class_version = 0
 
     # -- model feed -------------------------------------------------------------------------------
 
     def observe(self, kind: Kind, obj: Obj) -> None:
+        self._model_changed()
         try:
             self._observe(kind, obj)
         except (ValueError, KeyError, TypeError) as exc:
@@ -132,6 +183,7 @@ class EnginePlanner:
         elif kind is Kind.CLAIM:
             self._observe_claim(key, obj)
         elif kind is Kind.CLASS:
+            self._class_version += 1
             name = str(obj.get("metadata", {}).get("name"))
             try:
                 self._classes[name] = parse_device_class(obj, self.driver)
@@ -146,6 +198,7 @@ class EnginePlanner:
             self.drop_reservation(key)
         if is_terminal(pod):
             self._pinned.pop(key, None)
+            self._requests.pop(key, None)
             self.model.remove_pod(key)
             return
         if node:
@@ -203,11 +256,13 @@ class EnginePlanner:
         self.model.set_node_gpus(node, inventories)
 
     def forget(self, kind: Kind, obj: Obj) -> None:
+        self._model_changed()
         key = key_of(obj)
         if kind is Kind.NODE:
             self.model.remove_node(str(obj.get("metadata", {}).get("name")))
         elif kind is Kind.POD:
             self._pinned.pop(key, None)
+            self._requests.pop(key, None)
             self.model.remove_pod(key)
             self.drop_reservation(key)
         elif kind is Kind.SLICE:
@@ -220,6 +275,7 @@ class EnginePlanner:
             if old is not None and not self._keep_as_ghost(key, old):
                 self.model.release(old)
         elif kind is Kind.CLASS:
+            self._class_version += 1
             name = str(obj.get("metadata", {}).get("name"))
             self._classes.pop(name, None)
             self._bad_classes.pop(name, None)
@@ -264,6 +320,7 @@ class EnginePlanner:
     ) -> None:
         """Hold what the evicted ``victims``' ``claims`` free for ``pod_key`` for ``hold_s``."""
         self.drop_reservation(pod_key)
+        self._model_changed()
         waiting = {k: ck for k in claims if (ck := self._claim_keys.get(k)) is not None}
         self._reservations[pod_key] = _Reservation(
             node, tuple(victims), waiting, self._clock() + hold_s
@@ -283,6 +340,7 @@ class EnginePlanner:
         r = self._reservations.pop(pod_key, None)
         if r is None:
             return
+        self._model_changed()
         for ck in r.ghosts:
             self.model.release(ck)
         if r.ghosts:
@@ -322,23 +380,81 @@ class EnginePlanner:
     # -- decisions --------------------------------------------------------------------------------
 
     def plan(
-        self, pod: Obj, claims: Sequence[Obj], classes: Mapping[str, Obj]
+        self,
+        pod: Obj,
+        claims: Sequence[Obj],
+        classes: Mapping[str, Obj],
+        told: Unplaceable | None = None,
     ) -> Plan | Unplaceable:
+        """The pod's placement, or why there is none.
+
+        `told`: the refusal this pod was given last. When a pod with the same request was
+        refused for the same reason since the model last changed, the engine would refuse
+        this one too (it reads nothing of a pod but its request), so `told` itself comes
+        back and no search is made. A full cluster's queue of like pods is then one search
+        per kind of request after each change, not one per pod."""
         self.flush()
         self._expire_reservations()
         held = self._take_reservation(key_of(pod))
         if held is not None:
             return held
-        built = self._request(pod, claims)
-        if isinstance(built, Unplaceable):
-            return built
-        request, to_place, floors = built
+        read = self._read_request(pod, claims)
+        if isinstance(read.built, Unplaceable):
+            return read.built
+        request, to_place, floors = read.built
+        shape = read.shape
+        if told is not None and not told.permanent and self._refusal_of(shape) == told.reason:
+            return told
         result = self.engine.place(request)
         if isinstance(result, NoPlacement):
-            return self._floor_refusal(to_place, floors) or Unplaceable(
+            verdict = self._floor_refusal(to_place, floors) or Unplaceable(
                 str(result.reason), result.message, result.permanent
             )
+            if not verdict.permanent and shape is not None and self._shared_refusal_s > 0:
+                self._share_refusal(shape, verdict.reason)
+            return verdict
         return self._plan_of(result, to_place)
+
+    def _read_request(self, pod: Obj, claims: Sequence[Obj]) -> _ReadRequest:
+        """`_request`, read again only when the pod, a claim (new objects: the stores replace,
+        never edit) or a DeviceClass changed: a queue is visited after every change, and
+        reading a request was most of what visiting a waiting pod cost. Only unallocated
+        claims' requests are kept: an allocated claim's is read from the model too."""
+        key = key_of(pod)
+        kept = self._requests.get(key)
+        if (
+            kept is not None
+            and kept.pod is pod
+            and kept.classes == self._class_version
+            and len(kept.claims) == len(claims)
+            and all(a is b for a, b in zip(kept.claims, claims, strict=True))
+        ):
+            return kept
+        built = self._request(pod, claims)
+        shape = None if isinstance(built, Unplaceable) else _request_shape(*built)
+        read = _ReadRequest(pod, tuple(claims), self._class_version, built, shape)
+        if any((c.get("status") or {}).get("allocation") for c in claims):
+            self._requests.pop(key, None)
+        else:
+            self._requests[key] = read
+        return read
+
+    def _model_changed(self) -> None:
+        if self._refused:
+            self._refused.clear()
+
+    def _refusal_of(self, shape: Hashable | None) -> str | None:
+        if shape is None or not self._refused:
+            return None
+        if self._clock() - self._refused_since > self._shared_refusal_s:
+            self._refused.clear()
+            return None
+        return self._refused.get(shape)
+
+    def _share_refusal(self, shape: Hashable, reason: str) -> None:
+        if not self._refused:
+            self._refused_since = self._clock()
+        self._refused[shape] = reason
 
     def placement_request(self, pod: Obj, claims: Sequence[Obj]) -> PlacementRequest | Unplaceable:
         """What `plan` would ask the engine for this pod (for the preemption search)."""
@@ -509,6 +625,8 @@ class EnginePlanner:
         """The plan is written (or being written): count the pod's requests on the node
         before it is bound."""
         key = key_of(pod)
+        self._model_changed()
+        self._requests.pop(key, None)
         self._pinned[key] = plan.node
         with contextlib.suppress(PodSpecError):
             self.model.set_pod(key, plan.node, pod_requests(pod.get("spec") or {}))
@@ -516,5 +634,6 @@ class EnginePlanner:
     def withdrawn(self, pod: Obj) -> None:
         """The plan's writes failed: the pod's requests count on no node until it is placed."""
         key = key_of(pod)
+        self._model_changed()
         if self._pinned.pop(key, None) is not None:
             self.model.remove_pod(key)

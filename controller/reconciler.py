@@ -110,8 +110,16 @@ class Planner(Protocol):
     def forget(self, kind: Kind, obj: Obj) -> None: ...
 
     def plan(
-        self, pod: Obj, claims: Sequence[Obj], classes: Mapping[str, Obj]
-    ) -> Plan | Unplaceable: ...
+        self,
+        pod: Obj,
+        claims: Sequence[Obj],
+        classes: Mapping[str, Obj],
+        told: Unplaceable | None = None,
+    ) -> Plan | Unplaceable:
+        """`told` is the refusal the pod was given last; a planner may answer with it, as it
+        is, when the pod would be refused for the same reason again (and then made no
+        decision, so none is timed)."""
+        ...
 
     def check_allocated(self, pod: Obj, claims: Sequence[Obj]) -> Unplaceable | None:
         """Whether a pod whose carve claims are all allocated may be ungated: what its own
@@ -442,6 +450,8 @@ class _PodState:
     permanent: bool = False
     # When the controller saw another scheduling gate go (or last saw one hold the pod).
     held_until: dt.datetime | None = None
+    # The planner's last refusal, before preemption added to it (`Planner.plan`'s `told`).
+    refused: Unplaceable | None = None
 
 
 @dataclass(frozen=True)
@@ -1150,18 +1160,26 @@ class Reconciler:
             self._queue.wake_at(key, state.retry_at)
 
     def _decide(
-        self, pod: Obj, claims: Sequence[Obj], classes: Mapping[str, Obj]
+        self,
+        pod: Obj,
+        claims: Sequence[Obj],
+        classes: Mapping[str, Obj],
+        told: Unplaceable | None = None,
     ) -> Plan | Unplaceable:
         """The planner's verdict, timed twice: wall time is what the pod waits, this thread's
         CPU time is what the engine costs; the gap is time the thread did not run (the CPU or
-        the GIL held elsewhere), which tells an operator a busy machine from a slow engine."""
+        the GIL held elsewhere), which tells an operator a busy machine from a slow engine.
+        A refusal shared with a like pod (`told` back) was no decision and is not timed."""
         started, cpu_started = time.perf_counter(), time.thread_time()
+        verdict: Plan | Unplaceable | None = None
         try:
-            return self._planner.plan(pod, claims, classes)
+            verdict = self._planner.plan(pod, claims, classes, told)
+            return verdict
         finally:
-            self._metrics.observe_decision(
-                time.perf_counter() - started, time.thread_time() - cpu_started
-            )
+            if told is None or verdict is not told:
+                self._metrics.observe_decision(
+                    time.perf_counter() - started, time.thread_time() - cpu_started
+                )
 
     def _placement_failed(
         self, pod: Obj, state: _PodState, claims: Sequence[Obj], exc: Exception
@@ -1374,11 +1392,12 @@ class Reconciler:
             )
         else:
             try:
-                verdict = self._decide(pod, claims, classes)
+                verdict = self._decide(pod, claims, classes, told=state.refused)
             except Exception as exc:
                 _log.exception("planner failed for pod %s", key, extra={"pod": key})
                 verdict = Unplaceable("PlannerError", f"placement engine error: {exc}", True)
         if isinstance(verdict, Unplaceable):
+            state.refused = verdict
             self._metrics.count_outcome("unplaceable")
             if (
                 self._preemption is not None

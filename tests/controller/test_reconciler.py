@@ -148,7 +148,11 @@ class FirstFitPlanner:
         return None
 
     def plan(
-        self, pod: Obj, claims: Sequence[Obj], classes: Mapping[str, Obj]
+        self,
+        pod: Obj,
+        claims: Sequence[Obj],
+        classes: Mapping[str, Obj],
+        told: Unplaceable | None = None,
     ) -> Plan | Unplaceable:
         self.plans += 1
         if self.verdict is not None:

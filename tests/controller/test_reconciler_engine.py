@@ -77,8 +77,10 @@ def profile_claim(name: str, profile: str, count: int = 1) -> Obj:
 
 
 class Cluster:
-    def __init__(self, nodes: dict[str, list[str]], **build: Any) -> None:
-        self.planner = EnginePlanner(DRIVER)
+    def __init__(
+        self, nodes: dict[str, list[str]], planner: EnginePlanner | None = None, **build: Any
+    ) -> None:
+        self.planner = planner or EnginePlanner(DRIVER)
         self.writer = MemoryWriter()
         self.recorder = ListRecorder()
         self.rec = Reconciler(
