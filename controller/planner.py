@@ -459,7 +459,7 @@ class EnginePlanner:
     def placement_request(self, pod: Obj, claims: Sequence[Obj]) -> PlacementRequest | Unplaceable:
         """What `plan` would ask the engine for this pod (for the preemption search)."""
         self.flush()
-        built = self._request(pod, claims)
+        built = self._read_request(pod, claims).built  # plan just read it, as a rule
         return built if isinstance(built, Unplaceable) else built[0]
 
     def _request(

@@ -9,7 +9,7 @@ import datetime as dt
 import gc
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,21 +42,28 @@ def _with_identity(obj: Obj, name: str) -> Obj:
     return obj
 
 
-def _planner(nodes: int) -> tuple[EnginePlanner, dict[str, Obj]]:
-    planner = EnginePlanner()
-    classes = {}
-    for c in device_classes(planner.driver):
-        name = c["metadata"]["name"]
-        classes[name] = _with_identity(c, name)
-        planner.observe(Kind.CLASS, c)
+def fleet_objects(nodes: int, driver: str) -> Iterator[tuple[Kind, Obj]]:
+    """What the controller's informers give it for `nodes` bench.scale fleet nodes and carve's
+    DeviceClasses, in that order."""
+    for c in device_classes(driver):
+        yield Kind.CLASS, _with_identity(c, c["metadata"]["name"])
     for i in range(nodes):
         node = fleet_node(i)
         fake = FakeNode(name=node.name, labels={FLEET_LABEL: node.model_key})
         obj = node_manifest(fake)
         obj["status"] = node_status(fake, _NOW)["status"]
-        planner.observe(Kind.NODE, _with_identity(obj, node.name))
-        for s in node_slices(node, planner.driver):
-            planner.observe(Kind.SLICE, _with_identity(s, s["metadata"]["name"]))
+        yield Kind.NODE, _with_identity(obj, node.name)
+        for s in node_slices(node, driver):
+            yield Kind.SLICE, _with_identity(s, s["metadata"]["name"])
+
+
+def _planner(nodes: int) -> tuple[EnginePlanner, dict[str, Obj]]:
+    planner = EnginePlanner()
+    classes = {}
+    for kind, obj in fleet_objects(nodes, planner.driver):
+        if kind is Kind.CLASS:
+            classes[obj["metadata"]["name"]] = obj
+        planner.observe(kind, obj)
     planner.flush()
     # As carve-controller does once its lists are in (controller/main.py, _freeze_heap): the
     # model's objects out of the collector's reach, so that no decision walks them all.

@@ -12,10 +12,8 @@ from typing import Any
 
 from controller.planner import EnginePlanner
 from controller.reconciler import EventType, Kind, Reconciler, is_allocated
-from devcluster.nodes import FakeNode, node_manifest, node_status
 from tests.controller.test_reconciler import ListRecorder, MemoryWriter, pod
-from tests.support.gpufleet import FLEET_LABEL, fleet_node, node_slices
-from tests.support.real_allocator import device_classes
+from tests.support.decisions import fleet_objects
 from tests.support.scale import PROFILES, claim_template
 
 Obj = dict[str, Any]
@@ -47,19 +45,8 @@ class _Fleet:
         self.rec = Reconciler(self.planner, self.writer, ListRecorder(), wall_clock=lambda: _NOW)
         for k in Kind:
             self.rec.mark_synced(k)
-        for c in device_classes(self.planner.driver):
-            c["metadata"].update(uid=c["metadata"]["name"], resourceVersion="1")
-            self.rec.enqueue(Kind.CLASS, EventType.ADDED, c)
-        for i in range(nodes):
-            node = fleet_node(i)
-            fake = FakeNode(name=node.name, labels={FLEET_LABEL: node.model_key})
-            obj = node_manifest(fake)
-            obj["status"] = node_status(fake, _NOW)["status"]
-            obj["metadata"].update(uid=node.name, resourceVersion="1")
-            self.rec.enqueue(Kind.NODE, EventType.ADDED, obj)
-            for s in node_slices(node, self.planner.driver):
-                s["metadata"].update(uid=s["metadata"]["name"], resourceVersion="1")
-                self.rec.enqueue(Kind.SLICE, EventType.ADDED, s)
+        for kind, obj in fleet_objects(nodes, self.planner.driver):
+            self.rec.enqueue(kind, EventType.ADDED, obj)
         self.rec.step()
         self.searches = 0
         place = self.planner.engine.place
