@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+import weakref
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -72,15 +73,33 @@ _SHARED_REFUSAL_S = 1.0
 """How long a refusal is shared by identical requests while nothing in the model changes."""
 
 
+@dataclass(frozen=True, eq=False)
+class _Shape:
+    """A request's shape (`_request_shape`) with its hash worked out once: a waiting pod's
+    shape is looked up after every change, and hashing the nested claim specs again each time
+    was the largest part of a visit that shares a refusal."""
+
+    parts: tuple[Hashable, ...]
+    digest: int
+
+    def __hash__(self) -> int:
+        return self.digest
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (
+            isinstance(other, _Shape) and self.digest == other.digest and self.parts == other.parts
+        )
+
+
 def _request_shape(
     request: PlacementRequest,
     to_place: Sequence[ClaimToPlace],
     floors: Mapping[tuple[ClaimKey, str], int],
-) -> Hashable | None:
+) -> _Shape | None:
     """Everything the engine and the floor check read of a request, without the pod's and
     the claims' names (which only the messages carry); None if a part is not hashable."""
     position = {c.key: i for i, c in enumerate(to_place)}
-    shape = (
+    parts = (
         request.pod.partition("/")[0],  # namespace
         request.needs,
         request.node,
@@ -89,10 +108,9 @@ def _request_shape(
         tuple(sorted((position[ck], result, n) for (ck, result), n in floors.items())),
     )
     try:
-        hash(shape)
+        return _Shape(parts, hash(parts))
     except TypeError:
         return None
-    return shape
 
 
 _Built = tuple[PlacementRequest, list[ClaimToPlace], dict[tuple[ClaimKey, str], int]]
@@ -104,7 +122,7 @@ class _ReadRequest:
     claims: tuple[Obj, ...]
     classes: int  # EnginePlanner._class_version it was read with
     built: _Built | Unplaceable
-    shape: Hashable | None
+    shape: _Shape | None
 
 
 @dataclass
@@ -154,8 +172,12 @@ class EnginePlanner:
         # Refusals that identical requests share (see `plan`): request shape -> the refusal's
         # reason, valid while the model is unchanged (every change empties it) and at most
         # _SHARED_REFUSAL_S, so a reason that time alone changes is not kept for long.
-        self._refused: dict[Hashable, str] = {}
+        self._refused: dict[_Shape, str] = {}
         self._refused_since = 0.0
+        # One object for equal shapes (by digest), so that looking a like pod's shape up in
+        # `_refused` compares by identity, not field by field; an entry lives while a kept
+        # request holds its shape.
+        self._shapes: weakref.WeakValueDictionary[int, _Shape] = weakref.WeakValueDictionary()
         # Each waiting pod's request as last read (`_read_request`), and what it was read with.
         self._requests: dict[str, _ReadRequest] = {}
         self._class_version = 0
@@ -357,6 +379,8 @@ class EnginePlanner:
         return False
 
     def _expire_reservations(self) -> None:
+        if not self._reservations:
+            return
         now = self._clock()
         for key in [k for k, r in self._reservations.items() if r.expires_at <= now]:
             _log.info("hold for pod %s expired", key, extra={"pod": key})
@@ -431,7 +455,7 @@ class EnginePlanner:
         ):
             return kept
         built = self._request(pod, claims)
-        shape = None if isinstance(built, Unplaceable) else _request_shape(*built)
+        shape = None if isinstance(built, Unplaceable) else self._one_shape(_request_shape(*built))
         read = _ReadRequest(pod, tuple(claims), self._class_version, built, shape)
         if any((c.get("status") or {}).get("allocation") for c in claims):
             self._requests.pop(key, None)
@@ -439,11 +463,20 @@ class EnginePlanner:
             self._requests[key] = read
         return read
 
+    def _one_shape(self, shape: _Shape | None) -> _Shape | None:
+        if shape is None:
+            return None
+        kept = self._shapes.get(shape.digest)
+        if kept is not None and kept == shape:
+            return kept
+        self._shapes[shape.digest] = shape
+        return shape
+
     def _model_changed(self) -> None:
         if self._refused:
             self._refused.clear()
 
-    def _refusal_of(self, shape: Hashable | None) -> str | None:
+    def _refusal_of(self, shape: _Shape | None) -> str | None:
         if shape is None or not self._refused:
             return None
         if self._clock() - self._refused_since > self._shared_refusal_s:
@@ -451,7 +484,7 @@ class EnginePlanner:
             return None
         return self._refused.get(shape)
 
-    def _share_refusal(self, shape: Hashable, reason: str) -> None:
+    def _share_refusal(self, shape: _Shape, reason: str) -> None:
         if not self._refused:
             self._refused_since = self._clock()
         self._refused[shape] = reason

@@ -1130,7 +1130,8 @@ class Reconciler:
         try:
             if w.kind is WorkKind.UNGATE and self._held_for_carve(pod, state, w.claims, now):
                 return
-            if has_gate(pod, self._cfg.gate) and asks_carve_resources(pod, names):
+            gated = has_gate(pod, self._cfg.gate)
+            if gated and asks_carve_resources(pod, names):
                 self._place_extended(pod, state, w.claims, names)
             elif w.kind is WorkKind.UNGATE:
                 refused = self._planner.check_allocated(pod, w.claims)
@@ -1138,7 +1139,7 @@ class Reconciler:
                     self._wait(pod, state, refused, w.claims)
                 else:
                     self._ungate(pod, w.claims)
-            elif not has_gate(pod, self._cfg.gate):
+            elif not gated:
                 self._replan(pod, state, w.claims, now)
             else:
                 self._place(pod, state, w.claims)
@@ -1381,8 +1382,12 @@ class Reconciler:
         key = key_of(pod)
         classes = self.stores[Kind.CLASS]
         missing = sorted(
-            {n for c in claims for n in claim_class_names(c) if n in self._cfg.classes}
-            - set(classes)
+            {
+                n
+                for c in claims
+                for n in claim_class_names(c)
+                if n not in classes and n in self._cfg.classes
+            }
         )
         if missing:
             verdict: Plan | Unplaceable = Unplaceable(

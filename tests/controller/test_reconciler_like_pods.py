@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.planner import EnginePlanner
+from controller.planner import EnginePlanner, _Shape
 from controller.reconciler import EventType, Kind
 from tests.controller.test_reconciler_engine import DRIVER, Cluster, device_class, profile_claim
 
@@ -173,3 +173,14 @@ def test_a_waiting_pods_request_is_read_again_only_when_it_or_a_class_changed() 
     c.rec.enqueue(Kind.CLASS, EventType.MODIFIED, device_class("mig.carve.dev", "mig"))
     c.rec.step()
     assert sorted(reads) == sorted(queued[1:])
+
+
+def test_equal_shapes_become_one_object_and_unequal_ones_with_one_digest_do_not() -> None:
+    """A like pod's shape is looked up by identity after the first (`_one_shape`); two unequal
+    requests whose hashes collide must still be told apart."""
+    planner = EnginePlanner()
+    first, equal, other = _Shape(("a",), 7), _Shape(("a",), 7), _Shape(("b",), 7)
+    assert planner._one_shape(first) is first
+    assert planner._one_shape(equal) is first
+    assert planner._one_shape(other) is other
+    assert other != first and hash(other) == hash(first)
