@@ -14,6 +14,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from devcluster.waiting import wait_for
+from driver.resourceslice import parse_resource_slices
 from kubeletplugin.claims import KubeJson
 from nodesim.invariants import allocated_devices, at_rest, leaks, overlaps
 from nodesim.lifecycle import claim_names
@@ -111,9 +112,21 @@ class E2E:
         return node
 
     def wait_slices_published(self, node: str, timeout: float = 30.0) -> None:
+        """Until the node's pool is complete: the plugin writes a pool's slices one request at
+        a time, and a pool read half-way (some GPUs' devices, not yet the others') is one
+        that `parse_resource_slices`, like every consumer, refuses."""
+
         def published() -> bool:
-            slices = self.resource.list_resource_slice(field_selector=f"spec.nodeName={node}")
-            return bool(slices.items)
+            resp = self.resource.list_resource_slice(
+                field_selector=f"spec.nodeName={node}", _preload_content=False
+            )
+            items = json.loads(resp.data)["items"]
+            try:
+                return bool(items) and bool(
+                    parse_resource_slices(items, self.stack.contract.driver)
+                )
+            except ValueError:
+                return False
 
         wait_for(f"ResourceSlices of {node}", published, timeout)
 
