@@ -122,9 +122,7 @@ class E2E:
             )
             items = json.loads(resp.data)["items"]
             try:
-                return bool(items) and bool(
-                    parse_resource_slices(items, self.stack.contract.driver)
-                )
+                return bool(parse_resource_slices(items, self.stack.contract.driver))
             except ValueError:
                 return False
 

@@ -9,10 +9,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from process.rmw import MERGE_PATCH
+
 NAMESPACE = "default"
 CONFIG_MAP = "carve-request-cost"
-MERGE_PATCH = "application/merge-patch+json"
 ANNOTATION = "carve.dev/request-cost"
+_PATCHES = ("client patch", "pool patch")  # the ways that write, and are checked
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,7 @@ def _ways(api: Any) -> dict[str, Callable[[int], dict[str, Any]]]:
         parsed: dict[str, Any] = json.loads(resp.data)
         return parsed
 
-    return {"client patch": client_patch, "pool patch": pool_patch, "pool get": pool_get}
+    return {_PATCHES[0]: client_patch, _PATCHES[1]: pool_patch, "pool get": pool_get}
 
 
 def measure(api: Any, requests: int, rounds: int = 2) -> list[RequestCost]:
@@ -92,7 +94,7 @@ def measure(api: Any, requests: int, rounds: int = 2) -> list[RequestCost]:
             for _ in range(requests):
                 n += 1
                 answer = send(n)
-                if way != "pool get" and answer["metadata"]["annotations"][ANNOTATION] != str(n):
+                if way in _PATCHES and answer["metadata"]["annotations"][ANNOTATION] != str(n):
                     raise RuntimeError(f"{way}: the apiserver did not apply patch {n}: {answer}")
             totals[way][0] += requests
             totals[way][1] += time.thread_time() - cpu
@@ -104,7 +106,7 @@ def report(costs: list[RequestCost]) -> str:
     lines = [f"{'way':<14}{'requests':>9}{'cpu ms/request':>16}{'wall ms/request':>17}"]
     lines += [f"{c.way:<14}{c.requests:>9}{c.cpu_ms:>16.3f}{c.wall_ms:>17.3f}" for c in costs]
     by_way = {c.way: c for c in costs}
-    if {"client patch", "pool patch"} <= by_way.keys():
-        layer = by_way["client patch"].cpu_ms - by_way["pool patch"].cpu_ms
+    if set(_PATCHES) <= by_way.keys():
+        layer = by_way[_PATCHES[0]].cpu_ms - by_way[_PATCHES[1]].cpu_ms
         lines.append(f"the official client's own layer: {layer:.3f} ms of CPU per request")
     return "\n".join(lines)
