@@ -183,6 +183,12 @@ class Contract:
         refused to carve on it, so that the claim is placed again elsewhere."""
         return f"{self.driver}/carve-failed"
 
+    @property
+    def foreign_instance_taint_key(self) -> str:
+        """Device taint a node's plugin puts on the devices a MIG instance carve did not create
+        blocks (`NoSchedule`; `NoExecute` on one a claim was allocated and could not get)."""
+        return f"{self.driver}/foreign-instance"
+
     def is_node_finalizer(self, finalizer: str) -> bool:
         """Whether `finalizer` is some node's (the controller waits for all of them to go)."""
         return finalizer.startswith(f"{self.driver}/{_NODE_FINALIZER_PREFIX}")

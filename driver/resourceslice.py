@@ -109,11 +109,13 @@ class PublishedGpu:
     device_taints: Mapping[tuple[int, int], tuple[Mapping[str, str], ...]] = field(
         default_factory=dict
     )
+    # more taints for the whole-GPU device alone: a MIG instance carve did not create blocks it
+    whole_taints: tuple[Mapping[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if not (self.offers_mig or self.offers_whole):
             raise ValueError(f"GPU {self.minor} ({self.uuid}) must offer MIG devices or itself")
-        for taints in (self.taints, *self.device_taints.values()):
+        for taints in (self.taints, self.whole_taints, *self.device_taints.values()):
             self._check_taints(taints)
 
     def _check_taints(self, taints: tuple[Mapping[str, str], ...]) -> None:
@@ -298,7 +300,10 @@ def _devices(gpu: PublishedGpu) -> list[dict[str, Any]]:
                 device["taints"] = [dict(t) for t in own]
             devices.append(device)
     if gpu.offers_whole:
-        devices.append(_whole_gpu_device(gpu))
+        device = _whole_gpu_device(gpu)
+        if gpu.whole_taints:
+            device["taints"] = [dict(t) for t in gpu.whole_taints]
+        devices.append(device)
     if gpu.taints:
         for d in devices:
             mine = d.get("taints", [])

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from driver.gpuhealth import (
     HealthConfigError,
@@ -49,7 +49,10 @@ from process.kubeconfig import KubeconfigError, load_api_client
 
 if TYPE_CHECKING:
     from driver.driverroot import DriverFiles
+    from driver.naming import DevicePlace
+    from kubeletplugin.checkpoint import ForeignInstance
     from kubeletplugin.claims import KubeJson
+    from kubeletplugin.foreign import ForeignTaints
     from kubeletplugin.gpuhealth import HealthMonitor
     from kubeletplugin.metrics import PluginMetrics
     from kubeletplugin.migbackend import NodeHardware
@@ -69,7 +72,7 @@ _ROOT = Path("/")
 
 
 def _foreign_policy(text: str) -> str:
-    from kubeletplugin.prepare import ForeignPolicy  # NVML-side module: only when parsing
+    from kubeletplugin.foreign import ForeignPolicy
 
     return flags.one_of(*(p.value for p in ForeignPolicy))(text)
 
@@ -361,10 +364,12 @@ class NodePlugin:
         from driver.cdi import CdiWriter
         from kubeletplugin.checkpoint import CheckpointStore
         from kubeletplugin.claims import KubernetesClaimClient, KubernetesClaimEvents
+        from kubeletplugin.foreign import ForeignPolicy
         from kubeletplugin.metrics import PluginMetrics
         from kubeletplugin.migbackend import open_backend
         from kubeletplugin.mps import MpsControl, find_binary
-        from kubeletplugin.prepare import ForeignPolicy, Preparer, PreparerSettings
+        from kubeletplugin.nodeevents import KubernetesNodeEvents
+        from kubeletplugin.prepare import Preparer, PreparerSettings
 
         self.opts = opts
         self.api = api
@@ -372,6 +377,7 @@ class NodePlugin:
         self.metrics: PluginMetrics = PluginMetrics()
         self.node: NodeHardware = open_backend(opts.simulate, opts.driver_root)
         self.driver_files: DriverFiles | None = self._driver_files()
+        self.node_events = KubernetesNodeEvents(api, driver=opts.driver_name, node=opts.node_name)
         self.preparer: Preparer = Preparer(
             settings=PreparerSettings(
                 driver_name=opts.driver_name,
@@ -393,11 +399,9 @@ class NodePlugin:
                 opts.plugins_dir / opts.driver_name / "mps",
             ),
             events=KubernetesClaimEvents(api, driver=opts.driver_name, node=opts.node_name),
+            node_events=self.node_events,
             offers_changed=self._republish,
         )
-        from kubeletplugin.nodeevents import KubernetesNodeEvents
-
-        self.node_events = KubernetesNodeEvents(api, driver=opts.driver_name, node=opts.node_name)
         self.health: HealthMonitor = self._health_monitor()
         self.precarve: PreCarve | None = self._precarve() if opts.binding_conditions else None
         self.publisher: SlicePublisher = self._publisher()
@@ -450,6 +454,57 @@ class NodePlugin:
             for gpu, more in self.precarve.carver.failures.taints().items():
                 taints[gpu] = (*taints.get(gpu, ()), *more)
         return taints
+
+    def _foreign_taints(self) -> Mapping[str, ForeignTaints]:
+        """GPU UUID -> what its devices carry because of MIG instances carve did not create."""
+        from driver.contract import Contract
+        from kubeletplugin.foreign import ForeignPolicy, foreign_taints
+
+        by_gpu: dict[str, list[ForeignInstance]] = {}
+        for f in self.preparer.checkpoint().foreign:
+            by_gpu.setdefault(f.gpu_uuid, []).append(f)
+        return {
+            uuid: foreign_taints(
+                self.node.mig.gpu_model(uuid),
+                found,
+                policy=ForeignPolicy(self.opts.foreign_instances),
+                key=Contract(self.opts.driver_name).foreign_instance_taint_key,
+                stuck=self.preparer.stuck_places(uuid),
+            )
+            for uuid, found in by_gpu.items()
+        }
+
+    def _device_taints(
+        self, foreign: Mapping[str, ForeignTaints]
+    ) -> Mapping[str, Mapping[DevicePlace, tuple[Mapping[str, str], ...]]]:
+        out = {gpu: dict(places) for gpu, places in self.health.device_taints().items()}
+        for gpu, ft in foreign.items():
+            mine = out.setdefault(gpu, {})
+            for place, taints in ft.devices.items():
+                mine[place] = (*mine.get(place, ()), *taints)
+        return out
+
+    def _slices(self, generation: int, split: bool) -> list[dict[str, Any]]:
+        from driver.contract import Contract
+
+        opts = self.opts
+        contract = Contract(opts.driver_name)
+        foreign = self._foreign_taints()
+        return self.node.resource_slices(
+            driver=opts.driver_name,
+            node_name=opts.node_name,
+            generation=generation,
+            split=split,
+            whole=self.preparer.whole_gpus(),
+            taints=self._taints(),
+            device_taints=self._device_taints(foreign),
+            whole_taints={gpu: ft.whole for gpu, ft in foreign.items()},
+            binding_conditions=(
+                (contract.carved_condition, contract.carve_failed_condition)
+                if opts.binding_conditions
+                else None
+            ),
+        )
 
     def _republish(self) -> None:
         """A GPU was taken or given back whole, which changes what the node offers: republish
@@ -504,31 +559,10 @@ class NodePlugin:
         return files
 
     def _publisher(self) -> SlicePublisher:
-        from driver.contract import Contract
         from kubeletplugin.publisher import SlicePublisher
 
-        opts, node, preparer = self.opts, self.node, self.preparer
-        contract = Contract(opts.driver_name)
-        binding = (
-            (contract.carved_condition, contract.carve_failed_condition)
-            if opts.binding_conditions
-            else None
-        )
         publisher = SlicePublisher(
-            _publisher_settings(opts),
-            self.api,
-            lambda generation, split: node.resource_slices(
-                driver=opts.driver_name,
-                node_name=opts.node_name,
-                generation=generation,
-                split=split,
-                exclude=set(preparer.refused_gpus()),
-                whole=preparer.whole_gpus(),
-                taints=self._taints(),
-                device_taints=self.health.device_taints(),
-                binding_conditions=binding,
-            ),
-            self.metrics,
+            _publisher_settings(self.opts), self.api, self._slices, self.metrics
         )
         publisher.on_conflict = lambda message: self.node_events.event(
             type_="Warning",

@@ -49,6 +49,7 @@ class NodeHardware:
         taints: Mapping[str, tuple[Mapping[str, str], ...]] | None = None,
         device_taints: Mapping[str, Mapping[DevicePlace, tuple[Mapping[str, str], ...]]]
         | None = None,
+        whole_taints: Mapping[str, tuple[Mapping[str, str], ...]] | None = None,
     ) -> list[PublishedGpu]:
         """MIG-capable GPUs of the node, minus refused ones (by UUID), each with what it offers.
 
@@ -58,10 +59,12 @@ class NodeHardware:
         only with a GPU reset, which carve never does: it offers MIG devices while MIG mode is
         on and the whole GPU only while it is off (a pending change counts once it applies).
         `taints` (by UUID) go on every device of the GPU (an unhealthy GPU's), `device_taints`
-        (by UUID, then (profile id, placement start)) on single MIG devices.
+        (by UUID, then (profile id, placement start)) on single MIG devices, `whole_taints`
+        (by UUID) on the whole-GPU device alone.
         """
         taints = taints or {}
         device_taints = device_taints or {}
+        whole_taints = whole_taints or {}
         out: list[PublishedGpu] = []
         for g in self.mig.gpus():
             if g.uuid in exclude or not g.mig_capable or not g.profiles:
@@ -82,6 +85,7 @@ class NodeHardware:
                     offers_whole=offers_whole,
                     taints=tuple(taints.get(g.uuid, ())),
                     device_taints=dict(device_taints.get(g.uuid, {})),
+                    whole_taints=tuple(whole_taints.get(g.uuid, ())),
                 )
             )
         return out
@@ -98,13 +102,14 @@ class NodeHardware:
         taints: Mapping[str, tuple[Mapping[str, str], ...]] | None = None,
         device_taints: Mapping[str, Mapping[DevicePlace, tuple[Mapping[str, str], ...]]]
         | None = None,
+        whole_taints: Mapping[str, tuple[Mapping[str, str], ...]] | None = None,
         binding_conditions: tuple[str, str] | None = None,
     ) -> list[dict[str, Any]]:
         return build_resource_slices(
             driver=driver,
             node_name=node_name,
             pool_generation=generation,
-            gpus=self.published_gpus(exclude, whole, taints, device_taints),
+            gpus=self.published_gpus(exclude, whole, taints, device_taints, whole_taints),
             split_counters=split,
             binding_conditions=binding_conditions,
         )

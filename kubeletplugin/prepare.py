@@ -44,12 +44,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 from pathlib import Path
 from typing import Protocol
 
 from driver.allocation import AllocatedDevice
-from driver.catalog import Placement, ProfileSpec
+from driver.catalog import GpuModel, Placement, ProfileSpec
 from driver.cdi import (
     CdiDevice,
     CdiWriter,
@@ -60,7 +59,7 @@ from driver.cdi import (
 )
 from driver.config import ConfigError, MpsConfig, SharingStrategy, resolve_config
 from driver.contract import Contract
-from driver.naming import parse_device_name
+from driver.naming import DevicePlace, parse_device_name
 from driver.nvml.errors import InstanceMismatch, NotFound, NvmlError, PlacementTaken
 from driver.nvml.types import CarvedInstance, GpuInfo, GpuInstance
 from kubeletplugin.checkpoint import (
@@ -82,8 +81,10 @@ from kubeletplugin.claims import (
     describe_results,
 )
 from kubeletplugin.draservice import ClaimRef, PreparedDevice, PrepareResult
+from kubeletplugin.foreign import WHOLE_GPU, ForeignPolicy, blocked_places, describe
 from kubeletplugin.metrics import PluginMetrics
 from kubeletplugin.mps import MpsControl, MpsError, commands_for
+from kubeletplugin.nodeevents import NodeEvents
 from kubeletplugin.warm import (
     Demand,
     WarmEvent,
@@ -100,14 +101,6 @@ from kubeletplugin.warm import (
 log = logging.getLogger(__name__)
 
 
-class ForeignPolicy(StrEnum):
-    """What to do with MIG instances that carve finds but did not create."""
-
-    ADOPT = "adopt"  # a claim allocated exactly that profile and placement takes it over
-    LEAVE = "leave"  # keep it; its placement stays unusable for carve
-    REFUSE_GPU = "refuse-gpu"  # keep it, and refuse every claim on that GPU
-
-
 # --- the NVML layer as the state machine needs it -------------------------------------------
 
 
@@ -115,6 +108,7 @@ class MigBackend(Protocol):
     """The slice of the NVML backend the state machine uses (see driver.nvml.backend)."""
 
     def gpus(self) -> Sequence[GpuInfo]: ...
+    def gpu_model(self, gpu_uuid: str) -> GpuModel: ...
     def mig_enabled(self, gpu_uuid: str) -> bool: ...
     def enable_mig(self, gpu_uuid: str) -> object: ...
     def disable_mig(self, gpu_uuid: str) -> object: ...
@@ -196,6 +190,7 @@ class Preparer:
         clock: Callable[[], float] = time.monotonic,
         mps: MpsControl | None = None,
         events: ClaimEvents | None = None,
+        node_events: NodeEvents | None = None,
         offers_changed: Callable[[], None] | None = None,
     ) -> None:
         """`common_nodes` go to every device (e.g. /dev/nvidia-uvm, whose major is dynamic).
@@ -211,6 +206,7 @@ class Preparer:
         self._dev_root = dev_root
         self._mps = mps
         self._events = events
+        self._node_events = node_events
         # claim uid -> (its MPS devices' names, why): daemons found dead, not yet seen answering
         self._mps_down: dict[str, tuple[tuple[str, ...], str]] = {}
         self._backend = backend
@@ -227,6 +223,14 @@ class Preparer:
         self._gpu_locks: dict[str, threading.Lock] = {}
         self._claim_locks: dict[str, threading.Lock] = {}
         self._refused: dict[str, str] = {}  # gpu uuid -> why
+        # Claims left half-done by an earlier process: only their teardown may look for an
+        # instance by its intent (one carved just before a crash, before its id was saved).
+        self._inherited = {
+            uid for uid, r in self._cp.claims.items() if r.state is not ClaimState.PREPARE_COMPLETED
+        }
+        # gpu uuid -> places (WHOLE_GPU for the whole device) whose prepare a foreign instance
+        # refused: published NoExecute so the stuck pod is evicted (kubeletplugin.foreign)
+        self._stuck: dict[str, set[DevicePlace | None]] = {}
         self._demand = Demand(settings.warm.ttl_s)
         self._pool = ThreadPoolExecutor(
             max_workers=max(1, settings.parallelism), thread_name_prefix="prepare"
@@ -240,6 +244,12 @@ class Preparer:
 
     def refused_gpus(self) -> Mapping[str, str]:
         return dict(self._refused)
+
+    def stuck_places(self, gpu_uuid: str) -> frozenset[DevicePlace | None]:
+        """Places of the GPU (WHOLE_GPU for the whole device) whose prepare was refused because
+        of a foreign instance, since that instance appeared."""
+        with self._cp_lock:
+            return frozenset(self._stuck.get(gpu_uuid, ()))
 
     def whole_gpus(self) -> frozenset[str]:
         """UUIDs of the GPUs a checkpointed claim holds whole (in any state): no MIG device on
@@ -420,8 +430,17 @@ class Preparer:
                     f"(GPUs: {', '.join(f'gpu-{m}' for m in sorted(self._gpus))})",
                 )
             if gpu.uuid in self._refused:
+                self._mark_stuck(
+                    gpu.uuid,
+                    WHOLE_GPU
+                    if parsed.profile_id is None or parsed.placement_start is None
+                    else (parsed.profile_id, parsed.placement_start),
+                )
                 raise ClaimError(
-                    "gpu-refused", f"{_label(gpu)} is refused: {self._refused[gpu.uuid]}"
+                    "gpu-refused",
+                    f"{_label(gpu)} is refused: {self._refused[gpu.uuid]}; the node taints the "
+                    f"device {self._foreign_taint_key}:NoExecute, so that the pod is evicted "
+                    "and placed again elsewhere",
                 )
             profile_id, start = parsed.profile_id, parsed.placement_start
             profile = placement = None
@@ -603,27 +622,55 @@ class Preparer:
             new = replace(record, devices=(*record.devices[:i], d, *record.devices[i + 1 :]))
             # One save both records the instance and drops it from the foreign list (adoption)
             # or the warm pool (reuse): it never has two owners, nor none.
-            saved = self._save(
-                lambda cp: (
-                    cp.with_claim(new)
-                    .with_foreign(
-                        tuple(
-                            f
-                            for f in cp.foreign
-                            if not (f.gpu_uuid == d.gpu_uuid and f.gi_id == d.gi_id)
+            try:
+                saved = self._save(
+                    lambda cp: (
+                        cp.with_claim(new)
+                        .with_foreign(
+                            tuple(
+                                f
+                                for f in cp.foreign
+                                if not (f.gpu_uuid == d.gpu_uuid and f.gi_id == d.gi_id)
+                            )
+                        )
+                        .with_warm(
+                            tuple(
+                                w
+                                for w in cp.warm
+                                if not (w.gpu_uuid == d.gpu_uuid and w.gi_id == d.gi_id)
+                            )
                         )
                     )
-                    .with_warm(
-                        tuple(
-                            w
-                            for w in cp.warm
-                            if not (w.gpu_uuid == d.gpu_uuid and w.gi_id == d.gi_id)
-                        )
-                    )
-                )
-            ).claims[new.uid]
+                ).claims[new.uid]
+            except BaseException:
+                self._undo_unsaved_carve(d)
+                raise
+            if d.adopted:
+                self._unstick(d.gpu_uuid, (p.profile.id, p.placement.start))
         self._demand.record(p.gpu.uuid, p.profile.id, time.time())
         return saved
+
+    def _undo_unsaved_carve(self, d: DeviceRecord) -> None:
+        """The checkpoint could not record a fresh instance: destroy it again (the caller holds
+        the GPU lock), because this claim's rollback no longer looks for unrecorded instances
+        (that search could take a foreign instance for its own). An adopted or warm instance
+        keeps its previous owner, which the failed save did not change."""
+        if d.gi_id is None or d.adopted or self.checkpoint().warm_at(d.gpu_uuid, d.gi_id):
+            return
+        assert d.placement_start is not None and d.placement_size is not None
+        try:
+            self._backend.destroy(
+                d.gpu_uuid,
+                d.gi_id,
+                expect_profile_id=d.profile_id,
+                expect_placement=Placement(d.placement_start, d.placement_size),
+            )
+        except Exception:
+            log.exception(
+                "could not destroy a MIG instance the checkpoint failed to record; it will be "
+                "found as foreign",
+                extra={"gpu": d.gpu_uuid, "giID": d.gi_id, "device": d.device_name},
+            )
 
     def _holder(self, gpu_uuid: str, uid: str, *, whole_only: bool) -> ClaimRecord | None:
         """Another checkpointed claim with a device on the GPU (a whole-GPU one only, if asked)."""
@@ -654,6 +701,8 @@ class Preparer:
             self._reclaim_where(gpu.uuid, None, ctx={"claimUID": record.uid})
             live = self._backend.instances(gpu.uuid)
             if live:
+                if self._note_foreign(gpu, live):
+                    self._mark_stuck(gpu.uuid, WHOLE_GPU)
                 raise ClaimError(
                     "placement-taken",
                     f"whole-GPU device {device}: {_label(gpu)} has {len(live)} MIG instance(s) "
@@ -744,34 +793,53 @@ class Preparer:
     def _placement_conflict(
         self, p: _Planned, rec: DeviceRecord, ref: ClaimRef, cause: Exception
     ) -> DeviceRecord:
-        """Explain why the placement is taken, or adopt a matching foreign instance."""
+        """Explain why the placement is taken, or adopt a matching foreign instance.
+
+        The caller holds the GPU lock and its own carve just failed, so an instance here that no
+        record owns is not carve's: it is recorded as foreign at once, not at the next rescan,
+        so that nothing (this claim's rollback included) can take it for carve's own, and the
+        device is marked stuck: published NoExecute, so that the pod is evicted and placed again
+        elsewhere instead of waiting in ContainerCreating for good."""
         gpu = p.gpu
         assert p.profile is not None and p.placement is not None
-        for inst in self._backend.instances(gpu.uuid):
+        place = (p.profile.id, p.placement.start)
+        live = self._backend.instances(gpu.uuid)
+        foreign = self._note_foreign(gpu, live)
+        cp = self.checkpoint()
+        for inst in live:
             if not _overlap(inst.placement, p.placement):
                 continue
-            exact = inst.placement == p.placement and inst.profile_id == p.profile.id
-            owner = self.checkpoint().owner_of(gpu.uuid, inst.gi_id)
+            owner = cp.owner_of(gpu.uuid, inst.gi_id)
             if owner is not None:
                 raise ClaimError(
                     "placement-taken",
                     f"{p.result.device}: placement {_span(p.placement)} on {_label(gpu)} is "
                     f"already taken by claim {owner.namespace}/{owner.name}",
                 )
-            foreign = self.checkpoint().foreign_at(gpu.uuid, inst.gi_id)
-            if exact and foreign is not None and self._s.foreign_policy is ForeignPolicy.ADOPT:
-                c = self._backend.ensure_compute_instance(gpu.uuid, inst.gi_id)
+        for f in foreign:
+            exact = (f.profile_id, f.placement_start) == place
+            if exact and self._s.foreign_policy is ForeignPolicy.ADOPT:
+                c = self._backend.ensure_compute_instance(gpu.uuid, f.gi_id)
                 log.info(
                     "adopted foreign MIG instance",
-                    extra={"claimUID": ref.uid, "gpu": gpu.uuid, "giID": inst.gi_id},
+                    extra={"claimUID": ref.uid, "gpu": gpu.uuid, "giID": f.gi_id},
                 )
                 return replace(rec, gi_id=c.gi_id, ci_id=c.ci_id, mig_uuid=c.mig_uuid, adopted=True)
+        blockers = blocked_places(self._backend.gpu_model(gpu.uuid), foreign).get(place)
+        if blockers:
+            self._mark_stuck(gpu.uuid, place)
+            named = ", ".join(
+                describe(f, _profile_name(gpu, f.profile_id))
+                for f in foreign
+                if f.gi_id in blockers
+            )
             raise ClaimError(
-                "placement-taken",
-                f"{p.result.device}: placement {_span(p.placement)} on {_label(gpu)} is "
-                f"occupied by MIG instance GI {inst.gi_id} (profile id {inst.profile_id}, "
-                f"{_span(inst.placement)}) that carve did not create; foreign-instance "
-                f"policy is {self._s.foreign_policy.value}",
+                "foreign-instance",
+                f"{p.result.device}: {p.profile.name} at {_span(p.placement)} on {_label(gpu)} "
+                f"is blocked by MIG instance {named} that carve did not create; foreign-instance "
+                f"policy is {self._s.foreign_policy.value}, so carve leaves it alone. The node "
+                f"taints the device {self._foreign_taint_key}:NoExecute, so that the pod is "
+                "evicted and placed again elsewhere",
             )
         raise ClaimError(
             "placement-taken",
@@ -892,7 +960,7 @@ class Preparer:
                 if parked is not None:
                     record = parked
                     continue
-            self._destroy_device(d, ctx)
+            self._destroy_device(d, ctx, by_intent=record.uid in self._inherited)
             cleared = replace(d, gi_id=None, ci_id=None, mig_uuid=None)
             record = self._put(
                 replace(record, devices=(*record.devices[:i], cleared, *record.devices[i + 1 :]))
@@ -909,17 +977,24 @@ class Preparer:
                     f"instances destroyed, but removing finalizer {self._finalizer} failed: {e}",
                 ) from e
         self._save(lambda cp: cp.without_claim(record.uid))
+        self._inherited.discard(record.uid)
         if whole:
             self._offers_changed()
 
-    def _destroy_device(self, d: DeviceRecord, ctx: Mapping[str, object]) -> None:
+    def _destroy_device(
+        self, d: DeviceRecord, ctx: Mapping[str, object], *, by_intent: bool
+    ) -> None:
+        """Destroy the device's instance. Without a recorded id, only a claim inherited from an
+        earlier process (`by_intent`) looks for it by profile and placement: that process may
+        have crashed between the carve and the save. In this process a failed carve leaves
+        nothing behind (the backend rolls back, `_undo_unsaved_carve` covers the save), so an
+        instance found there now is someone else's."""
         with self._lock(self._gpu_locks, d.gpu_uuid):
             assert d.placement_start is not None and d.placement_size is not None
             if d.gi_id is not None:
                 gi_id = d.gi_id
             else:
-                # Crashed between create and checkpoint: find the instance by its intent.
-                if not self._backend.mig_enabled(d.gpu_uuid):
+                if not by_intent or not self._backend.mig_enabled(d.gpu_uuid):
                     return
                 live = self._backend.instances(d.gpu_uuid)
                 target = _find_own_instance(d, live, self.checkpoint())
@@ -1185,7 +1260,7 @@ class Preparer:
             except Exception:
                 log.exception("could not finish interrupted operation; will retry", extra=ctx)
         self._reconcile_warm()
-        self._record_foreign()
+        self.rescan_foreign()
         known = set(self.checkpoint().claims)
         for uid in self._cdi.claim_uids_on_disk() - known:
             log.warning("removing orphaned CDI spec", extra={"claimUID": uid})
@@ -1224,6 +1299,7 @@ class Preparer:
             except Exception as e:
                 log.warning("housekeeping of claim failed", extra={**ctx, "error": str(e)})
         self.reclaim_expired()
+        self.rescan_foreign()
 
     def _not_ours_any_more(self, claim: ClaimView | None, uid: str) -> str:
         """Why a prepared claim no longer belongs on this node ("" when it still does)."""
@@ -1235,49 +1311,147 @@ class Preparer:
             return "is now allocated to another node (this node was given up as lost)"
         return ""
 
-    def _record_foreign(self) -> None:
-        cp = self.checkpoint()
-        previous = {(f.gpu_uuid, f.gi_id): f for f in cp.foreign}
-        now = time.time()
-        found: list[ForeignInstance] = []
-        self._refused.clear()
+    def rescan_foreign(self) -> None:
+        """Find the MIG instances carve did not create, on every GPU: at start-up and in
+        housekeeping, because an admin can create one at any time (kubeletplugin.foreign)."""
         for gpu in self._gpus.values():
-            if not self._backend.mig_enabled(gpu.uuid):
-                continue
-            for inst in self._backend.instances(gpu.uuid):
-                if (
-                    cp.owner_of(gpu.uuid, inst.gi_id) is not None
-                    or cp.warm_at(gpu.uuid, inst.gi_id) is not None
-                ):
-                    continue
-                old = previous.get((gpu.uuid, inst.gi_id))
-                found.append(
-                    ForeignInstance(
-                        gpu.uuid,
-                        inst.gi_id,
-                        inst.profile_id,
-                        inst.placement.start,
-                        inst.placement.size,
-                        inst.ci_ids,
-                        old.first_seen if old else now,
+            try:
+                with self._lock(self._gpu_locks, gpu.uuid):
+                    live = (
+                        self._backend.instances(gpu.uuid)
+                        if self._backend.mig_enabled(gpu.uuid)
+                        else ()
                     )
-                )
+                    self._note_foreign(gpu, live)
+            except Exception as e:
                 log.warning(
-                    "foreign MIG instance (not created by carve)",
-                    extra={
-                        "gpu": gpu.uuid,
-                        "giID": inst.gi_id,
-                        "profileID": inst.profile_id,
-                        "placement": _span(inst.placement),
-                        "policy": self._s.foreign_policy.value,
-                    },
+                    "could not look for foreign MIG instances; will retry",
+                    extra={"gpu": gpu.uuid, "error": str(e)},
                 )
-                if self._s.foreign_policy is ForeignPolicy.REFUSE_GPU:
-                    self._refused[gpu.uuid] = (
-                        "it holds MIG instances carve did not create (policy refuse-gpu); "
-                        "remove them or restart the plugin with another foreign-instance policy"
-                    )
-        self._save(lambda c: c.with_foreign(tuple(found)))
+
+    def _note_foreign(
+        self, gpu: GpuInfo, live: Sequence[GpuInstance]
+    ) -> tuple[ForeignInstance, ...]:
+        """Record the GPU's foreign instances from a listing taken under its lock; returns them.
+
+        An instance is foreign unless a claim record owns its id, the warm pool holds it, or a
+        claim inherited half-done from an earlier process may have carved it (its teardown
+        decides). New and vanished ones are logged and posted as Node events; what the node
+        publishes changes with them."""
+        cp = self.checkpoint()
+        pending = [
+            d
+            for uid in self._inherited
+            if (r := cp.claims.get(uid)) is not None
+            for d in r.devices
+            if d.is_mig and d.gi_id is None and d.gpu_uuid == gpu.uuid
+        ]
+        claimed = {
+            inst.gi_id for d in pending if (inst := _find_own_instance(d, live, cp)) is not None
+        }
+        before = {f.gi_id: f for f in cp.foreign if f.gpu_uuid == gpu.uuid}
+        now = time.time()
+        found = tuple(
+            ForeignInstance(
+                gpu.uuid,
+                inst.gi_id,
+                inst.profile_id,
+                inst.placement.start,
+                inst.placement.size,
+                inst.ci_ids,
+                before[inst.gi_id].first_seen if inst.gi_id in before else now,
+            )
+            for inst in live
+            if cp.owner_of(gpu.uuid, inst.gi_id) is None
+            and cp.warm_at(gpu.uuid, inst.gi_id) is None
+            and inst.gi_id not in claimed
+        )
+        new = [f for f in found if f.gi_id not in before or _moved(before[f.gi_id], f)]
+        gone = [
+            f for f in before.values() if all(f.gi_id != g.gi_id or _moved(f, g) for g in found)
+        ]
+        refuse = bool(found) and self._s.foreign_policy is ForeignPolicy.REFUSE_GPU
+        refused_changed = refuse != (gpu.uuid in self._refused)
+        if refuse:
+            self._refused[gpu.uuid] = (
+                "it holds MIG instances carve did not create (policy refuse-gpu); remove them "
+                "(the node notices within a minute) or restart the plugin with another "
+                "foreign-instance policy"
+            )
+        else:
+            self._refused.pop(gpu.uuid, None)
+        if not (new or gone or refused_changed):
+            return found
+        self._save(
+            lambda c: c.with_foreign((*(f for f in c.foreign if f.gpu_uuid != gpu.uuid), *found))
+        )
+        if not found:
+            with self._cp_lock:
+                self._stuck.pop(gpu.uuid, None)
+        for f in new:
+            self._tell_foreign(gpu, f, appeared=True)
+        for f in gone:
+            self._tell_foreign(gpu, f, appeared=False)
+        self._offers_changed()
+        return found
+
+    def _tell_foreign(self, gpu: GpuInfo, f: ForeignInstance, *, appeared: bool) -> None:
+        what = describe(f, _profile_name(gpu, f.profile_id))
+        policy = self._s.foreign_policy
+        extra = {
+            "gpu": gpu.uuid,
+            "giID": f.gi_id,
+            "profileID": f.profile_id,
+            "placement": f"{f.placement_start}:{f.placement_size}",
+            "policy": policy.value,
+        }
+        if appeared:
+            log.warning("foreign MIG instance (not created by carve)", extra=extra)
+            doing = {
+                ForeignPolicy.LEAVE: "carve leaves it alone and taints the devices it blocks",
+                ForeignPolicy.ADOPT: (
+                    "a claim allocated exactly its profile and placement adopts it; carve "
+                    "taints the other devices it blocks"
+                ),
+                ForeignPolicy.REFUSE_GPU: "carve refuses the GPU and taints all its devices",
+            }[policy]
+            message = (
+                f"{_label(gpu)} has MIG instance {what} that carve did not create; policy "
+                f"{policy.value}: {doing} with {self._foreign_taint_key}:NoSchedule. Destroy it "
+                f"(`nvidia-smi mig -i {gpu.minor} -dci -gi {f.gi_id}`, then `nvidia-smi mig -i "
+                f"{gpu.minor} -dgi -gi {f.gi_id}`) to give the space back to carve"
+            )
+            self._node_event("Warning", "ForeignMigInstance", message)
+        else:
+            log.info("foreign MIG instance is gone", extra=extra)
+            self._node_event(
+                "Normal",
+                "ForeignMigInstanceGone",
+                f"{_label(gpu)}: MIG instance {what} that carve did not create is gone; its "
+                "devices are offered again",
+            )
+
+    def _node_event(self, type_: str, reason: str, message: str) -> None:
+        if self._node_events is not None:
+            self._node_events.event(
+                type_=type_, reason=reason, message=message, action="ForeignInstances"
+            )
+
+    @property
+    def _foreign_taint_key(self) -> str:
+        return Contract(self._s.driver_name).foreign_instance_taint_key
+
+    def _mark_stuck(self, gpu_uuid: str, place: DevicePlace | None) -> None:
+        with self._cp_lock:
+            places = self._stuck.setdefault(gpu_uuid, set())
+            if place in places:
+                return
+            places.add(place)
+        self._offers_changed()
+
+    def _unstick(self, gpu_uuid: str, place: DevicePlace | None) -> None:
+        with self._cp_lock:
+            self._stuck.get(gpu_uuid, set()).discard(place)
 
     def _check_completed(self) -> None:
         """Prepared claims whose instances vanished (node reboot, GPU reset) are forgotten.
@@ -1341,6 +1515,16 @@ def _find_own_instance(
         ):
             return inst
     return None
+
+
+def _moved(a: ForeignInstance, b: ForeignInstance) -> bool:
+    """The same GI id names another instance now (NVML reuses ids)."""
+    return (a.profile_id, a.placement_start) != (b.profile_id, b.placement_start)
+
+
+def _profile_name(gpu: GpuInfo, profile_id: int) -> str | None:
+    p = gpu.profile(profile_id)
+    return p.name if p else None
 
 
 def _label(gpu: GpuInfo) -> str:

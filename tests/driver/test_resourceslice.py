@@ -156,6 +156,18 @@ def test_binding_conditions_go_on_every_device_only_when_asked() -> None:
         assert d["bindingFailureConditions"] == ["x.dev/CarveFailed"]
 
 
+def test_taints_go_on_the_gpu_a_single_device_or_the_whole_gpu_device_alone() -> None:
+    mine, all_, whole = (
+        {"key": f"x.dev/{k}", "effect": "NoSchedule"} for k in ("mine", "all", "whole")
+    )
+    base = _gpu("H100-SXM5-80GB", 0)
+    tainted = replace(base, taints=(all_,), device_taints={(19, 3): (mine,)}, whole_taints=(whole,))
+    by_name = {d["name"]: d.get("taints") for d in _devices(_build([tainted]))}
+    assert by_name["gpu-0"] == [all_, whole]
+    assert by_name["gpu-0-mig-1g10gb-19-3"] == [all_, mine]
+    assert by_name["gpu-0-mig-1g10gb-19-4"] == [all_]
+
+
 def test_combined_layout_for_kubernetes_1_34() -> None:
     slices = _build([_gpu("A30-24GB", 0), _gpu("A30-24GB", 1)], split_counters=False)
     assert len(slices) == 2

@@ -20,7 +20,8 @@ from driver.nvml.backend import NvmlBackend
 from kubeletplugin.checkpoint import CheckpointStore
 from kubeletplugin.claims import ClaimGoneError, ClaimView, parse_claim
 from kubeletplugin.draservice import ClaimRef
-from kubeletplugin.prepare import ForeignPolicy, Preparer, PreparerSettings
+from kubeletplugin.foreign import ForeignPolicy
+from kubeletplugin.prepare import Preparer, PreparerSettings
 from kubeletplugin.warm import WarmSettings
 
 DRIVER = "mig.carve.dev"
@@ -162,6 +163,7 @@ class Node:
     preparer: Preparer | None = None
     offers_changed: int = 0  # how often the preparer said the node's offers changed
     warm: WarmSettings = field(default_factory=WarmSettings)
+    node_events: list[tuple[str, str, str]] = field(default_factory=list)  # type, reason, text
 
     @property
     def cdi_root(self) -> Path:
@@ -182,11 +184,16 @@ class Node:
             claims=self.claims,
             store=CheckpointStore(self.checkpoint_dir),
             cdi=CdiWriter(self.cdi_root, vendor=DRIVER),
+            node_events=self,
             offers_changed=self._count_offers_changed,
         )
         if reconcile:
             self.preparer.reconcile()
         return self.preparer
+
+    def event(self, *, type_: str, reason: str, message: str, action: str = "GpuHealth") -> None:
+        """The node's Events (kubeletplugin.nodeevents.NodeEvents), kept in order."""
+        self.node_events.append((type_, reason, message))
 
     def _count_offers_changed(self) -> None:
         self.offers_changed += 1

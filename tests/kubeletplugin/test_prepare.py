@@ -18,7 +18,7 @@ from driver.config import API_VERSION
 from driver.nvml import sim
 from kubeletplugin.checkpoint import CheckpointStore, ClaimState
 from kubeletplugin.draservice import ClaimRef
-from kubeletplugin.prepare import ForeignPolicy
+from kubeletplugin.foreign import ForeignPolicy
 from tests.kubeletplugin.node_harness import DRIVER, NODE, Node, mig, open_node, whole
 
 H100 = "H100-SXM5-80GB"
