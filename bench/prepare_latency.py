@@ -30,7 +30,7 @@ from driver.nvml import sim
 from driver.nvml.backend import NvmlBackend
 from kubeletplugin.checkpoint import CheckpointStore
 from kubeletplugin.claims import ClaimView, parse_claim
-from kubeletplugin.draservice import ClaimRef
+from kubeletplugin.ports import ClaimRef
 from kubeletplugin.prepare import Preparer, PreparerSettings
 
 DRIVER = DEFAULT_DRIVER_NAME

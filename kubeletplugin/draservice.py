@@ -12,8 +12,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Protocol
 
 import grpc
 
@@ -23,52 +21,9 @@ from kubeletplugin._generated import (
     dra_v1beta1_pb2,
     dra_v1beta1_pb2_grpc,
 )
+from kubeletplugin.ports import ClaimPreparer, ClaimRef, PreparedDevice, PrepareResult
 
 _log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ClaimRef:
-    """A ResourceClaim as the kubelet names it; everything else must be read from the API."""
-
-    namespace: str
-    name: str
-    uid: str
-
-    def __str__(self) -> str:
-        return f"{self.namespace}/{self.name} (uid {self.uid})"
-
-
-@dataclass(frozen=True)
-class PreparedDevice:
-    """One device made usable for a claim, as the kubelet hands it to the container runtime."""
-
-    request_names: tuple[str, ...]
-    pool_name: str
-    device_name: str
-    cdi_device_ids: tuple[str, ...]
-    share_id: str | None = None
-
-
-@dataclass(frozen=True)
-class PrepareResult:
-    """Outcome for one claim: its devices, or a non-empty error (then the devices are ignored)."""
-
-    devices: tuple[PreparedDevice, ...] = ()
-    error: str = ""
-    reason: str = ""  # with an error: its short cause (e.g. "carve-failed"), for precarve
-
-
-class ClaimPreparer(Protocol):
-    """The node agent's prepare/unprepare logic, free of any gRPC concern."""
-
-    def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
-        """Prepare every claim; the result is keyed by claim UID with an entry for each claim."""
-        ...
-
-    def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
-        """Unprepare every claim; the result maps claim UID to an error ("" means done)."""
-        ...
 
 
 def _claim_problem(claim: ClaimRef) -> str:

@@ -30,6 +30,7 @@ from enum import StrEnum
 from driver.catalog import GpuModel
 from driver.geometry import PlacementError, geometry_for
 from driver.naming import DevicePlace
+from driver.nvml.types import GpuInfo
 from kubeletplugin.checkpoint import ForeignInstance
 
 Taint = Mapping[str, str]
@@ -123,13 +124,14 @@ def _value(gi_ids: tuple[int, ...]) -> str:
     return text if len(text) <= 63 else text[:63].rstrip(".-")
 
 
-def describe(f: ForeignInstance, profile_name: str | None) -> str:
+def describe(f: ForeignInstance, gpu: GpuInfo) -> str:
     """One instance as an operator reads it in an event or a refusal."""
+    profile = gpu.profile(f.profile_id)
     end = f.placement_start + f.placement_size - 1
     span = (
         f"memory slice {f.placement_start}"
         if f.placement_size == 1
         else f"memory slices {f.placement_start}-{end}"
     )
-    name = profile_name or f"profile id {f.profile_id}"
+    name = profile.name if profile else f"profile id {f.profile_id}"
     return f"GI {f.gi_id} ({name}, {span})"

@@ -469,7 +469,7 @@ class NodePlugin:
                 found,
                 policy=ForeignPolicy(self.opts.foreign_instances),
                 key=Contract(self.opts.driver_name).foreign_instance_taint_key,
-                stuck=self.preparer.stuck_places(uuid),
+                stuck=self.preparer.foreign.stuck_places(uuid),
             )
             for uuid, found in by_gpu.items()
         }

@@ -43,7 +43,7 @@ from driver.naming import parse_device_name
 from kubeletplugin.checkpoint import Checkpoint
 from kubeletplugin.claims import ApiError, ClaimFormatError, KubeJson, parse_claim
 from kubeletplugin.claimwatch import ClaimWatch
-from kubeletplugin.draservice import ClaimRef, PrepareResult
+from kubeletplugin.ports import ClaimRef, PrepareResult
 from process.rmw import MERGE_PATCH, ObjectGoneError, Target, WriteSkippedError, read_modify_write
 
 log = logging.getLogger(__name__)

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import grpc
 
-from kubeletplugin.draservice import ClaimPreparer, add_dra_services
+from kubeletplugin.draservice import add_dra_services
 from kubeletplugin.health import HealthBroadcaster, HealthSource, add_health_services
+from kubeletplugin.ports import ClaimPreparer
 from kubeletplugin.registration import (
     RegistrationService,
     RegistrationState,

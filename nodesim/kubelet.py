@@ -32,7 +32,7 @@ from kubeletplugin._generated import (
     pluginregistration_v1_pb2,
     pluginregistration_v1_pb2_grpc,
 )
-from kubeletplugin.draservice import ClaimRef, PreparedDevice, PrepareResult
+from kubeletplugin.ports import ClaimRef, PreparedDevice, PrepareResult
 
 _log = logging.getLogger(__name__)
 

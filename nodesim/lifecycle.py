@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kubeletplugin.draservice import ClaimRef
+from kubeletplugin.ports import ClaimRef
 
 Obj = dict[str, Any]
 

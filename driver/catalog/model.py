@@ -78,6 +78,9 @@ class Placement:
         """Bit i set when memory unit i is occupied by this placement."""
         return ((1 << self.size) - 1) << self.start
 
+    def overlaps(self, other: Placement) -> bool:
+        return self.start < other.end and other.start < self.end
+
 
 @dataclass(frozen=True)
 class Engines:

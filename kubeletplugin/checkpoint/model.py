@@ -77,6 +77,10 @@ class ClaimRecord:
     updated_at: float = 0.0
     mps: MpsDaemon | None = None
 
+    def with_device(self, i: int, device: DeviceRecord) -> ClaimRecord:
+        """This record with device `i` replaced (the steps of a claim change one at a time)."""
+        return replace(self, devices=(*self.devices[:i], device, *self.devices[i + 1 :]))
+
 
 @dataclass(frozen=True)
 class ForeignInstance:

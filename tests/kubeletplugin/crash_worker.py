@@ -29,7 +29,7 @@ from driver.nvml import sim
 from driver.nvml.backend import NvmlBackend
 from kubeletplugin.checkpoint import Checkpoint, CheckpointStore
 from kubeletplugin.claims import ClaimGoneError, ClaimView, parse_claim
-from kubeletplugin.draservice import ClaimRef
+from kubeletplugin.ports import ClaimRef
 from kubeletplugin.prepare import Preparer, PreparerSettings
 from kubeletplugin.warm import WarmSettings
 
@@ -144,7 +144,7 @@ def main(argv: list[str]) -> int:
         minor, profile = (int(x) for x in os.environ["WARM_SEED"].split(":"))
         gpu = next(g.uuid for g in backend.gpus() if g.minor == minor)
         for _ in range(2):
-            preparer._demand.record(gpu, profile, time.time())
+            preparer.warm.demand.record(gpu, profile, time.time())
     preparer.reconcile()
     crash_at = os.environ.get("CRASH_AT", "")
     if crash_at:

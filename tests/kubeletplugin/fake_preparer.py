@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kubeletplugin.draservice import ClaimRef, PreparedDevice, PrepareResult
+from kubeletplugin.ports import ClaimRef, PreparedDevice, PrepareResult
 from kubeletplugin.server import PluginServer
 
 DRIVER = "mig.carve.dev"

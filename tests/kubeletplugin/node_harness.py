@@ -19,8 +19,8 @@ from driver.nvml import sim
 from driver.nvml.backend import NvmlBackend
 from kubeletplugin.checkpoint import CheckpointStore
 from kubeletplugin.claims import ClaimGoneError, ClaimView, parse_claim
-from kubeletplugin.draservice import ClaimRef
 from kubeletplugin.foreign import ForeignPolicy
+from kubeletplugin.ports import ClaimRef
 from kubeletplugin.prepare import Preparer, PreparerSettings
 from kubeletplugin.warm import WarmSettings
 

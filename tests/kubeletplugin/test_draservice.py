@@ -11,7 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kubeletplugin._generated import dra_v1_pb2, dra_v1_pb2_grpc
-from kubeletplugin.draservice import ClaimRef, PrepareResult, prepare_claims, unprepare_claims
+from kubeletplugin.draservice import prepare_claims, unprepare_claims
+from kubeletplugin.ports import ClaimRef, PrepareResult
 from nodesim.kubelet import KubeletSim, RegisteredPlugin
 from tests.kubeletplugin.fake_preparer import (
     DRIVER,

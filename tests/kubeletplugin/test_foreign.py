@@ -61,7 +61,7 @@ def test_an_instance_made_while_the_plugin_runs_is_never_handed_to_a_claim(a100:
     assert _gi_at(n, P3G, 4) == theirs  # never destroyed, never recreated
     assert ref.uid not in n.p.checkpoint().claims
     assert [(f.gi_id, f.placement_start) for f in n.p.checkpoint().foreign] == [(theirs, 4)]
-    assert n.p.stuck_places(n.gpu_uuid(0)) == {(P3G, 4)}
+    assert n.p.foreign.stuck_places(n.gpu_uuid(0)) == {(P3G, 4)}
     (warning,) = [e for e in n.node_events if e[1] == "ForeignMigInstance"]
     assert warning[0] == "Warning" and f"GI {theirs} (3g.20gb, memory slices 4-7)" in warning[2]
     # the other half of the GPU is still carve's to give
@@ -103,10 +103,10 @@ def test_refuse_gpu_applies_to_an_instance_found_later_and_lifts_when_it_goes(
         assert set(n.p.refused_gpus()) == {uuid}
         ref = n.claims.add("c", [mig(n.backend, 0, P1G, 0)])
         assert "is refused" in n.p.prepare([ref])[ref.uid].error
-        assert n.p.stuck_places(uuid) == {(P1G, 0)}
+        assert n.p.foreign.stuck_places(uuid) == {(P1G, 0)}
         n.backend.destroy(uuid, _gi_at(n, P1G, 6))
         n.p.retry_pending()
-        assert n.p.refused_gpus() == {} and n.p.stuck_places(uuid) == frozenset()
+        assert n.p.refused_gpus() == {} and n.p.foreign.stuck_places(uuid) == frozenset()
         assert n.p.prepare([ref])[ref.uid].error == ""
     finally:
         n.p.close()
@@ -120,7 +120,7 @@ def test_an_instance_the_checkpoint_cannot_record_is_destroyed_at_once(
     """The rollback no longer looks for unrecorded instances by intent (that search took the
     foreign instance for its own), so a carve whose save fails must be undone on the spot."""
     n = a100
-    store = n.p._store
+    store = n.p.ledger._store  # the one seam: a disk that fails once
     real_save = store.save
     failed = []
 
@@ -149,7 +149,10 @@ def test_adopt_takes_over_an_instance_that_appeared_later(tmp_path: Path) -> Non
         assert n.p.prepare([ref])[ref.uid].error == ""
         (d,) = n.p.checkpoint().claims[ref.uid].devices
         assert d.adopted and d.gi_id == theirs
-        assert n.p.checkpoint().foreign == () and n.p.stuck_places(n.gpu_uuid(0)) == frozenset()
+        assert (
+            n.p.checkpoint().foreign == ()
+            and n.p.foreign.stuck_places(n.gpu_uuid(0)) == frozenset()
+        )
     finally:
         n.p.close()
         n.backend.close()

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from kubeletplugin.draservice import ClaimRef
+from kubeletplugin.ports import ClaimRef
 from tests.kubeletplugin.fake_preparer import (
     DRIVER,
     FakePreparer,

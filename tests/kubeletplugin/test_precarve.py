@@ -17,7 +17,7 @@ import pytest
 from driver.contract import DEFAULT_CONTRACT
 from kubeletplugin.checkpoint import Checkpoint, ClaimRecord, ClaimState
 from kubeletplugin.claims import ClaimFormatError
-from kubeletplugin.draservice import ClaimRef, PreparedDevice, PrepareResult
+from kubeletplugin.ports import ClaimRef, PreparedDevice, PrepareResult
 from kubeletplugin.precarve import (
     CarveFailures,
     CarveTarget,

@@ -17,8 +17,8 @@ from driver import cdi
 from driver.config import API_VERSION
 from driver.nvml import sim
 from kubeletplugin.checkpoint import CheckpointStore, ClaimState
-from kubeletplugin.draservice import ClaimRef
 from kubeletplugin.foreign import ForeignPolicy
+from kubeletplugin.ports import ClaimRef
 from tests.kubeletplugin.node_harness import DRIVER, NODE, Node, mig, open_node, whole
 
 H100 = "H100-SXM5-80GB"

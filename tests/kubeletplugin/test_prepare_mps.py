@@ -47,7 +47,7 @@ def mps_config(**mps: Any) -> list[dict[str, Any]]:
     ]
 
 
-def _preparer(n: Node, tmp_path: Path) -> Preparer:
+def _preparer(n: Node, tmp_path: Path, *, mps_binary: bool = True) -> Preparer:
     files = discover(tmp_path / "driver", version=n.backend.gpus()[0].driver_version, hook_dirs=())
     return Preparer(
         settings=PreparerSettings(DRIVER, NODE, NODE),
@@ -59,7 +59,9 @@ def _preparer(n: Node, tmp_path: Path) -> Preparer:
         shared_edits=files.spec_edits(),
         dev_root=tmp_path / "devroot",
         mps=MpsControl(
-            find_binary(tmp_path / "driver"), tmp_path / "plugins" / DRIVER / "mps", timeout=30
+            find_binary(tmp_path / "driver") if mps_binary else None,
+            tmp_path / "plugins" / DRIVER / "mps",
+            timeout=30,
         ),
     )
 
@@ -178,7 +180,9 @@ def test_a_crash_before_the_pid_was_recorded_leaves_no_orphan(node: Node, tmp_pa
     assert rec.mps is not None and rec.mps.pid is not None
     pid = rec.mps.pid
     # As if the plugin died after starting the daemon, before the prepare completed.
-    node.p._put(replace(rec, state=ClaimState.PREPARE_STARTED, mps=replace(rec.mps, pid=None)))
+    node.p.ledger.put(
+        replace(rec, state=ClaimState.PREPARE_STARTED, mps=replace(rec.mps, pid=None))
+    )
     node.p.close()
     node.preparer = _preparer(node, tmp_path)
     node.p.reconcile()
@@ -205,12 +209,7 @@ def test_bad_mps_settings_are_refused_before_carving(node: Node) -> None:
 
 def test_without_the_binary_mps_claims_are_refused(node: Node, tmp_path: Path) -> None:
     node.p.close()
-    node.preparer = replace_mps(_preparer(node, tmp_path), None)
+    node.preparer = _preparer(node, tmp_path, mps_binary=False)
     ref = node.claims.add("c", [mig(node.backend, 0, 19, 4)], config=mps_config())
     err = node.p.prepare([ref])[ref.uid].error
     assert "no nvidia-cuda-mps-control" in err
-
-
-def replace_mps(p: Preparer, binary: Path | None) -> Preparer:
-    p._mps = MpsControl(binary, Path("/nonexistent"))
-    return p

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from driver.nvml import sim
 from kubeletplugin.checkpoint import WarmState
-from kubeletplugin.draservice import ClaimRef
+from kubeletplugin.ports import ClaimRef
 from kubeletplugin.warm import Demand, WarmSettings
 from tests.kubeletplugin.node_harness import Node, mig, open_node, whole
 
@@ -203,12 +203,12 @@ def test_turning_warm_slices_off_reclaims_them_at_start(node: Node) -> None:
 def test_expired_instances_are_reclaimed_once_their_profile_stops_coming(node: Node) -> None:
     _warm_one(node)
     (warm,) = node.p.warm_instances()
-    node.p._save(lambda cp: cp.with_warm((replace(warm, since=warm.since - 61.0),)))
+    node.p.ledger.save(lambda cp: cp.with_warm((replace(warm, since=warm.since - 61.0),)))
     node.p.reclaim_expired()
     # Past the TTL, but claims of its profile still come to the GPU: destroying it now would
     # hold the GPU for a second in their way, and it blocks no placement.
     assert node.p.warm_instances() != ()
-    node.p._demand = Demand(ON.ttl_s)  # what the window looks like once they stopped coming
+    node.p.warm.demand = Demand(ON.ttl_s)  # what the window looks like once they stopped coming
     node.p.reclaim_expired()
     assert node.p.warm_instances() == ()
     assert node.p.metrics.warm_outcomes.labels(outcome="expired")._value.get() == 1
@@ -231,7 +231,7 @@ def test_a_reclaim_interrupted_by_a_crash_is_finished_at_start(node: Node) -> No
     _warm_one(node)
     (warm,) = node.p.warm_instances()
     # What a crash between the RECLAIMING save and the destroy leaves behind.
-    node.p._save(lambda cp: cp.with_warm((replace(warm, state=WarmState.RECLAIMING),)))
+    node.p.ledger.save(lambda cp: cp.with_warm((replace(warm, state=WarmState.RECLAIMING),)))
     sim.sim_inject_fault("DeviceCreateGpuInstanceWithPlacement", error="UNKNOWN", times=5)
     node.start()
     assert node.p.warm_instances() == ()
@@ -296,7 +296,9 @@ def test_every_instance_has_exactly_one_owner_and_reuse_stays_in_its_namespace(
                 assert n.p.unprepare([ref]) == {ref.uid: ""}
                 released_by[uuid] = ref.namespace
             elif op == "expire":
-                n.p._save(lambda cp: cp.with_warm(tuple(replace(w, since=0.0) for w in cp.warm)))
+                n.p.ledger.save(
+                    lambda cp: cp.with_warm(tuple(replace(w, since=0.0) for w in cp.warm))
+                )
                 n.p.reclaim_expired()
             elif op == "restart":
                 n.start()
