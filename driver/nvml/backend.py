@@ -66,6 +66,31 @@ _SUCCESS = 0
 
 _ARCHITECTURES = {7: Architecture.AMPERE, 9: Architecture.HOPPER, 10: Architecture.BLACKWELL}
 
+# nvmlBrandType_t -> the name NVIDIA's DRA driver publishes as the `brand` attribute (go-nvlib
+# GetBrandAsString), so a selector such as `brand == "Nvidia"` ports unchanged. An A100 on a
+# 580 driver reports NVML_BRAND_NVIDIA (kubernetes-sigs/dra-driver-nvidia-gpu#717).
+_BRANDS = {
+    0: "Unknown",
+    1: "Quadro",
+    2: "Tesla",
+    3: "NVS",
+    4: "Grid",
+    5: "GeForce",
+    6: "Titan",
+    7: "NvidiaVApps",
+    8: "NvidiaVPC",
+    9: "NvidiaVCS",
+    10: "NvidiaVWS",
+    11: "NvidiaCloudGaming",
+    12: "QuadroRTX",
+    13: "NvidiaRTX",
+    14: "Nvidia",
+    15: "GeForceRTX",
+    16: "TitanRTX",
+}
+# nvmlDeviceAddressingModeType_t -> the `addressingMode` attribute's value (go-nvlib names).
+_ADDRESSING_MODES = {0: "None", 1: "HMM", 2: "ATS"}
+
 # Health (nvml.h): event types, the recovery-action field, ECC counter selectors.
 _EVENT_SINGLE_BIT_ECC = 0x1
 _EVENT_DOUBLE_BIT_ECC = 0x2
@@ -133,6 +158,24 @@ class _CiProfile:
 
 def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def _brand_name(code: int) -> str:
+    """The `brand` attribute for an nvmlBrandType_t. Codes NVIDIA's driver has no name for
+    (newer than its table) read "Unknown", so a selector on `brand` still evaluates."""
+    return _BRANDS.get(code, "Unknown")
+
+
+def _cuda_version_text(version: int) -> str:
+    """nvmlSystemGetCudaDriverVersion's integer (1000 * major + 10 * minor, e.g. 13000 or
+    12080) as "<major>.<minor>", the way NVIDIA's driver turns it into `cudaDriverVersion`."""
+    return f"{version // 1000}.{version % 1000 // 10}"
+
+
+def _addressing_mode_name(value: int) -> str | None:
+    """The `addressingMode` attribute for an nvmlDeviceAddressingModeType_t; None for a value
+    this code does not know (a newer mode: publish nothing rather than a wrong name)."""
+    return _ADDRESSING_MODES.get(value)
 
 
 class NvmlBackend:
@@ -246,6 +289,9 @@ class NvmlBackend:
             arch_code = int(nv.nvmlDeviceGetArchitecture(handle))
             cc = nv.nvmlDeviceGetCudaComputeCapability(handle)
             driver_version = nv.nvmlSystemGetDriverVersion()
+            brand = int(nv.nvmlDeviceGetBrand(handle))
+            cuda_version = int(nv.nvmlSystemGetCudaDriverVersion())
+        addressing_mode = self._addressing_mode(uuid, handle)
         bus_id = pci.busId.decode() if isinstance(pci.busId, bytes) else str(pci.busId)
         try:
             nv.nvmlDeviceGetMigMode(handle)
@@ -269,7 +315,34 @@ class NvmlBackend:
             cuda_compute_capability=(int(cc[0]), int(cc[1])),
             mig_capable=mig_capable,
             profiles=profiles,
+            brand=_brand_name(brand),
+            cuda_driver_version=_cuda_version_text(cuda_version),
+            addressing_mode=addressing_mode,
         )
+
+    def _addressing_mode(self, uuid: str, handle: Any) -> str | None:
+        """nvmlDeviceGetAddressingMode, or None where it cannot be asked or answered.
+
+        The call is recent: an older nvidia-ml-py lacks the function, an older driver's library
+        the symbol (pynvml raises FUNCTION_NOT_FOUND), and platforms without HMM or ATS support
+        answer NOT_SUPPORTED. NVIDIA's driver (go-nvlib GetAddressingModeAsString) then
+        publishes no `addressingMode`, and so does carve. Any other failure is an NVML error
+        like every other one while describing a GPU.
+        """
+        nv = self._nvml
+        query = getattr(nv, "nvmlDeviceGetAddressingMode", None)
+        if query is None:
+            return None
+        try:
+            value = query(handle)
+        except nv.NVMLError as exc:
+            if self._code(exc) in (
+                errors.NVML_ERROR_NOT_SUPPORTED,
+                errors.NVML_ERROR_FUNCTION_NOT_FOUND,
+            ):
+                return None
+            raise errors.from_code(int(exc.value), "read the addressing mode", gpu=uuid) from exc
+        return _addressing_mode_name(int(value))
 
     def _discover_profiles(self, uuid: str, handle: Any) -> tuple[ProfileSpec, ...]:
         """Loop the profile index 0..COUNT-1 as nvml.h prescribes; absent indices give

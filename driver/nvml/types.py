@@ -23,12 +23,20 @@ class GpuInfo:
     architecture: Architecture | None  # None for architectures carve does not know
     architecture_code: int  # NVML_DEVICE_ARCH_*
     memory_mib: int
-    pci_bus_id: str  # "00000000:18:00.0"
+    pci_bus_id: str  # "00000000:18:00.0", as NVML prints it (driver.pcie has the standard form)
     pci_device_id: int  # e.g. 0x20B0
     driver_version: str
     cuda_compute_capability: tuple[int, int]
     mig_capable: bool
     profiles: tuple[ProfileSpec, ...]  # discovered from NVML; empty when not MIG-capable
+    # nvmlDeviceGetBrand, named as NVIDIA's DRA driver names it ("Nvidia", "Tesla", ...)
+    brand: str
+    # nvmlSystemGetCudaDriverVersion as "<major>.<minor>" ("13.0"): the newest CUDA the driver
+    # supports, the same for every GPU of the node
+    cuda_driver_version: str
+    # nvmlDeviceGetAddressingMode: "HMM", "ATS" or "None"; None where the platform, the driver
+    # or the binding cannot say (NVIDIA's driver then publishes no addressingMode either)
+    addressing_mode: str | None
 
     @property
     def product_name(self) -> str:

@@ -23,6 +23,7 @@ The package is the module callers import; its parts each hold one concern:
 - ``handles``: handle pointers and ctypes out-parameters;
 - ``calls``: the per-call transaction (latency, fault points, lock) and NVML's pre-checks;
 - ``faults``: injected errors and kills, kept in the state file;
+- ``hardware`` also lays out the node's fake ``/sys`` (the GPUs' PCI places);
 - ``driverfiles``: the node's fake driver root (libraries, an ``nvidia-smi -L`` stand-in) and
   its device nodes under a dev root, kept in step with the state;
 - ``devices``, ``gpu_instances``, ``compute_instances``: the pynvml-shaped functions;
@@ -44,6 +45,7 @@ from driver.nvml.sim.admin import (
     sim_set_gpu_clients,
     sim_set_processes,
     sim_snapshot,
+    sim_sys_root,
     sim_write_config,
 )
 from driver.nvml.sim.compute_instances import (
@@ -65,7 +67,9 @@ from driver.nvml.sim.compute_instances import (
 )
 from driver.nvml.sim.config import SimConfig, SimConfigError
 from driver.nvml.sim.devices import (
+    nvmlDeviceGetAddressingMode,
     nvmlDeviceGetArchitecture,
+    nvmlDeviceGetBrand,
     nvmlDeviceGetCount,
     nvmlDeviceGetCudaComputeCapability,
     nvmlDeviceGetHandleByIndex,
@@ -149,7 +153,9 @@ __all__ = [
     "nvmlComputeInstanceGetInfo_v2",
     "nvmlDeviceCreateGpuInstance",
     "nvmlDeviceCreateGpuInstanceWithPlacement",
+    "nvmlDeviceGetAddressingMode",
     "nvmlDeviceGetArchitecture",
+    "nvmlDeviceGetBrand",
     "nvmlDeviceGetComputeInstanceId",
     "nvmlDeviceGetComputeRunningProcesses",
     "nvmlDeviceGetComputeRunningProcesses_v3",
@@ -217,6 +223,7 @@ __all__ = [
     "sim_set_gpu_clients",
     "sim_set_processes",
     "sim_snapshot",
+    "sim_sys_root",
     "sim_write_config",
 ]
 

@@ -17,7 +17,7 @@ import yaml
 
 from driver.catalog import GpuModel
 from driver.nvml.sim.config import SimConfig, SimConfigError, parse_config
-from driver.nvml.sim.hardware import GpuRec, HwState, sync_node_files
+from driver.nvml.sim.hardware import GpuRec, HwState, sync_node_files, sync_sys
 from driver.nvml.sim.runtime import admin, raise_nvml, sim_config
 
 
@@ -105,6 +105,15 @@ def sim_proc_root() -> Path:
     cfg = sim_config()
     admin(lambda c, s: None)
     return cfg.effective_proc_root
+
+
+def sim_sys_root() -> Path:
+    """Root of the fake /sys tree: ``bus/pci/devices/<address>`` links into ``devices/`` and
+    each GPU's ``numa_node``, where a node agent finds the PCIe root complex and NUMA node of
+    a GPU (driver.pcie). Created on first use; the topology never changes."""
+    cfg = sim_config()
+    admin(sync_sys)
+    return cfg.effective_sys_root
 
 
 def sim_node_files(

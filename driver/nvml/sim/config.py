@@ -6,6 +6,12 @@ so a config can live next to its state. Every field is validated up front with a
 names the field, because a simulator that silently ignores a typo produces tests that prove
 nothing.
 
+The simulated node also has a fake ``/sys`` (``sim_sys_root``, next to the state unless
+``sys_root`` says where): each GPU's ``bus/pci/devices/<bus id>`` link into ``devices/`` and its
+``numa_node``. GPUs sit in pairs under one PCIe root complex (GPUs 0 and 1 under the first,
+2 and 3 under the next, as pairs behind one PCIe switch do in 8-GPU servers), and four GPUs per
+NUMA node.
+
 Example (every key but ``state`` and ``gpus`` is optional)::
 
     state: state.json            # the simulated hardware; shared by every process using it
@@ -20,6 +26,9 @@ Example (every key but ``state`` and ``gpus`` is optional)::
     options:
       latency: realistic         # zero | realistic | {DeviceCreateGpuInstanceWithPlacement: 0.3}
       driver_version: 580.105.08
+      cuda_driver_version: 13000 # nvmlSystemGetCudaDriverVersion (1000 * major + 10 * minor)
+      brand: NVIDIA              # nvmlDeviceGetBrand: an NVML_BRAND_* suffix (TESLA, ...)
+      addressing_mode: HMM       # nvmlDeviceGetAddressingMode: HMM | ATS | NONE | unsupported
       privileged: true           # false: instance calls give NO_PERMISSION
       root: true                 # false: SetMigMode gives NO_PERMISSION
       mig_uuid_stable: false     # true: a re-created instance gets the same MIG UUID
@@ -144,6 +153,12 @@ class SimConfig:
     health_events: bool = True
     faults: tuple[Fault, ...] = ()
     proc_root: Path | None = None
+    sys_root: Path | None = None
+    # NVML_BRAND_NVIDIA and NVML_DEVICE_ADDRESSING_MODE_HMM: what an A100 on a 580 driver on
+    # x86 reports (kubernetes-sigs/dra-driver-nvidia-gpu#717); addressing mode None gives
+    # NOT_SUPPORTED, as on platforms with neither HMM nor ATS
+    brand: int = 14
+    addressing_mode: int | None = 1
 
     @property
     def effective_proc_root(self) -> Path:
@@ -151,6 +166,13 @@ class SimConfig:
         if self.proc_root is not None:
             return self.proc_root
         return self.state_path.with_name(self.state_path.name + ".proc")
+
+    @property
+    def effective_sys_root(self) -> Path:
+        """Where the fake /sys tree lives (the GPUs' PCI links and NUMA nodes)."""
+        if self.sys_root is not None:
+            return self.sys_root
+        return self.state_path.with_name(self.state_path.name + ".sys")
 
     def digest(self) -> str:
         """Identity of the simulated hardware; a state file made for other GPUs is refused."""
@@ -331,11 +353,13 @@ def _parse_latency(raw: object) -> dict[str, float]:
     )
 
 
-_TOP_KEYS = {"state", "gpus", "uuid_seed", "options", "faults", "models", "proc_root"}
+_TOP_KEYS = {"state", "gpus", "uuid_seed", "options", "faults", "models", "proc_root", "sys_root"}
 _OPTION_KEYS = {
     "latency",
     "driver_version",
     "cuda_driver_version",
+    "brand",
+    "addressing_mode",
     "privileged",
     "root",
     "mig_uuid_stable",
@@ -412,12 +436,8 @@ def parse_config(data: Mapping[str, Any], base_dir: Path) -> SimConfig:
     ampere_reset = str(options.get("ampere_reset", "manual"))
     if ampere_reset not in ("manual", "auto"):
         raise SimConfigError("simulator config: options.ampere_reset must be 'manual' or 'auto'")
-    proc_root = data.get("proc_root")
-    proc_path = None
-    if proc_root is not None:
-        proc_path = Path(str(proc_root))
-        if not proc_path.is_absolute():
-            proc_path = base_dir / proc_path
+    proc_path = _optional_path(data.get("proc_root"), base_dir)
+    sys_path = _optional_path(data.get("sys_root"), base_dir)
     return SimConfig(
         state_path=state_path,
         gpus=tuple(gpus),
@@ -432,7 +452,41 @@ def parse_config(data: Mapping[str, Any], base_dir: Path) -> SimConfig:
         health_events=bool(options.get("health_events", True)),
         faults=tuple(parse_fault(f) for f in data.get("faults") or ()),
         proc_root=proc_path,
+        sys_root=sys_path,
+        brand=_parse_brand(options.get("brand", "NVIDIA")),
+        addressing_mode=_parse_addressing_mode(options.get("addressing_mode", "HMM")),
     )
+
+
+def _optional_path(raw: object, base_dir: Path) -> Path | None:
+    if raw is None:
+        return None
+    path = Path(str(raw))
+    return path if path.is_absolute() else base_dir / path
+
+
+def _parse_brand(raw: object) -> int:
+    """An NVML_BRAND_* name (with or without the prefix) as its nvmlBrandType_t value."""
+    import pynvml
+
+    name = str(raw).upper()
+    name = name if name.startswith("NVML_BRAND_") else "NVML_BRAND_" + name
+    if name == "NVML_BRAND_COUNT" or not isinstance(getattr(pynvml, name, None), int):
+        raise SimConfigError(f"simulator config: options.brand {raw!r} is no NVML_BRAND_* name")
+    return int(getattr(pynvml, name))
+
+
+_ADDRESSING_MODES = {"NONE": 0, "HMM": 1, "ATS": 2, "UNSUPPORTED": None}
+
+
+def _parse_addressing_mode(raw: object) -> int | None:
+    key = str(raw).upper()
+    if key not in _ADDRESSING_MODES:
+        raise SimConfigError(
+            f"simulator config: options.addressing_mode must be HMM, ATS, NONE or "
+            f"unsupported, not {raw!r}"
+        )
+    return _ADDRESSING_MODES[key]
 
 
 def load_config_file(path: str | os.PathLike[str]) -> SimConfig:

@@ -172,6 +172,33 @@ def nvmlDeviceGetCudaComputeCapability(handle: Any) -> tuple[int, int]:
     return cfg.gpus[index].model.cuda_compute_capability
 
 
+def nvmlDeviceGetBrand(handle: Any) -> int:
+    """nvmlBrandType_t (options.brand; NVML_BRAND_NVIDIA by default). A MIG device handle
+    answers for its GPU, as the name and architecture queries do here."""
+
+    def body(cfg: SimConfig, state: HwState) -> int:
+        resolve(cfg, state, handle, (KIND_DEVICE, KIND_MIG))
+        return cfg.brand
+
+    return call("DeviceGetBrand", handle, body)
+
+
+def nvmlDeviceGetAddressingMode(device: Any) -> int:
+    """NVML_DEVICE_ADDRESSING_MODE_* as pynvml returns it (the struct's ``value``);
+    NOT_SUPPORTED where options.addressing_mode is ``unsupported`` (a platform with neither
+    HMM nor ATS, nvml.h). A driver too old to have the call is a fault away:
+    ``{op: DeviceGetAddressingMode, error: FUNCTION_NOT_FOUND}``, as pynvml raises it."""
+
+    def body(cfg: SimConfig, state: HwState) -> int:
+        resolve(cfg, state, device, (KIND_DEVICE, KIND_MIG))
+        if cfg.addressing_mode is None:
+            raise_nvml(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        assert cfg.addressing_mode is not None
+        return cfg.addressing_mode
+
+    return call("DeviceGetAddressingMode", device, body)
+
+
 # --- MIG mode ------------------------------------------------------------------------------------
 
 

@@ -399,6 +399,55 @@ def _access_text(minor: int, mode: int) -> str:
     return f"DeviceFileMinor: {minor}\nDeviceFileMode: {mode}\nDeviceFileModify: 1\n"
 
 
+# --- the node's PCI topology in a fake /sys -------------------------------------------------------
+
+_GPUS_PER_ROOT_COMPLEX = 2  # a pair behind one PCIe switch, as in 8-GPU servers
+_GPUS_PER_NUMA_NODE = 4
+
+
+@dataclass(frozen=True)
+class PciPlace:
+    """Where GPU ``index`` sits: its sysfs address, the path of its directory under
+    ``/sys/devices`` (root complex, root port, device) and its NUMA node."""
+
+    address: str  # "0000:18:00.0", the kernel's spelling of NVML's "00000000:18:00.0"
+    device_path: str  # "pci0000:17/0000:17:01.0/0000:18:00.0"
+    numa_node: int
+
+
+def pci_place(index: int, bus_id: str) -> PciPlace:
+    """The simulated topology of GPU ``index`` whose NVML bus id is ``bus_id``.
+
+    The root complex of a pair is named after the bus just below the pair's first GPU
+    (``pci0000:17`` above ``0000:18:00.0``), and each GPU has a root port of its own on it.
+    """
+    domain, bus, rest = bus_id.lower().split(":", 2)
+    address = f"{int(domain, 16):04x}:{bus}:{rest}"
+    # GPUs are 0x10 buses apart (fresh_state): the pair's first GPU is that far below
+    root_bus = int(bus, 16) - 0x10 * (index % _GPUS_PER_ROOT_COMPLEX) - 1
+    root = f"{int(domain, 16):04x}:{root_bus:02x}"
+    port = f"{root}:{1 + index % _GPUS_PER_ROOT_COMPLEX:02x}.0"
+    return PciPlace(address, f"pci{root}/{port}/{address}", index // _GPUS_PER_NUMA_NODE)
+
+
+def sync_sys(config: SimConfig, state: HwState) -> None:
+    """Make the fake /sys tree for the GPUs of ``state`` (idempotent): per GPU a directory
+    under ``devices/`` with its ``numa_node`` and the relative link
+    ``bus/pci/devices/<address>`` -> ``../../../devices/<path>``, as the kernel lays it out."""
+    root = config.effective_sys_root
+    links = root / "bus" / "pci" / "devices"
+    links.mkdir(parents=True, exist_ok=True)
+    for index, gpu in enumerate(state.gpus):
+        place = pci_place(index, gpu.bus_id)
+        device = root / "devices" / place.device_path
+        if not (device / "numa_node").exists():
+            device.mkdir(parents=True, exist_ok=True)
+            (device / "numa_node").write_text(f"{place.numa_node}\n")
+        link = links / place.address
+        if not link.is_symlink():
+            link.symlink_to(f"../../../devices/{place.device_path}")
+
+
 def sync_proc(config: SimConfig, state: HwState) -> None:
     """Mirror the state into a fake /proc tree: /proc/devices (with the nvidia-caps major),
     the static mig-minors table, and per-instance capability files that exist only while the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import types
 from collections.abc import Callable
 from pathlib import Path
 
@@ -48,6 +49,57 @@ def test_enumerates_gpus_with_device_facts(make_backend: MakeBackend) -> None:
     assert a.driver_version == "580.105.08"
     assert a.mig_capable and a.mig_toggle_needs_reset and not h.mig_toggle_needs_reset
     assert b.gpu(h.uuid) is h
+
+
+def test_reads_brand_cuda_version_and_addressing_mode_as_nvidias_driver_names_them(
+    make_backend: MakeBackend,
+) -> None:
+    a, h = make_backend([A100, H100]).gpus()
+    assert (a.brand, a.cuda_driver_version, a.addressing_mode) == ("Nvidia", "13.0", "HMM")
+    assert (h.brand, h.cuda_driver_version, h.addressing_mode) == ("Nvidia", "13.0", "HMM")
+    (g,) = make_backend(
+        [A100], options={"brand": "TESLA", "cuda_driver_version": 12080, "addressing_mode": "ATS"}
+    ).gpus()
+    assert (g.brand, g.cuda_driver_version, g.addressing_mode) == ("Tesla", "12.8", "ATS")
+    (g,) = make_backend([A100], options={"addressing_mode": "none"}).gpus()
+    assert g.addressing_mode == "None"  # supported by the platform, not active
+
+
+@pytest.mark.parametrize("brand", ["NVIDIA_VGAMEDEV", "NVIDIA_NPU"])
+def test_a_brand_nvidias_driver_cannot_name_reads_unknown(
+    make_backend: MakeBackend, brand: str
+) -> None:
+    (g,) = make_backend([A100], options={"brand": brand}).gpus()
+    assert g.brand == "Unknown"
+
+
+def test_no_addressing_mode_where_nvml_cannot_tell(make_backend: MakeBackend) -> None:
+    """NOT_SUPPORTED (the platform) and FUNCTION_NOT_FOUND (an older driver's library) leave it
+    unknown, as go-nvlib does; the GPU is still described."""
+    (g,) = make_backend([A100], options={"addressing_mode": "unsupported"}).gpus()
+    assert g.addressing_mode is None and g.profiles
+    missing = [{"op": "DeviceGetAddressingMode", "error": "FUNCTION_NOT_FOUND"}]
+    (g,) = make_backend([A100], faults=missing).gpus()
+    assert g.addressing_mode is None and g.brand == "Nvidia"
+
+
+def test_no_addressing_mode_with_a_binding_that_lacks_the_call(
+    make_sim: Callable[..., object],
+) -> None:
+    """A binding without the function: an nvidia-ml-py older than the call."""
+    nv = make_sim([A100])
+    older = types.SimpleNamespace(
+        **{k: v for k, v in vars(nv).items() if k != "nvmlDeviceGetAddressingMode"}
+    )
+    with NvmlBackend(older) as b:
+        (g,) = b.gpus()
+    assert g.addressing_mode is None and g.brand == "Nvidia"
+
+
+def test_another_addressing_mode_failure_is_an_nvml_error(make_backend: MakeBackend) -> None:
+    lost = [{"op": "DeviceGetAddressingMode", "error": "GPU_IS_LOST"}]
+    with pytest.raises(NvmlFailure, match="read the addressing mode: the GPU has fallen off"):
+        make_backend([A100], faults=lost).gpus()
 
 
 @pytest.mark.parametrize("key", [A100, H100, RTX, "A30-24GB", "B200-180GB"])

@@ -4,6 +4,7 @@ exactly as code written for pynvml calls it."""
 from __future__ import annotations
 
 import ctypes
+import os
 import time
 from typing import Any
 
@@ -441,6 +442,79 @@ def test_device_description(make_sim: SimFactory) -> None:
     assert nv.nvmlDeviceGetMemoryInfo(a).total == 40960 * 1024 * 1024
     uuids = {nv.nvmlDeviceGetUUID(a), nv.nvmlDeviceGetUUID(h)}
     assert len(uuids) == 2 and all(u.startswith("GPU-") for u in uuids)
+
+
+def test_brand_is_nvml_brand_nvidia_unless_configured(make_sim: SimFactory) -> None:
+    """nvmlDeviceGetBrand gives an nvmlBrandType_t, on a GPU's handle and its MIG devices'."""
+    nv = make_sim([A100, H100])
+    a, h = nv.nvmlDeviceGetHandleByIndex(0), nv.nvmlDeviceGetHandleByIndex(1)
+    assert nv.nvmlDeviceGetBrand(a) == nv.nvmlDeviceGetBrand(h) == pynvml.NVML_BRAND_NVIDIA
+    gi = _create(nv, a, 19, 0, 1)
+    _full_ci(nv, gi, 1)
+    mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(a, 0)
+    assert nv.nvmlDeviceGetBrand(mig) == pynvml.NVML_BRAND_NVIDIA
+    assert _code(nv.nvmlDeviceGetBrand, gi) == pynvml.NVML_ERROR_INVALID_ARGUMENT  # a GI handle
+    nv.nvmlShutdown()
+    assert _code(nv.nvmlDeviceGetBrand, a) == pynvml.NVML_ERROR_UNINITIALIZED
+    older = make_sim([A100], options={"brand": "TESLA"})
+    assert older.nvmlDeviceGetBrand(older.nvmlDeviceGetHandleByIndex(0)) == pynvml.NVML_BRAND_TESLA
+    with pytest.raises(SimConfigError, match=r"options\.brand 'ACME'"):
+        make_sim([A100], options={"brand": "ACME"})
+
+
+@pytest.mark.parametrize(
+    ("option", "mode"),
+    [
+        ({}, pynvml.NVML_DEVICE_ADDRESSING_MODE_HMM),
+        ({"addressing_mode": "ATS"}, pynvml.NVML_DEVICE_ADDRESSING_MODE_ATS),
+        ({"addressing_mode": "none"}, pynvml.NVML_DEVICE_ADDRESSING_MODE_NONE),
+    ],
+)
+def test_addressing_mode_is_the_value_pynvml_returns(
+    make_sim: SimFactory, option: dict[str, str], mode: int
+) -> None:
+    nv = make_sim([H100], options=option or None)
+    assert nv.nvmlDeviceGetAddressingMode(nv.nvmlDeviceGetHandleByIndex(0)) == mode
+
+
+def test_addressing_mode_unsupported_or_missing_gives_nvmls_codes(make_sim: SimFactory) -> None:
+    nv = make_sim([A100], options={"addressing_mode": "unsupported"})
+    dev = nv.nvmlDeviceGetHandleByIndex(0)
+    assert _code(nv.nvmlDeviceGetAddressingMode, dev) == pynvml.NVML_ERROR_NOT_SUPPORTED
+    # a driver without the symbol: pynvml raises FUNCTION_NOT_FOUND before calling anything
+    nv = make_sim([A100], faults=[{"op": "DeviceGetAddressingMode", "error": "FUNCTION_NOT_FOUND"}])
+    dev = nv.nvmlDeviceGetHandleByIndex(0)
+    assert _code(nv.nvmlDeviceGetAddressingMode, dev) == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
+    assert nv.nvmlDeviceGetAddressingMode(dev) == pynvml.NVML_DEVICE_ADDRESSING_MODE_HMM
+    with pytest.raises(SimConfigError, match=r"options\.addressing_mode must be"):
+        make_sim([A100], options={"addressing_mode": "CXL"})
+
+
+def test_cuda_driver_version_is_nvmls_integer(make_sim: SimFactory) -> None:
+    nv = make_sim([A100])
+    assert nv.nvmlSystemGetCudaDriverVersion() == 13000  # CUDA 13.0, the 580 driver's
+    nv.nvmlShutdown()
+    assert _code(nv.nvmlSystemGetCudaDriverVersion) == pynvml.NVML_ERROR_UNINITIALIZED
+    nv = make_sim([A100], options={"cuda_driver_version": 12080})
+    assert nv.nvmlSystemGetCudaDriverVersion() == 12080
+
+
+def test_fake_sys_places_gpus_in_pairs_under_root_complexes(make_sim: SimFactory) -> None:
+    nv = make_sim([A100] * 5)
+    root = nv.sim_sys_root()
+    assert nv.sim_sys_root() == root  # idempotent
+    seen = {}
+    for i in range(5):
+        pci = nv.nvmlDeviceGetPciInfo(nv.nvmlDeviceGetHandleByIndex(i))
+        nvml_id = pci.busId.decode() if isinstance(pci.busId, bytes) else pci.busId
+        address = "0000:" + nvml_id.lower().split(":", 1)[1]  # the kernel's 4-digit domain
+        link = root / "bus" / "pci" / "devices" / address
+        target = os.readlink(link)
+        assert target.startswith("../../../devices/pci0000:") and target.endswith(address)
+        assert (link / "numa_node").read_text() == f"{i // 4}\n"  # readable through the link
+        seen[i] = target.split("/")[4]
+    assert seen[0] == seen[1] == "pci0000:17" and seen[2] == seen[3] == "pci0000:37"
+    assert len(set(seen.values())) == 3
 
 
 def test_fake_proc_tracks_instances(make_sim: SimFactory) -> None:
