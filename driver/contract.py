@@ -32,6 +32,8 @@ __all__ = [
     "EXTENDED_RESOURCE_CLAIM_ANNOTATION",
     "IDENTITY_ATTRIBUTES",
     "IMPLICIT_EXTENDED_RESOURCE_PREFIX",
+    "NUMA_NODE_ATTRIBUTE",
+    "PCIE_ROOT_ATTRIBUTE",
     "PCI_BUS_ID_ATTRIBUTE",
     "Attr",
     "Contract",
@@ -64,6 +66,9 @@ class Attr:
     ARCHITECTURE: Final = "architecture"
     CUDA_COMPUTE_CAPABILITY: Final = "cudaComputeCapability"
     DRIVER_VERSION: Final = "driverVersion"
+    BRAND: Final = "brand"
+    CUDA_DRIVER_VERSION: Final = "cudaDriverVersion"
+    ADDRESSING_MODE: Final = "addressingMode"
 
 
 ATTRIBUTES: tuple[str, ...] = tuple(
@@ -91,7 +96,14 @@ EXTENDED_RESOURCE_CLAIM_ANNOTATION = "resource.kubernetes.io/extended-resource-c
 annotation set to "true" (resource.k8s.io/v1 `ExtendedResourceClaimAnnotation`)."""
 
 PCI_BUS_ID_ATTRIBUTE = "resource.kubernetes.io/pciBusID"
-"""The standard (Kubernetes-domain) attribute for a device's PCI address."""
+"""The standard (Kubernetes-domain) attribute for a device's PCI address (`0000:3b:00.0`)."""
+
+PCIE_ROOT_ATTRIBUTE = "resource.kubernetes.io/pcieRoot"
+"""The standard attribute for the PCIe root complex above a device (`pci0000:3a`), the one that
+lines a GPU up with a NIC through `matchAttribute` (derived as `driver.pcie` explains)."""
+
+NUMA_NODE_ATTRIBUTE = "resource.kubernetes.io/numaNode"
+"""The NUMA node of a device (an int), as NVIDIA's driver publishes it."""
 
 IDENTITY_ATTRIBUTES = frozenset(
     {
@@ -105,8 +117,8 @@ IDENTITY_ATTRIBUTES = frozenset(
 )
 """Attribute names (without domain) that differ between GPUs of one kind, or between placements
 of one profile. The controller groups GPUs whose devices agree on everything else; a selector
-that reads one of these is evaluated per GPU. `pcieRoot` and `numaNode` are not published by
-carve but are by other drivers' conventions, so a selector may still name them."""
+that reads one of these is evaluated per GPU. `pcieRoot` and `numaNode` (standard attributes)
+say where a GPU sits, which GPUs of one kind need not share."""
 
 
 @dataclass(frozen=True)

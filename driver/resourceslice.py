@@ -38,7 +38,12 @@ from driver.catalog import (
     Placement,
     ProfileSpec,
 )
-from driver.contract import PCI_BUS_ID_ATTRIBUTE, Attr
+from driver.contract import (
+    NUMA_NODE_ATTRIBUTE,
+    PCI_BUS_ID_ATTRIBUTE,
+    PCIE_ROOT_ATTRIBUTE,
+    Attr,
+)
 from driver.geometry import EMPTY_STATE, Geometry, geometry_for
 from driver.naming import (
     counter_set_name,
@@ -47,6 +52,7 @@ from driver.naming import (
     mig_device_name,
     parse_device_name,
 )
+from driver.pcie import standard_bus_id
 
 __all__ = [
     "API_VERSION",
@@ -97,7 +103,7 @@ class PublishedGpu:
     minor: int  # device minor of /dev/nvidia<minor>
     uuid: str  # "GPU-..."
     model: GpuModel
-    pci_bus_id: str
+    pci_bus_id: str  # NVML's "00000000:3B:00.0" or the standard "0000:3b:00.0"
     driver_version: str  # as NVML prints it, e.g. "580.105.08"
     offers_mig: bool = True  # publish the (profile, placement) devices
     offers_whole: bool = True  # publish the whole-GPU device
@@ -111,6 +117,14 @@ class PublishedGpu:
     )
     # more taints for the whole-GPU device alone: a MIG instance carve did not create blocks it
     whole_taints: tuple[Mapping[str, str], ...] = ()
+    # The rest of NVIDIA's DRA driver's attribute set. The node agent always knows the first
+    # two (NVML answers on every driver); the others where the platform says (None: the
+    # attribute is left out, as NVIDIA's driver leaves it out).
+    brand: str | None = None  # "Nvidia" (nvmlDeviceGetBrand)
+    cuda_driver_version: str | None = None  # "13.0" (nvmlSystemGetCudaDriverVersion)
+    addressing_mode: str | None = None  # "HMM", "ATS" or "None" (nvmlDeviceGetAddressingMode)
+    pcie_root: str | None = None  # "pci0000:3a" (sysfs, driver.pcie)
+    numa_node: int | None = None  # sysfs numa_node, >= 0
 
     def __post_init__(self) -> None:
         if not (self.offers_mig or self.offers_whole):
@@ -326,15 +340,31 @@ def _check_placements_fit_alone(
 
 
 def _common_attributes(gpu: PublishedGpu) -> dict[str, dict[str, Any]]:
+    """What every device of the GPU says about it: NVIDIA's DRA driver's set for GPU and MIG
+    devices (deviceinfo.go, mig.go `CommonAttributesMig`), names and types alike, so a selector
+    or `matchAttribute` written for it reads the same thing here."""
     model = gpu.model
     major, minor = model.cuda_compute_capability
-    return {
+    attributes: dict[str, dict[str, Any]] = {
         Attr.PRODUCT_NAME: _string(model.product_name),
         Attr.ARCHITECTURE: _string(str(model.architecture)),
         Attr.CUDA_COMPUTE_CAPABILITY: {"version": f"{major}.{minor}.0"},
         Attr.DRIVER_VERSION: {"version": _semver(gpu.driver_version)},
-        PCI_BUS_ID_ATTRIBUTE: _string(gpu.pci_bus_id),
+        PCI_BUS_ID_ATTRIBUTE: _string(standard_bus_id(gpu.pci_bus_id)),
     }
+    if gpu.brand is not None:
+        attributes[Attr.BRAND] = _string(gpu.brand)
+    if gpu.cuda_driver_version is not None:
+        attributes[Attr.CUDA_DRIVER_VERSION] = {"version": _semver(gpu.cuda_driver_version)}
+    if gpu.addressing_mode is not None:
+        attributes[Attr.ADDRESSING_MODE] = _string(gpu.addressing_mode)
+    if gpu.pcie_root is not None:
+        attributes[PCIE_ROOT_ATTRIBUTE] = _string(gpu.pcie_root)
+    if gpu.numa_node is not None:
+        if gpu.numa_node < 0:
+            raise ValueError(f"GPU {gpu.minor}: NUMA node {gpu.numa_node} is negative")
+        attributes[NUMA_NODE_ATTRIBUTE] = {"int": gpu.numa_node}
+    return attributes
 
 
 def _capacity(amounts: tuple[int, ...]) -> dict[str, dict[str, str]]:
@@ -416,8 +446,8 @@ def _string(value: str) -> dict[str, str]:
 
 
 def _semver(version: str) -> str:
-    """NVML driver versions ("580.105.08") as the semver DRA version attributes require
-    ("580.105.8": no leading zeros, exactly three parts)."""
+    """NVML's driver ("580.105.08") and CUDA ("13.0") versions as the semver DRA version
+    attributes require ("580.105.8", "13.0.0": no leading zeros, exactly three parts)."""
     parts = version.strip().split(".")
     if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
         raise ValueError(f"driver version {version!r} is not of the form N[.N[.N]]")

@@ -19,6 +19,7 @@ from driver.devnodes import parse_char_major
 from driver.driverroot import LIBRARY_DIRS, DriverRootError, nvml_library
 from driver.naming import DevicePlace, parse_device_name
 from driver.nvml.backend import NvmlBackend
+from driver.pcie import read_topology, standard_bus_id
 from driver.resourceslice import PublishedGpu, build_resource_slices
 
 _log = logging.getLogger(__name__)
@@ -28,6 +29,9 @@ _log = logging.getLogger(__name__)
 class NodeHardware:
     mig: NvmlBackend
     proc_root: Path = Path("/proc")
+    # Where the GPUs' PCIe root complex and NUMA node are read (driver.pcie): the node's /sys,
+    # which a container sees as the host's, or the simulator's fake tree.
+    sys_root: Path = Path("/sys")
 
     def common_device_nodes(self) -> tuple[DeviceNode, ...]:
         """Nodes every container with a carve device needs besides the per-device ones.
@@ -74,18 +78,25 @@ class NodeHardware:
                 offers_mig, offers_whole = mig_on, not mig_on
             else:
                 offers_mig, offers_whole = g.uuid not in whole, True
+            bus_id = standard_bus_id(g.pci_bus_id)
+            topology = read_topology(self.sys_root, bus_id)
             out.append(
                 PublishedGpu(
                     minor=g.minor,
                     uuid=g.uuid,
                     model=self.mig.gpu_model(g.uuid),
-                    pci_bus_id=g.pci_bus_id,
+                    pci_bus_id=bus_id,
                     driver_version=g.driver_version,
                     offers_mig=offers_mig,
                     offers_whole=offers_whole,
                     taints=tuple(taints.get(g.uuid, ())),
                     device_taints=dict(device_taints.get(g.uuid, {})),
                     whole_taints=tuple(whole_taints.get(g.uuid, ())),
+                    brand=g.brand,
+                    cuda_driver_version=g.cuda_driver_version,
+                    addressing_mode=g.addressing_mode,
+                    pcie_root=topology.pcie_root,
+                    numa_node=topology.numa_node,
                 )
             )
         return out
@@ -176,7 +187,7 @@ def open_backend(simulate: Path | None, driver_root: Path = Path("/")) -> NodeHa
         os.environ["CARVE_SIM_CONFIG"] = str(simulate)
         sim.configure(simulate)
         proc = sim.sim_proc_root()
-        return NodeHardware(NvmlBackend(sim, proc_root=proc).open(), proc)
+        return NodeHardware(NvmlBackend(sim, proc_root=proc).open(), proc, sim.sim_sys_root())
     import pynvml
 
     if driver_root != Path("/"):

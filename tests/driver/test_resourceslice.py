@@ -202,9 +202,22 @@ def test_identical_models_get_identical_counter_sets_apart_from_the_name() -> No
     assert sets[0]["name"] != sets[1]["name"]
 
 
+def _described(gpu: PublishedGpu, **facts: Any) -> PublishedGpu:
+    """`gpu` with everything the node agent learns from NVML and sysfs (a pair per root)."""
+    known: dict[str, Any] = {
+        "brand": "Nvidia",
+        "cuda_driver_version": "13.0",
+        "addressing_mode": "HMM",
+        "pcie_root": f"pci0000:{0x17 + 0x20 * (gpu.minor // 2):02x}",
+        "numa_node": gpu.minor // 4,
+    }
+    return replace(gpu, **{**known, **facts})
+
+
 @pytest.mark.parametrize("key", sorted(CATALOG))
 def test_devices_respect_api_limits(key: str) -> None:
-    slices = _build([_gpu(key, m) for m in range(8)])
+    """Every optional attribute included: the most a device ever carries still fits."""
+    slices = _build([_described(_gpu(key, m)) for m in range(8)])
     for s in slices:
         assert len(s["spec"].get("devices", [])) <= MAX_DEVICES_PER_SLICE
         assert len(s["spec"].get("sharedCounters", [])) <= 8
@@ -246,6 +259,68 @@ def test_attributes_follow_the_nvidia_names() -> None:
     assert whole["attributes"]["type"] == {"string": "gpu"}
     assert whole["attributes"]["uuid"] == {"string": gpu.uuid}
     assert "parentUUID" not in whole["attributes"]
+
+
+def test_every_device_carries_brand_and_cuda_driver_version() -> None:
+    gpu = _described(_gpu("A100-SXM4-40GB", 1), cuda_driver_version="12.8")
+    for d in _devices(_build([gpu])):
+        assert d["attributes"]["brand"] == {"string": "Nvidia"}
+        assert d["attributes"]["cudaDriverVersion"] == {"version": "12.8.0"}  # semver
+
+
+def test_every_device_carries_the_addressing_mode() -> None:
+    for mode in ("HMM", "ATS", "None"):
+        gpu = _described(_gpu("H100-SXM5-80GB"), addressing_mode=mode)
+        assert {d["attributes"]["addressingMode"]["string"] for d in _devices(_build([gpu]))} == {
+            mode
+        }
+
+
+def test_every_device_carries_its_pcie_root_and_numa_node() -> None:
+    gpus = [_described(_gpu("H100-SXM5-80GB", m)) for m in range(6)]
+    by_minor: dict[int, set[tuple[str, int]]] = {}
+    for d in _devices(_build(gpus)):
+        attrs = d["attributes"]
+        by_minor.setdefault(parse_device_name(d["name"]).minor, set()).add(
+            (
+                attrs["resource.kubernetes.io/pcieRoot"]["string"],
+                attrs["resource.kubernetes.io/numaNode"]["int"],
+            )
+        )
+    assert by_minor == {m: {(gpus[m].pcie_root, m // 4)} for m in range(6)}
+    assert by_minor[0] == by_minor[1] != by_minor[2]
+
+
+def test_pci_bus_id_is_published_in_the_standard_form() -> None:
+    """NVML's eight-digit, upper-case domain would never equal another driver's pciBusID."""
+    gpu = replace(_gpu("A100-SXM4-40GB"), pci_bus_id="00000000:3B:00.0")
+    ids = {
+        d["attributes"]["resource.kubernetes.io/pciBusID"]["string"]
+        for d in _devices(_build([gpu]))
+    }
+    assert ids == {"0000:3b:00.0"}
+    with pytest.raises(ValueError, match="not an extended BDF"):
+        _build([replace(gpu, pci_bus_id="PCI:59:0:0")])
+
+
+def test_facts_the_platform_cannot_tell_are_left_out() -> None:
+    """As NVIDIA's driver does: no addressingMode where NVML has none, no pcieRoot or numaNode
+    where sysfs says nothing; brand and cudaDriverVersion only from a node agent that read them."""
+    unknown = _described(
+        _gpu("A100-SXM4-40GB"), addressing_mode=None, pcie_root=None, numa_node=None
+    )
+    for d in _devices(_build([unknown])):
+        assert not {
+            "addressingMode", "resource.kubernetes.io/pcieRoot", "resource.kubernetes.io/numaNode"
+        } & set(d["attributes"])  # fmt: skip
+        assert d["attributes"]["brand"] == {"string": "Nvidia"}
+    for d in _devices(_build([_gpu("A100-SXM4-40GB")])):
+        assert not {"brand", "cudaDriverVersion"} & set(d["attributes"])
+
+
+def test_a_negative_numa_node_is_refused() -> None:
+    with pytest.raises(ValueError, match="NUMA node -1"):
+        _build([_described(_gpu("A100-SXM4-40GB"), numa_node=-1)])
 
 
 # ---- placement encoding -------------------------------------------------------------------

@@ -26,7 +26,9 @@ GPUS = [
 @pytest.fixture
 def hw(tmp_path: Path) -> Iterator[NodeHardware]:
     sim.configure(sim_config(tmp_path, GPUS))
-    h = NodeHardware(NvmlBackend(sim, proc_root=sim.sim_proc_root()).open())
+    h = NodeHardware(
+        NvmlBackend(sim, proc_root=sim.sim_proc_root()).open(), sys_root=sim.sim_sys_root()
+    )
     yield h
     h.close()
     sim.configure(None)
@@ -74,3 +76,30 @@ def test_health_lists_the_devices_published_now(hw: NodeHardware) -> None:
     after = {name for _, name, _, _ in source()}
     assert "gpu-2" in after and any(n.startswith("gpu-2-mig") for n in before)
     assert not any(n.startswith("gpu-2-mig") for n in after)
+
+
+def test_each_gpu_carries_what_nvml_and_sysfs_say_about_it(hw: NodeHardware) -> None:
+    """Brand, CUDA version and addressing mode from NVML; root complex and NUMA node from the
+    node's sysfs (the simulator's: GPUs in pairs under a root complex); the bus id as the
+    standard attribute spells it."""
+    gpus = hw.published_gpus()
+    assert [(g.brand, g.cuda_driver_version, g.addressing_mode) for g in gpus] == [
+        ("Nvidia", "13.0", "HMM")
+    ] * 4
+    assert [(g.pci_bus_id, g.pcie_root, g.numa_node) for g in gpus] == [
+        ("0000:18:00.0", "pci0000:17", 0),
+        ("0000:28:00.0", "pci0000:17", 0),
+        ("0000:38:00.0", "pci0000:37", 0),
+        ("0000:48:00.0", "pci0000:37", 0),
+    ]
+
+
+def test_a_node_without_sysfs_entries_still_publishes_its_gpus(
+    hw: NodeHardware, tmp_path: Path
+) -> None:
+    bare = NodeHardware(hw.mig, hw.proc_root, tmp_path / "no-sys")
+    gpus = bare.published_gpus()
+    assert len(gpus) == 4 and all(g.pcie_root is None and g.numa_node is None for g in gpus)
+    slices = bare.resource_slices(driver=DRIVER, node_name="n", generation=1, split=True)
+    attrs = [d["attributes"] for s in slices for d in s["spec"].get("devices") or ()]
+    assert attrs and not any("resource.kubernetes.io/pcieRoot" in a for a in attrs)
