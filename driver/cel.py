@@ -5,7 +5,8 @@ DeviceClasses and claim requests pick devices with CEL expressions over ``device
 controller must judge them exactly as kube-scheduler would, or it would allocate devices the
 scheduler considers unsuitable. The CEL core comes from ``common-expression-language`` (Rust
 interpreter, compile once, ~10 us per evaluation); the Kubernetes extensions (``quantity``,
-``semver`` and their receiver methods) are added here as custom functions.
+``semver`` and their receiver methods, and the strings extension of ``driver.celstrings``) are
+added here as custom functions.
 
 CEL has no user-defined types in that library, so quantities and versions travel through the
 interpreter as one-entry maps (``{"@carve.quantity": "<canonical decimal>"}``). The canonical
@@ -30,6 +31,8 @@ from typing import Any
 
 import cel
 from kubernetes.utils import parse_quantity as _untyped_parse_quantity
+
+from driver.celstrings import STRING_FUNCTIONS
 
 MAX_EXPRESSION_LENGTH = 10 * 1024
 """Kubernetes' CELSelectorExpressionMaxLength."""
@@ -470,6 +473,7 @@ _FUNCTIONS: dict[str, Callable[..., Any]] = {
     "major": _semver_part(0, "major"),
     "minor": _semver_part(1, "minor"),
     "patch": _semver_part(2, "patch"),
+    **STRING_FUNCTIONS,  # lowerAscii(), split(), ...: Kubernetes' strings extension
 }
 
 

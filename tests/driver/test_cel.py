@@ -111,6 +111,57 @@ def test_errors_are_values_naming_expression_and_problem(
     assert expression[:40] in result.message
 
 
+@pytest.mark.parametrize(
+    "expression",
+    [
+        # cel-go's strings extension (version 2, in Kubernetes' base environment since 1.29);
+        # the cases are those of cel-go's ext/strings documentation
+        "'TacoCat'.lowerAscii() == 'tacocat'",
+        "'TacoCÆt Xii'.lowerAscii() == 'tacocÆt xii'",  # ASCII only
+        "'TacoCÆt Xii'.upperAscii() == 'TACOCÆT XII'",
+        "'hello'.charAt(4) == 'o' && 'hello'.charAt(5) == ''",
+        "'hello mellow'.indexOf('') == 0 && 'hello mellow'.indexOf('ello') == 1",
+        "'hello mellow'.indexOf('jello') == -1 && 'hello mellow'.indexOf('ello', 6) == 7",
+        "'ta©o©ßT'.indexOf('©') == 2 && 'ta©o©ßT'.indexOf('©', 3) == 4",  # code points
+        "'hello mellow'.lastIndexOf('') == 12 && 'hello mellow'.lastIndexOf('ello') == 7",
+        "'hello mellow'.lastIndexOf('jello') == -1 && 'hello mellow'.lastIndexOf('ello', 6) == 1",
+        "'ta©o©ßT'.lastIndexOf('©') == 4",
+        "'hello hello'.replace('he', 'we') == 'wello wello'",
+        "'hello hello'.replace('he', 'we', 1) == 'wello hello'",
+        "'hello hello'.replace('he', 'we', 0) == 'hello hello'",
+        "'hello world'.split(' ') == ['hello', 'world']",
+        "'hello world events!'.split(' ', 2) == ['hello', 'world events!']",
+        "'hello world events!'.split(' ', 0) == []",
+        "'tacocat'.substring(4) == 'cat' && 'tacocat'.substring(0, 4) == 'taco'",
+        "'  \\ttrim\\n    '.trim() == 'trim'",
+        "['hello', 'mellow'].join() == 'hellomellow'",
+        "['hello', 'mellow'].join(' ') == 'hello mellow'",
+        # Kubernetes' lists library
+        "[1, 2, 3, 2].indexOf(2) == 1 && [1, 2, 3, 2].lastIndexOf(2) == 3",
+        "device.attributes['mig.carve.dev'].productName.lowerAscii().matches('^.*h100.*$')",
+    ],
+)
+def test_kubernetes_string_extension(expression: str) -> None:
+    assert check(expression) is True
+
+
+@pytest.mark.parametrize(
+    ("expression", "fragment"),
+    [
+        ("'hello'.charAt(6) == ''", "index out of range: 6"),
+        ("'hello'.indexOf('l', -1) == 2", "index out of range: -1"),
+        ("'tacocat'.substring(4, 3) == ''", "out of range"),
+        ("'tacocat'.substring(40) == ''", "out of range"),
+        ("[1].join() == ''", "list of strings"),
+        ("(1).lowerAscii() == ''", "needs a string"),
+    ],
+)
+def test_string_extension_errors_are_runtime_errors(expression: str, fragment: str) -> None:
+    result = check(expression)
+    assert isinstance(result, CelError) and result.kind is CelErrorKind.RUNTIME
+    assert fragment in result.detail
+
+
 def test_too_long_expression_is_refused_before_parsing() -> None:
     expression = "true && " * (MAX_EXPRESSION_LENGTH // 8) + "true"
     result = compile_selector(expression)
