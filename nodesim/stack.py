@@ -40,6 +40,9 @@ _GATE_POLICY_PREFIX = "carve-placement-gate"
 _EXTENDED_PREFIX = (
     "nvidia.com/mig-"  # the chart's default deviceClasses.extendedResources.migPrefix
 )
+_WHOLE_GPU_RESOURCE = (
+    "nvidia.com/gpu"  # the chart's default deviceClasses.extendedResources.wholeGpu
+)
 
 
 def render_manifest(text: str, contract: Contract) -> str:
@@ -56,9 +59,15 @@ def render_manifest(text: str, contract: Contract) -> str:
         text.replace(DEFAULT_CONTRACT.gpu_class, contract.gpu_class)
         .replace(DEFAULT_CONTRACT.driver, contract.driver)
         .replace(_GATE_POLICY_PREFIX, f"{_GATE_POLICY_PREFIX}-{slug}")
-        # The chart's migPrefix: two installs naming one extended resource would take each
-        # other's pods (kube-scheduler maps a name to the newest class), so each gets its own.
+        # The chart's migPrefix and wholeGpu: two installs naming one extended resource would
+        # take each other's pods (kube-scheduler maps a name to the newest class), so each gets
+        # its own.
         .replace(_EXTENDED_PREFIX, f"{contract.driver}/mig-")
+        .replace(
+            f"extendedResourceName: {_WHOLE_GPU_RESOURCE}\n",
+            f"extendedResourceName: {contract.driver}/gpu\n",
+        )
+        .replace(f'"{_WHOLE_GPU_RESOURCE}"]', f'"{contract.driver}/gpu"]')
     )
 
 

@@ -120,6 +120,7 @@ def test_the_renamed_chart_renders_what_the_test_tooling_installs(helm: Helm) ->
         f"driverName={RENAMED.driver}",
         "namespace.create=true",
         f"deviceClasses.extendedResources.migPrefix={RENAMED.driver}/mig-",
+        f"deviceClasses.extendedResources.wholeGpu={RENAMED.driver}/gpu",
     )
     for name in INSTALL_MANIFESTS:
         tooling = render_manifest((MANIFESTS / name).read_text(), RENAMED)
@@ -167,32 +168,31 @@ def test_the_default_profile_classes_are_the_catalogues_profiles() -> None:
     )
 
 
-def test_profile_classes_name_the_device_plugins_resources_and_whole_gpu_is_opt_in(
+def test_profile_classes_and_the_whole_gpu_class_name_the_device_plugins_resources(
     helm: Helm,
 ) -> None:
+    """By default `nvidia.com/mig-<profile>` maps to that profile's class and `nvidia.com/gpu`
+    to the whole-GPU class (as NVIDIA's chart maps it to gpu.nvidia.com), and the gate catches
+    both; wholeGpu="" gives the name up, for a cluster where NVIDIA's DRA driver serves it."""
     default = Contract()
-    docs = {d["metadata"]["name"]: d for d in by_kind(helm.template(), "DeviceClass")}
+    rendered = helm.template()
+    docs = {d["metadata"]["name"]: d for d in by_kind(rendered, "DeviceClass")}
     for profile in _catalogue_profiles():
         cls = docs[default.profile_class(profile)]
         assert cls["spec"]["extendedResourceName"] == f"{DEFAULT_MIG_RESOURCE_PREFIX}{profile}"
         assert f'.profile == "{profile}"' in cls["spec"]["selectors"][0]["cel"]["expression"]
-    assert "extendedResourceName" not in docs[default.gpu_class]["spec"]
+    assert docs[default.gpu_class]["spec"]["extendedResourceName"] == "nvidia.com/gpu"
+    assert '.type == "gpu"' in docs[default.gpu_class]["spec"]["selectors"][0]["cel"]["expression"]
     assert "extendedResourceName" not in docs[default.mig_class]["spec"]
-    opted = {
-        d["metadata"]["name"]: d
-        for d in by_kind(
-            helm.template("deviceClasses.extendedResources.wholeGpu=nvidia.com/gpu"),
-            "DeviceClass",
-        )
-    }
-    assert opted[default.gpu_class]["spec"]["extendedResourceName"] == "nvidia.com/gpu"
-    gate = one(
-        helm.template("deviceClasses.extendedResources.wholeGpu=nvidia.com/gpu"),
-        "MutatingAdmissionPolicy",
-        "carve-placement-gate-extended-resources",
-    )
+    gate = one(rendered, "MutatingAdmissionPolicy", "carve-placement-gate-extended-resources")
     names = next(v for v in gate["spec"]["variables"] if v["name"] == "names")
     assert "nvidia.com/gpu" in yaml.safe_load(names["expression"])
+    given_up = helm.template("deviceClasses.extendedResources.wholeGpu=")
+    classes = {d["metadata"]["name"]: d for d in by_kind(given_up, "DeviceClass")}
+    assert "extendedResourceName" not in classes[default.gpu_class]["spec"]
+    gate = one(given_up, "MutatingAdmissionPolicy", "carve-placement-gate-extended-resources")
+    names = next(v for v in gate["spec"]["variables"] if v["name"] == "names")
+    assert "nvidia.com/gpu" not in yaml.safe_load(names["expression"])
     off = helm.template("deviceClasses.extendedResources.enabled=false")
     assert all("extendedResourceName" not in d["spec"] for d in by_kind(off, "DeviceClass"))
     names = {d["metadata"]["name"] for d in by_kind(off, "MutatingAdmissionPolicy")}

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from devcluster.waiting import wait_for
+from nodesim.simnode import SimNode, read_hardware
 from tests.e2e.harness import E2E, GROUP_LABEL, profile_is, request
 
 pytestmark = pytest.mark.cluster
@@ -90,3 +91,51 @@ def test_a_limits_pod_runs_on_a_carved_slice_placed_by_best_fit_and_releases_it(
         return gone is None or not (gone.get("status") or {}).get("allocation")
 
     wait_for("its claim to be released", released, timeout=60)
+
+
+def _mig_modes(node: SimNode) -> list[int]:
+    return [int(g["mig_current"]) for g in read_hardware(node.sim_config)["gpus"]]
+
+
+def _event(e2e: E2E, pod: str, needle: str) -> str | None:
+    return next(
+        (str(e["message"]) for e in e2e.events("Pod", pod) if needle in (e["message"] or "")),
+        None,
+    )
+
+
+def test_nvidia_gpu_1_gets_a_whole_gpu_with_mig_mode_off_never_a_slice(e2e: E2E) -> None:
+    """The chart maps nvidia.com/gpu to carve's whole-GPU class by default, as NVIDIA's chart
+    maps it to gpu.nvidia.com (issue 31.5). An A100 in MIG mode is never offered whole (only
+    a GPU reset changes its MIG mode), so the pod waits and says why; an H100 in MIG mode is:
+    the plugin turns MIG mode off for the pod and back on after it."""
+    a100 = e2e.node("a100", "A100-SXM4-40GB")
+    e2e.core.create_namespaced_pod(
+        e2e.namespace, limits_pod(e2e, "legacy", {"nvidia.com/gpu": "1"}, run_seconds=6)
+    )
+    message = wait_for(
+        "an event saying why no GPU is offered whole",
+        lambda: _event(e2e, "legacy", "in MIG mode offer no whole GPU"),
+        timeout=30,
+    )
+    assert message.startswith("nvidia.com/gpu of container main:"), message
+    assert "-mig 0" in message  # what an operator can do about it
+    pod = e2e.raw_pod("legacy")
+    assert pod is not None and not pod["spec"].get("nodeName")
+    assert not a100.hardware_view().instances and _mig_modes(a100) == [1]
+
+    h100 = e2e.node("h100", "H100-SXM5-80GB")
+    assert _mig_modes(h100) == [1]
+    running = e2e.wait_phase("legacy", "Running", timeout=60)
+    assert running["spec"]["nodeName"] == h100.name, e2e.diagnostics("legacy")
+    claim = _extended_claim(e2e, "legacy")
+    assert claim is not None
+    assert [r["device"] for r in e2e.results(claim)] == ["gpu-0"]  # the GPU, not a slice
+    assert _mig_modes(h100) == [0] and not h100.hardware_view().instances
+    uuid = str(read_hardware(h100.sim_config)["gpus"][0]["uuid"])
+    assert f"NVIDIA_VISIBLE_DEVICES={uuid}" in e2e.container_env("legacy")
+
+    e2e.wait_phase("legacy", "Succeeded", timeout=30)
+    wait_for("MIG mode back on", lambda: _mig_modes(h100) == [1], timeout=30)
+    assert _mig_modes(a100) == [1]
+    assert e2e.check_invariants() == []

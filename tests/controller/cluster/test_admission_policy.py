@@ -129,7 +129,7 @@ def _limits_pod(name: str, resources: dict[str, str], *, init: bool = False) -> 
         ({"nvidia.com/mig-3g.40gb": "1"}, True, True),
         ({"deviceclass.resource.kubernetes.io/mig-3g-40gb.mig.carve.dev": "1"}, False, True),
         ({"deviceclass.resource.kubernetes.io/gpu.carve.dev": "1"}, False, True),
-        ({"nvidia.com/gpu": "1"}, False, False),  # whole-GPU name is opt-in (chart value)
+        ({"nvidia.com/gpu": "1"}, False, True),  # the whole-GPU class's (chart default)
         ({"nvidia.com/mig-9g.99gb": "1"}, False, False),  # no class of carve's names it
         ({"deviceclass.resource.kubernetes.io/gpu.nvidia.com": "1"}, False, False),
     ],
