@@ -141,7 +141,7 @@ def run(
     from kubernetes import client
 
     from controller.informers import Informer, InformerConfig
-    from controller.reconciler import Kind
+    from controller.objects import Kind
     from devcluster.binaries import BinariesUnavailableError
     from devcluster.cluster import LocalCluster
     from devcluster.waiting import wait_for

@@ -27,10 +27,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from controller.objects import Kind, Plan
 from controller.placement import NoPlacement, PlacementRequest
 from controller.planner import EnginePlanner
 from controller.preemption import Candidate, SearchLimits, cheapest_victims
-from controller.reconciler import Kind, Plan
 from controller.status import build_allocation_status
 from driver.catalog import gpu_model
 from driver.resourceslice import PublishedGpu, build_resource_slices

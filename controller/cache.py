@@ -28,8 +28,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
-from controller.reconciler import is_terminal
-from controller.status import has_gate
+from controller.objects import has_gate, is_terminal
 
 Obj = dict[str, Any]
 

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from controller.reconciler import Kind
+from controller.objects import Kind
 from controller.status import discard_response
 from driver.contract import DEFAULT_CONTRACT
 

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from controller.reconciler import EventType, Kind, key_of
+from controller.objects import EventType, Kind, key_of
 from driver.contract import DEFAULT_CONTRACT
 
 Obj = dict[str, Any]

@@ -31,14 +31,9 @@ from controller.events import KubeRecorder
 from controller.informers import Informer, InformerConfig, standard_informers, start_informers
 from controller.leader import LeaderElector, LeaseConfig
 from controller.metrics import ControllerMetrics
-from controller.reconciler import (
-    CarveClasses,
-    Kind,
-    Planner,
-    PreemptionHook,
-    Reconciler,
-    ReconcilerConfig,
-)
+from controller.objects import CarveClasses, Kind
+from controller.reconciler import Reconciler, ReconcilerConfig
+from controller.seams import Planner, PreemptionHook
 from controller.sidewrites import DeferredRecorder, SideWriter
 from controller.status import KubeClaimWriter
 from driver.contract import Contract

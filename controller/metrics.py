@@ -20,7 +20,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from controller.reconciler import Kind
+from controller.objects import Kind
 
 Obj = dict[str, Any]
 

@@ -43,15 +43,8 @@ from controller.mpscheck import (
     with_floors,
 )
 from controller.nodefit import PodNeeds, PodSpecError, parse_node, parse_pod_needs, pod_requests
-from controller.placement import (
-    ClaimToPlace,
-    NoPlacement,
-    Placement,
-    PlacementEngine,
-    PlacementRequest,
-    Policy,
-)
-from controller.reconciler import (
+from controller.objects import (
+    ClaimAllocation,
     Kind,
     Plan,
     Unplaceable,
@@ -60,7 +53,14 @@ from controller.reconciler import (
     key_of,
     pod_claim_refs,
 )
-from controller.status import ClaimAllocation
+from controller.placement import (
+    ClaimToPlace,
+    NoPlacement,
+    Placement,
+    PlacementEngine,
+    PlacementRequest,
+    Policy,
+)
 from driver.allocation import AllocatedDevice
 from driver.cel import qualify
 from driver.contract import DEFAULT_DRIVER_NAME

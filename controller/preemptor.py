@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.eviction import EvictionFencedError, EvictionOutcome, Evictor, describe_failure
+from controller.objects import Kind, Unplaceable, is_terminal, key_of, pod_claim_names
 from controller.planner import EnginePlanner
 from controller.preemption import (
     Candidate,
@@ -30,14 +31,7 @@ from controller.preemption import (
     label_selector_matches,
     may_preempt,
 )
-from controller.reconciler import (
-    Kind,
-    Recorder,
-    Unplaceable,
-    is_terminal,
-    key_of,
-    pod_claim_names,
-)
+from controller.seams import Recorder
 
 Obj = dict[str, Any]
 

@@ -26,7 +26,6 @@ import queue
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
 
 from controller.carvewait import CarveState, carve_verdict, plan_waits_for_carve
 from controller.extres import (
@@ -38,130 +37,33 @@ from controller.extres import (
     resource_classes,
 )
 from controller.nodeloss import NodeLoss, allocated_node, node_loss, not_ready_deadline
-from controller.podqueue import PodQueue, Queued
-from controller.status import (
+from controller.objects import (
+    CarveClasses,
     ClaimAllocation,
-    ClaimWriter,
-    ObjectGoneError,
-    WriteSkippedError,
-    build_allocation_status,
+    EventType,
+    Kind,
+    Obj,
+    Plan,
+    Unplaceable,
+    claim_class_names,
     has_finalizer,
     has_gate,
+    is_allocated,
+    is_carve_claim,
+    is_older,
+    is_terminal,
+    key_of,
+    node_finalizers,
     other_gates,
+    pod_claim_names,
+    priority_key,
 )
+from controller.podqueue import PodQueue, Queued
+from controller.seams import ClaimWriter, Metrics, Planner, PreemptionHook, Recorder
+from controller.status import ObjectGoneError, WriteSkippedError, build_allocation_status
 from driver.contract import DEFAULT_CONTRACT, Contract
 
-Obj = dict[str, Any]
-
 _log = logging.getLogger(__name__)
-
-
-class Kind(enum.StrEnum):
-    POD = "Pod"
-    CLAIM = "ResourceClaim"
-    SLICE = "ResourceSlice"
-    NODE = "Node"
-    CLASS = "DeviceClass"
-
-
-class EventType(enum.StrEnum):
-    ADDED = "ADDED"
-    MODIFIED = "MODIFIED"
-    DELETED = "DELETED"
-
-
-# --------------------------------------------------------------------------------------------
-# The seam to the placement engine
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Plan:
-    """Where every carve claim of one pod goes. All claims share `node`."""
-
-    node: str
-    allocations: tuple[ClaimAllocation, ...]
-
-
-@dataclass(frozen=True)
-class Unplaceable:
-    """Why a pod cannot be placed now. `message` is shown verbatim in events and conditions.
-
-    `permanent` marks claims that can never be satisfied as written (unknown class, CEL error,
-    impossible profile): those are not retried on every capacity change, only when the pod,
-    its claims or the classes change.
-    """
-
-    reason: str
-    message: str
-    permanent: bool = False
-
-
-class Planner(Protocol):
-    """The placement engine as the reconciler sees it.
-
-    `observe`/`forget` keep the engine's model in step with the API (including the claims that
-    this controller has just written). `plan` must treat claims that are already allocated as
-    fixed and place the others on the same node, all or nothing.
-    """
-
-    def observe(self, kind: Kind, obj: Obj) -> None: ...
-
-    def forget(self, kind: Kind, obj: Obj) -> None: ...
-
-    def plan(
-        self,
-        pod: Obj,
-        claims: Sequence[Obj],
-        classes: Mapping[str, Obj],
-        told: Unplaceable | None = None,
-    ) -> Plan | Unplaceable:
-        """`told` is the refusal the pod was given last; a planner may answer with it, as it
-        is, when the pod would be refused for the same reason again (and then made no
-        decision, so none is timed)."""
-        ...
-
-    def check_allocated(self, pod: Obj, claims: Sequence[Obj]) -> Unplaceable | None:
-        """Whether a pod whose carve claims are all allocated may be ungated: what its own
-        spec asks of them (a container's MPS limits) must fit what they hold."""
-        ...
-
-    def committed(self, pod: Obj, plan: Plan) -> None:
-        """The plan is written: count the pod on `plan.node` until it is bound there."""
-        ...
-
-    def withdrawn(self, pod: Obj) -> None:
-        """A plan given to `committed` could not be written after all: count the pod nowhere."""
-        ...
-
-
-class PreemptionHook(Protocol):
-    """Called for a pod that fits nowhere (`controller.preemptor.Preemptor`): may evict
-    lower-priority pods for it and answers what to tell the pod instead."""
-
-    def unplaceable(
-        self,
-        pod: Obj,
-        claims: Sequence[Obj],
-        why: Unplaceable,
-        stores: Mapping[Kind, Mapping[str, Obj]],
-    ) -> Unplaceable: ...
-
-
-class Recorder(Protocol):
-    """Events for users (`kubectl describe`); `controller.events.KubeRecorder` is the real one."""
-
-    def event(self, obj: Obj, kind: Kind, type_: str, reason: str, message: str) -> None: ...
-
-
-class Metrics(Protocol):
-    def observe_allocation(self, seconds: float, profiles: Sequence[str]) -> None: ...
-
-    def observe_decision(self, seconds: float, cpu_seconds: float) -> None: ...
-
-    def set_queue_depth(self, depth: int) -> None: ...
-
-    def count_outcome(self, outcome: str) -> None: ...
 
 
 class _NullMetrics:
@@ -176,110 +78,6 @@ class _NullMetrics:
 
     def count_outcome(self, outcome: str) -> None:
         return None
-
-
-# --------------------------------------------------------------------------------------------
-# Pure helpers over API objects
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CarveClasses:
-    """Which DeviceClasses are carve's: the configured names plus any `<x>.<first name>` class.
-
-    The same rule is encoded in the admission policy (deploy/), so the gate and the controller
-    agree on which pods are carve's.
-    """
-
-    names: frozenset[str] = DEFAULT_CONTRACT.default_classes
-    suffix: str = DEFAULT_CONTRACT.profile_class_suffix
-
-    @classmethod
-    def of(cls, contract: Contract, names: frozenset[str] | None = None) -> CarveClasses:
-        """The classes of one installation: `names` (the contract's defaults when None) plus
-        every `<x>.<driver>` class."""
-        return cls(
-            names=contract.default_classes if names is None else names,
-            suffix=contract.profile_class_suffix,
-        )
-
-    def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and (name in self.names or name.endswith(self.suffix))
-
-
-def key_of(obj: Obj) -> str:
-    meta = obj.get("metadata", {})
-    ns = meta.get("namespace")
-    return f"{ns}/{meta.get('name')}" if ns else str(meta.get("name"))
-
-
-def claim_class_names(claim: Obj) -> list[str]:
-    """DeviceClass names a claim's requests and subrequests name, read from the raw object
-    before the spec is validated (so a malformed claim is still recognised as carve's)."""
-    names: list[str] = []
-    for req in (claim.get("spec") or {}).get("devices", {}).get("requests") or []:
-        exact = req.get("exactly")
-        if isinstance(exact, Mapping) and exact.get("deviceClassName"):
-            names.append(str(exact["deviceClassName"]))
-        for sub in req.get("firstAvailable") or []:
-            if isinstance(sub, Mapping) and sub.get("deviceClassName"):
-                names.append(str(sub["deviceClassName"]))
-    return names
-
-
-def is_carve_claim(claim: Obj, classes: CarveClasses) -> bool:
-    return any(name in classes for name in claim_class_names(claim))
-
-
-def pod_claim_refs(pod: Obj) -> dict[str, str | None]:
-    """Each `spec.resourceClaims[].name` of the pod and the name of the claim object it stands
-    for: None while a template's claim has not been generated, or when kube-controller-manager
-    recorded that the pod does not need it after all."""
-    generated = {
-        s.get("name"): s.get("resourceClaimName")
-        for s in pod.get("status", {}).get("resourceClaimStatuses", []) or []
-    }
-    refs: dict[str, str | None] = {}
-    for ref in pod.get("spec", {}).get("resourceClaims", []) or []:
-        entry = str(ref.get("name"))
-        if ref.get("resourceClaimName"):
-            refs[entry] = str(ref["resourceClaimName"])
-        elif ref.get("resourceClaimTemplateName"):
-            claim_name = generated.get(ref.get("name"))
-            refs[entry] = str(claim_name) if claim_name else None
-    return refs
-
-
-def pod_claim_names(pod: Obj) -> tuple[list[str], list[str]]:
-    """Names of the claims a pod uses, and the pod-claim entries whose claim does not exist yet."""
-    generated = {
-        s.get("name") for s in pod.get("status", {}).get("resourceClaimStatuses", []) or []
-    }
-    refs = pod_claim_refs(pod)
-    names: list[str] = []
-    missing: list[str] = []
-    for ref in pod.get("spec", {}).get("resourceClaims", []) or []:
-        claim_name = refs.get(str(ref.get("name")))
-        if claim_name is not None:
-            names.append(claim_name)
-        elif ref.get("resourceClaimTemplateName") and ref.get("name") not in generated:
-            missing.append(str(ref.get("name")))
-    return names, missing
-
-
-def is_allocated(claim: Obj) -> bool:
-    return bool(claim.get("status", {}).get("allocation"))
-
-
-def is_terminal(pod: Obj) -> bool:
-    return pod.get("status", {}).get("phase") in ("Succeeded", "Failed")
-
-
-def priority_key(pod: Obj) -> tuple[int, str, str]:
-    """Queue order: higher `spec.priority` first, then older pods, then name for stability."""
-    prio = pod.get("spec", {}).get("priority") or 0
-    created = str(pod.get("metadata", {}).get("creationTimestamp") or "")
-    return (-int(prio), created, key_of(pod))
 
 
 def _parse_time(value: str | None) -> dt.datetime | None:
@@ -374,15 +172,6 @@ class ReleaseKind(enum.Enum):
     WAIT_NODE = "wait-node"
     CLEAR = "clear"
     DROP_FINALIZER = "drop-finalizer"
-
-
-def node_finalizers(claim: Obj, contract: Contract = DEFAULT_CONTRACT) -> list[str]:
-    """Finalizers that this installation's kubelet plugins put on a claim."""
-    return [
-        f
-        for f in claim.get("metadata", {}).get("finalizers") or []
-        if contract.is_node_finalizer(f)
-    ]
 
 
 def release_action(
@@ -605,7 +394,7 @@ class Reconciler:
             self._planner.forget(kind, old or obj)
         else:
             old = store.get(key)
-            if _older(obj, old):
+            if is_older(obj, old):
                 return
             store[key] = obj
             self._planner.observe(kind, obj)
@@ -1030,7 +819,7 @@ class Reconciler:
         """Feed a claim we just wrote into the store and model before any further decision."""
         key = key_of(claim)
         old = self.stores[Kind.CLAIM].get(key)
-        if _older(claim, old):
+        if is_older(claim, old):
             return
         self.stores[Kind.CLAIM][key] = claim
         self._planner.observe(Kind.CLAIM, claim)
@@ -1541,7 +1330,7 @@ class Reconciler:
         if type_ is EventType.DELETED or is_allocated(claim):
             self._assumed.pop(key, None)
             return False
-        if not _older(claim, self._assumed[key]):
+        if not is_older(claim, self._assumed[key]):
             self._assumed[key] = claim
         return True
 
@@ -1569,7 +1358,7 @@ class Reconciler:
         pod = pods.get(result.pod)
         if pod is None:
             return  # deleted meanwhile: its claims are released as for any pod that went
-        if result.ungated is not None and not _older(result.ungated, pod):
+        if result.ungated is not None and not is_older(result.ungated, pod):
             self._set_pod(result.pod, result.ungated)
             pod = result.ungated
         if result.allocated:
@@ -1752,29 +1541,6 @@ def _may_need_work(pod: Obj, gate: str) -> bool:
     if is_terminal(pod) or spec.get("nodeName") or pod.get("metadata", {}).get("deletionTimestamp"):
         return False
     return bool(spec.get("resourceClaims")) or has_gate(pod, gate)
-
-
-def _rv(obj: Obj | None) -> int | None:
-    if obj is None:
-        return None
-    try:
-        return int(obj.get("metadata", {}).get("resourceVersion", ""))
-    except ValueError:
-        return None
-
-
-def _older(new: Obj, old: Obj | None) -> bool:
-    """True if `new` is an older version of the same object than `old` (a late watch event).
-
-    resourceVersion is opaque by contract, but kube-apiserver's are etcd revisions; comparing
-    them is the only way to keep a just-written claim from being overwritten by a stale event.
-    """
-    if old is None:
-        return False
-    if new.get("metadata", {}).get("uid") != old.get("metadata", {}).get("uid"):
-        return False
-    a, b = _rv(new), _rv(old)
-    return a is not None and b is not None and a < b
 
 
 def _allocation_dropped(old: Obj | None, new: Obj) -> bool:

@@ -17,7 +17,8 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
-from controller.reconciler import Kind, Recorder, key_of
+from controller.objects import Kind, key_of
+from controller.seams import Recorder
 
 Obj = dict[str, Any]
 Write = Callable[[], None]

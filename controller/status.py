@@ -24,12 +24,12 @@ import copy
 import datetime as dt
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from dataclasses import replace
+from typing import Any
 
 from controller.extres import pinned_affinity
+from controller.objects import ClaimAllocation, Obj, has_finalizer, has_gate
 from driver.allocation import (
-    AllocatedDevice,
     AllocationFormatError,
     canonical_json,
     parse_allocation,
@@ -42,46 +42,6 @@ from process.rmw import MERGE_PATCH, RetryPolicy, Target, WriteFencedError, read
 # raises without knowing that the read-modify-write edge defines it.
 from process.rmw import ObjectGoneError as ObjectGoneError  # noqa: PLC0414
 from process.rmw import WriteSkippedError as WriteSkippedError  # noqa: PLC0414
-
-Obj = dict[str, Any]
-
-
-@dataclass(frozen=True)
-class ClaimAllocation:
-    """Everything the controller writes for one claim: the node and a device per request slot."""
-
-    namespace: str
-    name: str
-    uid: str
-    node: str
-    results: tuple[AllocatedDevice, ...]  # `profile` set by the planner, for metrics and events
-
-
-class ClaimWriter(Protocol):
-    """What the reconciler needs from the API; `KubeClaimWriter` is the real one."""
-
-    def add_finalizer(self, claim: Obj) -> Obj: ...
-
-    def write_allocation(
-        self, claim: Obj, allocation: ClaimAllocation, classes: Mapping[str, Obj]
-    ) -> Obj: ...
-
-    def clear_allocation(self, claim: Obj) -> Obj: ...
-
-    def remove_finalizer(self, claim: Obj) -> Obj: ...
-
-    def remove_node_finalizer(self, claim: Obj, finalizer: str) -> Obj:
-        """Remove a lost node's finalizer on its behalf (controller/nodeloss.py)."""
-        ...
-
-    def remove_gate(self, pod: Obj) -> Obj: ...
-
-    def pin_and_ungate(self, pod: Obj, node: str) -> Obj:
-        """Narrow a gated pod's required node affinity to `node` and remove the gate, in one
-        write (a pod asking through extended resources, `controller.extres`)."""
-        ...
-
-    def set_pod_condition(self, pod: Obj, status: bool, reason: str, message: str) -> None: ...
 
 
 def node_selector_for(node: str) -> Obj:
@@ -169,25 +129,6 @@ def build_allocation_status(
         "nodeSelector": node_selector_for(allocation.node),
         "allocationTimestamp": _rfc3339(now),
     }
-
-
-def has_finalizer(obj: Obj, finalizer: str) -> bool:
-    return finalizer in (obj.get("metadata", {}).get("finalizers") or [])
-
-
-def has_gate(pod: Obj, gate: str) -> bool:
-    return any(g.get("name") == gate for g in pod.get("spec", {}).get("schedulingGates") or [])
-
-
-def other_gates(pod: Obj, gate: str) -> list[str]:
-    """The pod's scheduling gates other than `gate`, in spec order. Another gate (Kueue's
-    `kueue.x-k8s.io/admission`, a policy engine's) means someone else has not yet agreed to the
-    pod running: carve must not spend GPU capacity on it until its own gate is the last."""
-    return [
-        str(g.get("name"))
-        for g in pod.get("spec", {}).get("schedulingGates") or []
-        if g.get("name") != gate
-    ]
 
 
 def _loads(resp: Any) -> Obj:

@@ -33,7 +33,7 @@ from typing import Any
 import grpc
 
 from controller.informers import Informer, InformerConfig
-from controller.reconciler import EventType, Kind
+from controller.objects import EventType, Kind
 from kubeletplugin.claims import ApiError, KubeJson
 from nodesim.kubelet import KubeletSim, RegisteredPlugin
 from nodesim.lifecycle import (

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from controller.reconciler import CarveClasses
+from controller.objects import CarveClasses
 from driver.contract import DEFAULT_CONTRACT
 
 SCHEDULING_GATE = DEFAULT_CONTRACT.scheduling_gate

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from controller.events import KubeRecorder
-from controller.reconciler import Kind
+from controller.objects import Kind
 
 Obj = dict[str, Any]
 

@@ -20,8 +20,7 @@ from controller.extres import (
     pinned_affinity,
     resource_classes,
 )
-from controller.reconciler import CarveClasses, EventType, Kind
-from controller.status import has_gate
+from controller.objects import CarveClasses, EventType, Kind, has_gate
 from driver.catalog import gpu_model
 from driver.contract import (
     DEFAULT_CONTRACT,

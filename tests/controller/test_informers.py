@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from controller.informers import SLICE_PAGE_SIZE, InformerConfig, standard_informers
-from controller.reconciler import Kind
+from controller.objects import Kind
 
 
 def _api() -> tuple[SimpleNamespace, SimpleNamespace, list[dict[str, Any]]]:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from controller.claims import parse_claim_spec
 from controller.mpscheck import with_floors
-from controller.reconciler import EventType, Kind
+from controller.objects import EventType, Kind
 from tests.controller.test_reconciler_engine import DRIVER, Cluster, device_class, profile_claim
 
 Obj = dict[str, Any]

@@ -20,8 +20,9 @@ import pytest
 from controller.main import parse_options
 from controller.nodefit import MisfitReason, PodNeeds, Toleration, check_node, parse_node
 from controller.nodeloss import LossSignal, allocated_node, node_loss, trim_node
+from controller.objects import EventType, Kind
 from controller.planner import EnginePlanner
-from controller.reconciler import EventType, Kind, Reconciler, ReconcilerConfig
+from controller.reconciler import Reconciler, ReconcilerConfig
 from driver.contract import DEFAULT_CONTRACT
 from process.flags import UsageError
 from tests.controller.test_reconciler import ListRecorder, MemoryWriter, pod

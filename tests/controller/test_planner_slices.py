@@ -15,8 +15,8 @@ import pytest
 from controller.cache import PackedDevice, slice_view
 from controller.metrics import SliceUsageIndex, slice_usage
 from controller.model import GpuInventory, inventories_from_slices
+from controller.objects import Kind, key_of
 from controller.planner import EnginePlanner
-from controller.reconciler import Kind, key_of
 from driver.catalog import gpu_model
 from driver.resourceslice import PublishedGpu, build_resource_slices
 

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from controller.objects import Kind, Plan, key_of
 from controller.placement import NoPlacement, PlacementRequest
 from controller.planner import EnginePlanner
 from controller.preemption import (
@@ -27,7 +28,6 @@ from controller.preemption import (
     may_preempt,
     victim_cost,
 )
-from controller.reconciler import Kind, Plan, key_of
 from controller.status import build_allocation_status
 from tests.controller.test_reconciler import pod
 from tests.controller.test_reconciler_engine import device_class, profile_claim, slices

@@ -20,27 +20,26 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controller.extres import pinned_affinity
-from controller.reconciler import (
+from controller.objects import (
     CarveClasses,
+    ClaimAllocation,
     EventType,
     Kind,
     Plan,
+    Unplaceable,
+    has_finalizer,
+    has_gate,
+    priority_key,
+)
+from controller.reconciler import (
     Reconciler,
     ReconcilerConfig,
     ReleaseKind,
-    Unplaceable,
     WorkKind,
     pod_work,
-    priority_key,
     release_action,
 )
-from controller.status import (
-    ClaimAllocation,
-    WriteSkippedError,
-    build_allocation_status,
-    has_finalizer,
-    has_gate,
-)
+from controller.status import WriteSkippedError, build_allocation_status
 from driver.allocation import AllocatedDevice
 from driver.contract import DEFAULT_CONTRACT, Contract
 

@@ -15,7 +15,7 @@ import threading
 
 import pytest
 
-from controller.reconciler import EventType, Kind, Obj
+from controller.objects import EventType, Kind, Obj
 from controller.sidewrites import SideWriter
 from tests.controller.test_reconciler import (
     ALLOCATION_FINALIZER,

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import controller.reconciler as reconciler_module
-from controller.reconciler import Kind, PodWork, Unplaceable, WorkKind, key_of, pod_work
+from controller.objects import EventType, Kind, Unplaceable, key_of
+from controller.reconciler import PodWork, WorkKind, pod_work
 from tests.controller.test_reconciler import Harness, claim, count_classifications, pod
 
 Obj = dict[str, Any]
@@ -102,7 +102,7 @@ def _apply(h: Harness, op: tuple[Any, ...]) -> None:
         gone = objects.pop(op[1])
         h.rec.enqueue(
             Kind.CLAIM if kind == "delete-claim" else Kind.POD,
-            reconciler_module.EventType.DELETED,
+            EventType.DELETED,
             gone,
         )
     elif kind == "clear" and op[1] in objects and objects[op[1]]["status"].get("allocation"):

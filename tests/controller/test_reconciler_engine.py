@@ -16,9 +16,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from controller.objects import EventType, Kind, has_gate
 from controller.planner import EnginePlanner
-from controller.reconciler import EventType, Kind, Reconciler
-from controller.status import has_gate
+from controller.reconciler import Reconciler
 from driver.catalog import gpu_model
 from driver.contract import DEFAULT_CONTRACT
 from driver.resourceslice import PublishedGpu, build_resource_slices

@@ -9,8 +9,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from controller.objects import EventType, Kind
 from controller.planner import EnginePlanner, _Shape
-from controller.reconciler import EventType, Kind
 from tests.controller.test_reconciler_engine import DRIVER, Cluster, device_class, profile_claim
 
 _ONE_GPU = {"n1": ["H100-SXM5-80GB"]}  # room for two 3g.40gb

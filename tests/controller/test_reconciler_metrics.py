@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from controller.metrics import ControllerMetrics, slice_usage
-from controller.reconciler import Kind
+from controller.objects import Kind
 from driver.catalog import gpu_model
 from driver.resourceslice import PublishedGpu, build_resource_slices
 

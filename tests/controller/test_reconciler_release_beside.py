@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from controller.reconciler import EventType, Kind
+from controller.objects import EventType, Kind
 from tests.controller.test_reconciler import (
     ALLOCATION_FINALIZER,
     Harness,

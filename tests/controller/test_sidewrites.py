@@ -6,7 +6,7 @@ import threading
 import time
 from typing import Any
 
-from controller.reconciler import Kind
+from controller.objects import Kind
 from controller.sidewrites import DeferredRecorder, SideWriter
 
 

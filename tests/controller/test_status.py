@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from controller.objects import ClaimAllocation
 from controller.status import (
-    ClaimAllocation,
     KubeClaimWriter,
     ObjectGoneError,
     WriteSkippedError,

@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 from controller.informers import Informer
-from controller.reconciler import Kind
+from controller.objects import Kind
 from devcluster.cluster import LocalCluster
 from devcluster.waiting import wait_for
 from driver.contract import DEFAULT_CONTRACT, Contract

@@ -13,8 +13,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller.objects import Kind, Plan
 from controller.planner import EnginePlanner
-from controller.reconciler import Kind, Plan
 from controller.status import build_allocation_status
 from devcluster.nodes import FakeNode, node_manifest, node_status
 from tests.support.gpufleet import FLEET_LABEL, fleet_node, node_slices

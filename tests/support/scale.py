@@ -486,7 +486,7 @@ class ScaleBench:
 
     def run_controller(self, label: str, source: Path | None) -> ScaleFigures:
         from controller.informers import Informer, InformerConfig
-        from controller.reconciler import Kind
+        from controller.objects import Kind
 
         tracker = PodTracker()
         pods_path = f"/api/v1/namespaces/{NAMESPACE}/pods"

@@ -20,8 +20,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client import ApiClient
 
+from controller.objects import Kind
 from controller.planner import EnginePlanner
-from controller.reconciler import Kind
 from devcluster.cluster import LocalCluster
 from devcluster.waiting import wait_for
 from tests.controller.cluster.objects import (

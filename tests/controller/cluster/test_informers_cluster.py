@@ -15,7 +15,7 @@ from kubernetes import client
 from kubernetes.client import ApiClient
 
 from controller.informers import Informer, InformerConfig, _ExpiredError
-from controller.reconciler import EventType, Kind
+from controller.objects import EventType, Kind
 from devcluster.waiting import wait_for
 from tests.controller.cluster.objects import template
 

@@ -23,8 +23,8 @@ from kubernetes import client
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
+from controller.objects import Kind
 from controller.planner import EnginePlanner
-from controller.reconciler import Kind
 from devcluster.cluster import LocalCluster
 from devcluster.waiting import wait_for
 from tests.controller.cluster.objects import (

@@ -17,10 +17,8 @@ from kubernetes import client
 from kubernetes.client import ApiClient
 
 from controller.leader import LeaderElector, LeaseConfig
-from controller.status import (
-    ClaimAllocation,
-    KubeClaimWriter,
-)
+from controller.objects import ClaimAllocation
+from controller.status import KubeClaimWriter
 from devcluster.cluster import LocalCluster, run_kubectl
 from devcluster.waiting import wait_for
 from driver.allocation import AllocatedDevice
@@ -141,7 +139,7 @@ def test_lease_election_on_the_apiserver(k8s_api: ApiClient, namespace: str) -> 
 
 def test_repeated_events_fold_into_one_series(k8s_api: ApiClient, namespace: str) -> None:
     from controller.events import KubeRecorder
-    from controller.reconciler import Kind
+    from controller.objects import Kind
 
     core = client.CoreV1Api(k8s_api)
     p = raw(core.create_namespaced_pod(namespace, pod("ev", "t"), _preload_content=False))

@@ -1,0 +1,218 @@
+"""The controller's vocabulary: the kinds of object it watches, how it names and reads them,
+and the values its decisions are made of (`Plan`, `Unplaceable`, `ClaimAllocation`).
+
+Every controller module, `nodesim` and `bench` speak these words, so they live here, apart from
+the reconciler that uses them and from the writer and engine that produce them: importing a
+word never loads the machinery. Pure functions over the API's JSON (dicts with camelCase keys)
+and frozen values; no I/O.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from driver.allocation import AllocatedDevice
+from driver.contract import DEFAULT_CONTRACT, Contract
+
+Obj = dict[str, Any]
+"""An API object as the apiserver serves it (camelCase keys)."""
+
+
+class Kind(enum.StrEnum):
+    POD = "Pod"
+    CLAIM = "ResourceClaim"
+    SLICE = "ResourceSlice"
+    NODE = "Node"
+    CLASS = "DeviceClass"
+
+
+class EventType(enum.StrEnum):
+    ADDED = "ADDED"
+    MODIFIED = "MODIFIED"
+    DELETED = "DELETED"
+
+
+@dataclass(frozen=True)
+class ClaimAllocation:
+    """Everything the controller writes for one claim: the node and a device per request slot."""
+
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    results: tuple[AllocatedDevice, ...]  # `profile` set by the planner, for metrics and events
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where every carve claim of one pod goes. All claims share `node`."""
+
+    node: str
+    allocations: tuple[ClaimAllocation, ...]
+
+
+@dataclass(frozen=True)
+class Unplaceable:
+    """Why a pod cannot be placed now. `message` is shown verbatim in events and conditions.
+
+    `permanent` marks claims that can never be satisfied as written (unknown class, CEL error,
+    impossible profile): those are not retried on every capacity change, only when the pod,
+    its claims or the classes change.
+    """
+
+    reason: str
+    message: str
+    permanent: bool = False
+
+
+@dataclass(frozen=True)
+class CarveClasses:
+    """Which DeviceClasses are carve's: the configured names plus any `<x>.<first name>` class.
+
+    The same rule is encoded in the admission policy (deploy/), so the gate and the controller
+    agree on which pods are carve's.
+    """
+
+    names: frozenset[str] = DEFAULT_CONTRACT.default_classes
+    suffix: str = DEFAULT_CONTRACT.profile_class_suffix
+
+    @classmethod
+    def of(cls, contract: Contract, names: frozenset[str] | None = None) -> CarveClasses:
+        """The classes of one installation: `names` (the contract's defaults when None) plus
+        every `<x>.<driver>` class."""
+        return cls(
+            names=contract.default_classes if names is None else names,
+            suffix=contract.profile_class_suffix,
+        )
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and (name in self.names or name.endswith(self.suffix))
+
+
+def key_of(obj: Obj) -> str:
+    meta = obj.get("metadata", {})
+    ns = meta.get("namespace")
+    return f"{ns}/{meta.get('name')}" if ns else str(meta.get("name"))
+
+
+def claim_class_names(claim: Obj) -> list[str]:
+    """DeviceClass names a claim's requests and subrequests name, read from the raw object
+    before the spec is validated (so a malformed claim is still recognised as carve's)."""
+    names: list[str] = []
+    for req in (claim.get("spec") or {}).get("devices", {}).get("requests") or []:
+        exact = req.get("exactly")
+        if isinstance(exact, Mapping) and exact.get("deviceClassName"):
+            names.append(str(exact["deviceClassName"]))
+        for sub in req.get("firstAvailable") or []:
+            if isinstance(sub, Mapping) and sub.get("deviceClassName"):
+                names.append(str(sub["deviceClassName"]))
+    return names
+
+
+def is_carve_claim(claim: Obj, classes: CarveClasses) -> bool:
+    return any(name in classes for name in claim_class_names(claim))
+
+
+def pod_claim_refs(pod: Obj) -> dict[str, str | None]:
+    """Each `spec.resourceClaims[].name` of the pod and the name of the claim object it stands
+    for: None while a template's claim has not been generated, or when kube-controller-manager
+    recorded that the pod does not need it after all."""
+    generated = {
+        s.get("name"): s.get("resourceClaimName")
+        for s in pod.get("status", {}).get("resourceClaimStatuses", []) or []
+    }
+    refs: dict[str, str | None] = {}
+    for ref in pod.get("spec", {}).get("resourceClaims", []) or []:
+        entry = str(ref.get("name"))
+        if ref.get("resourceClaimName"):
+            refs[entry] = str(ref["resourceClaimName"])
+        elif ref.get("resourceClaimTemplateName"):
+            claim_name = generated.get(ref.get("name"))
+            refs[entry] = str(claim_name) if claim_name else None
+    return refs
+
+
+def pod_claim_names(pod: Obj) -> tuple[list[str], list[str]]:
+    """Names of the claims a pod uses, and the pod-claim entries whose claim does not exist yet."""
+    generated = {
+        s.get("name") for s in pod.get("status", {}).get("resourceClaimStatuses", []) or []
+    }
+    refs = pod_claim_refs(pod)
+    names: list[str] = []
+    missing: list[str] = []
+    for ref in pod.get("spec", {}).get("resourceClaims", []) or []:
+        claim_name = refs.get(str(ref.get("name")))
+        if claim_name is not None:
+            names.append(claim_name)
+        elif ref.get("resourceClaimTemplateName") and ref.get("name") not in generated:
+            missing.append(str(ref.get("name")))
+    return names, missing
+
+
+def is_allocated(claim: Obj) -> bool:
+    return bool(claim.get("status", {}).get("allocation"))
+
+
+def is_terminal(pod: Obj) -> bool:
+    return pod.get("status", {}).get("phase") in ("Succeeded", "Failed")
+
+
+def priority_key(pod: Obj) -> tuple[int, str, str]:
+    """Queue order: higher `spec.priority` first, then older pods, then name for stability."""
+    prio = pod.get("spec", {}).get("priority") or 0
+    created = str(pod.get("metadata", {}).get("creationTimestamp") or "")
+    return (-int(prio), created, key_of(pod))
+
+
+def has_finalizer(obj: Obj, finalizer: str) -> bool:
+    return finalizer in (obj.get("metadata", {}).get("finalizers") or [])
+
+
+def has_gate(pod: Obj, gate: str) -> bool:
+    return any(g.get("name") == gate for g in pod.get("spec", {}).get("schedulingGates") or [])
+
+
+def other_gates(pod: Obj, gate: str) -> list[str]:
+    """The pod's scheduling gates other than `gate`, in spec order. Another gate (Kueue's
+    `kueue.x-k8s.io/admission`, a policy engine's) means someone else has not yet agreed to the
+    pod running: carve must not spend GPU capacity on it until its own gate is the last."""
+    return [
+        str(g.get("name"))
+        for g in pod.get("spec", {}).get("schedulingGates") or []
+        if g.get("name") != gate
+    ]
+
+
+def node_finalizers(claim: Obj, contract: Contract = DEFAULT_CONTRACT) -> list[str]:
+    """Finalizers that this installation's kubelet plugins put on a claim."""
+    return [
+        f
+        for f in claim.get("metadata", {}).get("finalizers") or []
+        if contract.is_node_finalizer(f)
+    ]
+
+
+def _resource_version(obj: Obj | None) -> int | None:
+    if obj is None:
+        return None
+    try:
+        return int(obj.get("metadata", {}).get("resourceVersion", ""))
+    except ValueError:
+        return None
+
+
+def is_older(new: Obj, old: Obj | None) -> bool:
+    """True if `new` is an older version of the same object than `old` (a late watch event).
+
+    resourceVersion is opaque by contract, but kube-apiserver's are etcd revisions; comparing
+    them is the only way to keep a just-written claim from being overwritten by a stale event.
+    """
+    if old is None:
+        return False
+    if new.get("metadata", {}).get("uid") != old.get("metadata", {}).get("uid"):
+        return False
+    a, b = _resource_version(new), _resource_version(old)
+    return a is not None and b is not None and a < b

@@ -1,0 +1,112 @@
+"""The controller's seams: what the reconciler needs of its collaborators, as Protocols.
+
+The reconciler decides; the engine behind `Planner` (`controller.planner.EnginePlanner`), the
+writer behind `ClaimWriter` (`controller.status.KubeClaimWriter`), the recorder, the metrics
+and the preemption hook do the work. Typed against these, the reconciler and the parts it
+composes know nothing of MIG geometry or of the API client, and the tests step them with
+in-memory fakes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+from controller.objects import ClaimAllocation, Kind, Obj, Plan, Unplaceable
+
+
+class Planner(Protocol):
+    """The placement engine as the reconciler sees it.
+
+    `observe`/`forget` keep the engine's model in step with the API (including the claims that
+    this controller has just written). `plan` must treat claims that are already allocated as
+    fixed and place the others on the same node, all or nothing.
+    """
+
+    def observe(self, kind: Kind, obj: Obj) -> None: ...
+
+    def forget(self, kind: Kind, obj: Obj) -> None: ...
+
+    def plan(
+        self,
+        pod: Obj,
+        claims: Sequence[Obj],
+        classes: Mapping[str, Obj],
+        told: Unplaceable | None = None,
+    ) -> Plan | Unplaceable:
+        """`told` is the refusal the pod was given last; a planner may answer with it, as it
+        is, when the pod would be refused for the same reason again (and then made no
+        decision, so none is timed)."""
+        ...
+
+    def check_allocated(self, pod: Obj, claims: Sequence[Obj]) -> Unplaceable | None:
+        """Whether a pod whose carve claims are all allocated may be ungated: what its own
+        spec asks of them (a container's MPS limits) must fit what they hold."""
+        ...
+
+    def committed(self, pod: Obj, plan: Plan) -> None:
+        """The plan is written: count the pod on `plan.node` until it is bound there."""
+        ...
+
+    def withdrawn(self, pod: Obj) -> None:
+        """A plan given to `committed` could not be written after all: count the pod nowhere."""
+        ...
+
+
+class PreemptionHook(Protocol):
+    """Called for a pod that fits nowhere (`controller.preemptor.Preemptor`): may evict
+    lower-priority pods for it and answers what to tell the pod instead."""
+
+    def unplaceable(
+        self,
+        pod: Obj,
+        claims: Sequence[Obj],
+        why: Unplaceable,
+        stores: Mapping[Kind, Mapping[str, Obj]],
+    ) -> Unplaceable: ...
+
+
+class Recorder(Protocol):
+    """Events for users (`kubectl describe`); `controller.events.KubeRecorder` is the real one."""
+
+    def event(self, obj: Obj, kind: Kind, type_: str, reason: str, message: str) -> None: ...
+
+
+class Metrics(Protocol):
+    """What the controller counts and times; `controller.metrics.ControllerMetrics` is the real
+    one (Prometheus)."""
+
+    def observe_allocation(self, seconds: float, profiles: Sequence[str]) -> None: ...
+
+    def observe_decision(self, seconds: float, cpu_seconds: float) -> None: ...
+
+    def set_queue_depth(self, depth: int) -> None: ...
+
+    def count_outcome(self, outcome: str) -> None: ...
+
+
+class ClaimWriter(Protocol):
+    """What the reconciler needs from the API; `KubeClaimWriter` is the real one."""
+
+    def add_finalizer(self, claim: Obj) -> Obj: ...
+
+    def write_allocation(
+        self, claim: Obj, allocation: ClaimAllocation, classes: Mapping[str, Obj]
+    ) -> Obj: ...
+
+    def clear_allocation(self, claim: Obj) -> Obj: ...
+
+    def remove_finalizer(self, claim: Obj) -> Obj: ...
+
+    def remove_node_finalizer(self, claim: Obj, finalizer: str) -> Obj:
+        """Remove a lost node's finalizer on its behalf (`controller.nodehealth`)."""
+        ...
+
+    def remove_gate(self, pod: Obj) -> Obj: ...
+
+    def pin_and_ungate(self, pod: Obj, node: str) -> Obj:
+        """Narrow a gated pod's required node affinity to `node` and remove the gate, in one
+        write (a pod asking through extended resources, `controller.extres`)."""
+        ...
+
+    def set_pod_condition(self, pod: Obj, status: bool, reason: str, message: str) -> None: ...
