@@ -8,7 +8,8 @@ times; then a pod of priority 10 asks for a contiguous 4g slice (4g.20gb or 4g.4
 fits nowhere. Three policies pick victims, all judged by the same oracle (the engine on the
 model with the victims' claims released), so every set they report really frees a placement:
 
-* carve: ``controller.preemption.cheapest_victims`` (fewest, lowest priority, least work lost);
+* carve: ``controller.preemption.search.cheapest_victims`` (fewest, lowest priority, least
+  work lost);
 * naive per node: on each node evict the lowest-priority pods first (shortest-running among
   equals) until the pod fits, and keep the node that needed fewest;
 * naive cluster-wide: evict the cluster's lowest-priority pods first until the pod fits
@@ -30,7 +31,7 @@ from typing import Any
 from controller.objects import Kind, Plan
 from controller.placement import NoPlacement, PlacementRequest
 from controller.planner import EnginePlanner
-from controller.preemption import Candidate, SearchLimits, cheapest_victims
+from controller.preemption.search import Candidate, SearchLimits, cheapest_victims
 from controller.status import build_allocation_status
 from driver.catalog import gpu_model
 from driver.resourceslice import PublishedGpu, build_resource_slices

@@ -13,6 +13,8 @@ the cluster rather than the cluster.
   ones), and a slice's devices are packed (`PackedDevices`): their values in one tuple, their
   keys and their attributes' names once per layout. A device dict and its attributes dict cost
   ~650 bytes; a packed device ~140, and a GPU node publishes ~200 devices.
+- Nodes: only what node fit and node loss read (`trim_node`): taints, cordon, allocatable,
+  conditions; a Node's images, addresses and daemon endpoints are most of its bytes.
 - Every object loses `metadata.managedFields` and the last-applied annotation, which nothing in
   the controller reads.
 
@@ -359,3 +361,31 @@ def _sweep(table: dict[Any, Any], probe_key: Any) -> int:
 def slice_view() -> Callable[[Obj], Obj]:
     """The ResourceSlice informer's transform (one table per informer thread)."""
     return SharedParts()
+
+
+_NODE_KEEP_SPEC = ("taints", "unschedulable")
+_NODE_KEEP_STATUS = ("allocatable", "conditions")
+_NODE_KEEP_META = ("name", "uid", "resourceVersion", "labels", "deletionTimestamp")
+
+
+def trim_node(node: Obj) -> Obj:
+    """What the controller reads of a Node (its images, addresses and daemon endpoints are
+    most of a Node's bytes and none of carve's business)."""
+    meta = node.get("metadata") or {}
+    spec = node.get("spec") or {}
+    status = node.get("status") or {}
+    conditions = [
+        {k: c.get(k) for k in ("type", "status", "lastTransitionTime", "reason") if k in c}
+        for c in status.get("conditions") or []
+        if isinstance(c, Mapping)
+    ]
+    out: Obj = {
+        "metadata": {k: meta[k] for k in _NODE_KEEP_META if k in meta},
+        "spec": {k: spec[k] for k in _NODE_KEEP_SPEC if k in spec},
+        "status": {k: status[k] for k in _NODE_KEEP_STATUS if k in status},
+    }
+    if "conditions" in out["status"]:
+        out["status"]["conditions"] = conditions
+    if "kind" in node:
+        out["kind"] = node["kind"]
+    return out

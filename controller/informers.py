@@ -306,10 +306,9 @@ def standard_informers(
     gate: str = DEFAULT_CONTRACT.scheduling_gate,
 ) -> list[Informer]:
     """The five collections the controller watches, all cluster-wide, each kept only as far as
-    the controller reads it (`controller.cache`, `controller.nodeloss.trim_node`). Nodes skip
+    the controller reads it (`controller.cache`). Nodes skip
     updates that change nothing kept (heartbeats)."""
-    from controller.cache import pod_view, slice_view, strip_bookkeeping
-    from controller.nodeloss import trim_node
+    from controller.cache import pod_view, slice_view, strip_bookkeeping, trim_node
 
     config = config or InformerConfig()
     configs = {k: config for k in Kind}

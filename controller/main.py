@@ -304,8 +304,8 @@ def _preemptor(
         return None
     from kubernetes import client
 
-    from controller.eviction import KubeEvictor
-    from controller.preemptor import PreemptionConfig, Preemptor
+    from controller.preemption.eviction import KubeEvictor
+    from controller.preemption.preemptor import PreemptionConfig, Preemptor
 
     evictor = KubeEvictor(client.CoreV1Api(api_client), client.PolicyV1Api(api_client), fence=fence)
     return Preemptor(

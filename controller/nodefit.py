@@ -139,7 +139,8 @@ def check_node(needs: PodNeeds, node: NodeInfo, in_use: Resources) -> NodeMisfit
     """None when the pod fits; otherwise the first reason it does not, in scheduler order.
 
     An out-of-service node is refused whatever the pod tolerates: carve treats its instances as
-    destroyed (controller/nodeloss.py), so nothing new may land there until the taint goes.
+    destroyed (`controller.nodehealth.signals`), so nothing new may land there until the taint
+    goes.
     """
     if node.out_of_service:
         return NodeMisfit(node.name, MisfitReason.OUT_OF_SERVICE)

@@ -27,7 +27,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from controller.carvewait import CarveState, carve_verdict, plan_waits_for_carve
 from controller.extres import (
     ExtendedResourceError,
     PinnedPods,
@@ -36,7 +35,8 @@ from controller.extres import (
     in_users_words,
     resource_classes,
 )
-from controller.nodeloss import NodeLoss, allocated_node, node_loss, not_ready_deadline
+from controller.nodehealth.carvewait import CarveState, carve_verdict, plan_waits_for_carve
+from controller.nodehealth.signals import NodeLoss, allocated_node, node_loss, not_ready_deadline
 from controller.objects import (
     CarveClasses,
     ClaimAllocation,
@@ -253,7 +253,7 @@ class ReconcilerConfig:
     claims_grace: float = 30.0
     event_interval: float = 300.0
     node_loss_grace: float | None = 300.0  # NotReady this long = lost; None/0: signal off
-    # Carve before bind (controller/carvewait.py): keep the gate until the node has carved.
+    # Carve before bind (controller.nodehealth.carvewait): keep the gate until the node carved.
     hold_gate_until_carved: bool = True
     carve_wait: float = 30.0
     # A placement waits up to this long for release writes in flight beside the decision
@@ -343,7 +343,7 @@ class Reconciler:
         self._replans: dict[str, tuple[int, float]] = {}
         self._users: dict[str, set[str]] = {}  # claim key -> keys of live pods using it
         self._uses: dict[str, set[str]] = {}  # pod key -> claim keys it uses
-        # Lost nodes (controller/nodeloss.py): the last verdict per node that claims are
+        # Lost nodes (controller/nodehealth/signals.py): the last verdict per node that claims are
         # allocated to, when to look again (a NotReady node's grace ends), which claims this
         # controller cleared because of a loss (their pods are re-planned, not "rejected"), and
         # the last loss message told per claim (told once, not every pass).

@@ -54,7 +54,7 @@ class Planner(Protocol):
 
 
 class PreemptionHook(Protocol):
-    """Called for a pod that fits nowhere (`controller.preemptor.Preemptor`): may evict
+    """Called for a pod that fits nowhere (`controller.preemption.preemptor.Preemptor`): may evict
     lower-priority pods for it and answers what to tell the pod instead."""
 
     def unplaceable(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from controller.carvewait import CarveState, carve_verdict, plan_waits_for_carve
+from controller.nodehealth.carvewait import CarveState, carve_verdict, plan_waits_for_carve
 from driver.allocation import AllocatedDevice
 from driver.contract import DEFAULT_CONTRACT
 

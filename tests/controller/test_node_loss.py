@@ -17,9 +17,10 @@ from typing import Any
 
 import pytest
 
+from controller.cache import trim_node
 from controller.main import parse_options
 from controller.nodefit import MisfitReason, PodNeeds, Toleration, check_node, parse_node
-from controller.nodeloss import LossSignal, allocated_node, node_loss, trim_node
+from controller.nodehealth.signals import LossSignal, allocated_node, node_loss
 from controller.objects import EventType, Kind
 from controller.planner import EnginePlanner
 from controller.reconciler import Reconciler, ReconcilerConfig

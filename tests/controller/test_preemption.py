@@ -1,4 +1,4 @@
-"""The pure victim search (controller/preemption.py).
+"""The pure victim search (controller/preemption/search.py).
 
 Two oracles: a toy one (each pod frees a weight, a node needs a total) checked against brute
 force over many random cases, and the real one, the placement engine on its model with MIG
@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from controller.objects import Kind, Plan, key_of
 from controller.placement import NoPlacement, PlacementRequest
 from controller.planner import EnginePlanner
-from controller.preemption import (
+from controller.preemption.search import (
     Candidate,
     SearchLimits,
     VictimSet,

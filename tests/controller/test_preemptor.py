@@ -11,10 +11,10 @@ import copy
 import datetime as dt
 from typing import Any
 
-from controller.eviction import EvictionOutcome, EvictionResult
 from controller.objects import EventType, Kind, Plan, Unplaceable
 from controller.planner import EnginePlanner
-from controller.preemptor import Preemptor
+from controller.preemption.eviction import EvictionOutcome, EvictionResult
+from controller.preemption.preemptor import Preemptor
 from controller.reconciler import Reconciler, ReconcilerConfig
 from tests.controller.test_reconciler import pod
 from tests.controller.test_reconciler_engine import Cluster, profile_claim

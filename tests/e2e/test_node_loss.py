@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from controller.nodeloss import allocated_node
+from controller.nodehealth.signals import allocated_node
 from devcluster.waiting import wait_for
 from nodesim.simnode import SimNode
 from tests.e2e.harness import E2E, cel, request

@@ -20,10 +20,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.eviction import EvictionFencedError, EvictionOutcome, Evictor, describe_failure
 from controller.objects import Kind, Unplaceable, is_terminal, key_of, pod_claim_names
 from controller.planner import EnginePlanner
-from controller.preemption import (
+from controller.preemption.eviction import (
+    EvictionFencedError,
+    EvictionOutcome,
+    Evictor,
+    describe_failure,
+)
+from controller.preemption.search import (
     Candidate,
     SearchLimits,
     VictimSet,

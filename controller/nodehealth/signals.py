@@ -16,7 +16,8 @@ finalizer present) are treated as destroyed only on a *strong* signal (deleted, 
 then the node finalizer is removed on the node's behalf. NotReady alone never frees a prepared
 placement, because an unreachable node may well still run the pod and hold the instance.
 
-Pure functions over API objects; the reconciler owns the decisions.
+Pure functions over API objects; the reconciler owns the decisions. What the
+informer keeps of a Node (`controller.cache.trim_node`) is what these functions read.
 """
 
 from __future__ import annotations
@@ -144,31 +145,3 @@ def allocated_node(claim: Mapping[str, Any]) -> str | None:
             ):
                 return str(req["values"][0])
     return None
-
-
-_NODE_KEEP_SPEC = ("taints", "unschedulable")
-_NODE_KEEP_STATUS = ("allocatable", "conditions")
-_NODE_KEEP_META = ("name", "uid", "resourceVersion", "labels", "deletionTimestamp")
-
-
-def trim_node(node: Obj) -> Obj:
-    """What the controller reads of a Node (its images, addresses and daemon endpoints are
-    most of a Node's bytes and none of carve's business)."""
-    meta = node.get("metadata") or {}
-    spec = node.get("spec") or {}
-    status = node.get("status") or {}
-    conditions = [
-        {k: c.get(k) for k in ("type", "status", "lastTransitionTime", "reason") if k in c}
-        for c in status.get("conditions") or []
-        if isinstance(c, Mapping)
-    ]
-    out: Obj = {
-        "metadata": {k: meta[k] for k in _NODE_KEEP_META if k in meta},
-        "spec": {k: spec[k] for k in _NODE_KEEP_SPEC if k in spec},
-        "status": {k: status[k] for k in _NODE_KEEP_STATUS if k in status},
-    }
-    if "conditions" in out["status"]:
-        out["status"]["conditions"] = conditions
-    if "kind" in node:
-        out["kind"] = node["kind"]
-    return out
