@@ -34,8 +34,8 @@ from controller.metrics import ControllerMetrics
 from controller.objects import CarveClasses, Kind
 from controller.reconciler import Reconciler, ReconcilerConfig
 from controller.seams import Planner, PreemptionHook
-from controller.sidewrites import DeferredRecorder, SideWriter
 from controller.status import KubeClaimWriter
+from controller.writepool import DeferredRecorder, WritePool
 from driver.contract import Contract
 from process import flags
 from process.entrypoint import start_logging, stop_on_signals, usage_exit
@@ -351,18 +351,16 @@ class Controller:
             instance=opts.identity,
         )
         # Events and pod conditions are best effort: written beside the decision thread, not
-        # on it, so a placement waits only for the writes that make it (controller.sidewrites).
-        self.side_writes = SideWriter()
-        recorder = DeferredRecorder(self.recorder, self.side_writes)
+        # on it, so a placement waits only for the writes that make it (controller.writepool).
+        self.best_effort_writes = WritePool()
+        recorder = DeferredRecorder(self.recorder, self.best_effort_writes)
         planner = planner or default_planner(opts.driver_name)
         # Release writes (allocation cleared, finalizer dropped) beside the decision thread too,
         # on their own workers so that events queued behind never delay a release.
-        self.release_writes = SideWriter(workers=2)
+        self.release_writes = WritePool(workers=2)
         # Placement writes too: each placement is assumed in the model meanwhile, so pods are
         # decided one at a time but written many at once (Reconciler, commit_beside).
-        self.commit_writes = (
-            SideWriter(workers=opts.commit_workers) if opts.commit_workers else None
-        )
+        self.commit_writes = WritePool(workers=opts.commit_workers) if opts.commit_workers else None
         self.reconciler = Reconciler(
             planner,
             self.writer,
@@ -370,7 +368,7 @@ class Controller:
             config=self.config,
             metrics=self.metrics,
             is_leader=fence,
-            defer=self.side_writes.submit,
+            defer=self.best_effort_writes.submit,
             preemption=_preemptor(api_client, planner, recorder, opts, fence),
             release_beside=self.release_writes.offer,
             commit_beside=self.commit_writes.offer if self.commit_writes else None,
@@ -451,7 +449,7 @@ class Controller:
     def shutdown(self) -> None:
         for inf in self.informers:
             inf.stop()
-        self.side_writes.stop()
+        self.best_effort_writes.stop()
         self.release_writes.stop()
         if self.commit_writes is not None:
             self.commit_writes.stop()

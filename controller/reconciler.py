@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from controller.extres import (
+from controller.extended_resources import (
     ExtendedResourceError,
     PinnedPods,
     asks_carve_resources,
@@ -297,7 +297,7 @@ class Reconciler:
         commit_beside: Callable[[str, Callable[[], None]], bool] | None = None,
     ) -> None:
         """`defer(key, write)` runs a best-effort write (a pod condition) later and in order per
-        key (`controller.sidewrites`); by default it runs at once, on this thread.
+        key (`controller.writepool`); by default it runs at once, on this thread.
 
         `release_beside(key, writes)` runs a released claim's writes (clear the allocation, drop
         the finalizer) on another thread, or returns False when it cannot take them (they then
@@ -992,7 +992,7 @@ class Reconciler:
     ) -> None:
         """A pod asking through extended resources: carve's best fit picks the node, the pod is
         pinned there and ungated, and kube-scheduler allocates its claim on that node
-        (`controller.extres` says why carve cannot write that allocation itself)."""
+        (`controller.extended_resources` says why carve cannot write that allocation itself)."""
         try:
             stand_in = extended_stand_in(pod, claims, names)
         except ExtendedResourceError as exc:

@@ -106,7 +106,7 @@ class ClaimWriter(Protocol):
 
     def pin_and_ungate(self, pod: Obj, node: str) -> Obj:
         """Narrow a gated pod's required node affinity to `node` and remove the gate, in one
-        write (a pod asking through extended resources, `controller.extres`)."""
+        write (a pod asking through extended resources, `controller.extended_resources`)."""
         ...
 
     def set_pod_condition(self, pod: Obj, status: bool, reason: str, message: str) -> None: ...

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from controller.extres import pinned_affinity
+from controller.extended_resources import pinned_affinity
 from controller.objects import ClaimAllocation, Obj, has_finalizer, has_gate
 from driver.allocation import (
     AllocationFormatError,

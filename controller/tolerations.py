@@ -98,35 +98,36 @@ def parse_tolerations(raw: object, where: str) -> tuple[Toleration, ...]:
         raise TolerationError(f"{where}: at most {MAX_TOLERATIONS} tolerations, got {len(raw)}")
     out = []
     for i, entry in enumerate(raw):
-        w = f"{where}[{i}]"
+        field = f"{where}[{i}]"
         if not isinstance(entry, Mapping):
-            raise TolerationError(f"{w}: must be an object")
+            raise TolerationError(f"{field}: must be an object")
         unknown = set(entry) - {"key", "operator", "value", "effect", "tolerationSeconds"}
         if unknown:
-            raise TolerationError(f"{w}: unknown field(s) {sorted(unknown)}")
+            raise TolerationError(f"{field}: unknown field(s) {sorted(unknown)}")
         key = entry.get("key") or ""
         operator = entry.get("operator") or "Equal"
         value = entry.get("value") or ""
         effect = entry.get("effect") or ""
         if not isinstance(key, str) or (key and not _KEY.match(key)):
             raise TolerationError(
-                f"{w}.key: {key!r} is not a label key (e.g. mig.carve.dev/gpu-unhealthy)"
+                f"{field}.key: {key!r} is not a label key (e.g. mig.carve.dev/gpu-unhealthy)"
             )
         if operator not in _OPERATORS:
-            raise TolerationError(f"{w}.operator: {operator!r} is not Exists or Equal")
+            raise TolerationError(f"{field}.operator: {operator!r} is not Exists or Equal")
         if not key and operator != "Exists":
             raise TolerationError(
-                f"{w}.key: a toleration without a key matches every taint and must use "
+                f"{field}.key: a toleration without a key matches every taint and must use "
                 "operator Exists; name the taint's key (e.g. mig.carve.dev/gpu-unhealthy)"
             )
         if not isinstance(value, str) or (operator == "Exists" and value):
-            raise TolerationError(f"{w}.value: must be empty with operator Exists")
+            raise TolerationError(f"{field}.value: must be empty with operator Exists")
         if effect and effect not in EFFECTS:
             raise TolerationError(
-                f"{w}.effect: {effect!r} is not NoSchedule, NoExecute or None (or empty for all)"
+                f"{field}.effect: {effect!r} is not NoSchedule, NoExecute or None "
+                "(or empty for all)"
             )
         seconds = entry.get("tolerationSeconds")
         if seconds is not None and (not isinstance(seconds, int) or isinstance(seconds, bool)):
-            raise TolerationError(f"{w}.tolerationSeconds: must be an integer")
+            raise TolerationError(f"{field}.tolerationSeconds: must be an integer")
         out.append(Toleration(key, operator, value, effect))
     return tuple(out)

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.extres import pinned_affinity
+from controller.extended_resources import pinned_affinity
 from controller.objects import (
     CarveClasses,
     ClaimAllocation,

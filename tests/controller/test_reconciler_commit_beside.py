@@ -16,7 +16,7 @@ import threading
 import pytest
 
 from controller.objects import EventType, Kind, Obj
-from controller.sidewrites import SideWriter
+from controller.writepool import WritePool
 from tests.controller.test_reconciler import (
     ALLOCATION_FINALIZER,
     SCHEDULING_GATE,
@@ -30,7 +30,7 @@ from tests.controller.test_reconciler_engine import node
 from tests.controller.test_reconciler_release_beside import HeldWrites
 
 
-def _harness(nodes: dict[str, int], beside: HeldWrites | SideWriter) -> Harness:
+def _harness(nodes: dict[str, int], beside: HeldWrites | WritePool) -> Harness:
     """Ready nodes with `nodes[name]` interchangeable slots; commits go to `beside`."""
     h = Harness(nodes=nodes, commit_beside=beside.offer)
     for name in nodes:
@@ -266,7 +266,7 @@ class _LockedWriter(MemoryWriter):
 
 def test_under_parallel_commits_with_failures_no_device_is_given_twice() -> None:
     random.seed(7)
-    workers = SideWriter(workers=4)
+    workers = WritePool(workers=4)
     h = _harness({"n1": 6, "n2": 6}, workers)
     h.writer = _LockedWriter()
     h.rec._writer = h.writer

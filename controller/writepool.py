@@ -1,11 +1,15 @@
-"""Best-effort writes (events, pod conditions) off the decision thread.
+"""A pool of writer threads: API writes run beside the decision thread, in order per object.
 
 A placement needs three writes in order (claim finalizer, allocation, gate removal); the events
 and the pod condition that tell the user about it are best effort by design (a failed one is
 logged and never blocks a decision), yet written inline they were half of every placement's
 round trips. Here they run on a few worker threads. Writes about one object go to one worker,
 so they land in the order they were made (a "waits" condition never overtakes the "Placed"
-one); a worker whose queue is full drops the write, counts it and logs it.
+one); a worker whose queue is full drops the write, counts it and logs it (`submit`).
+
+Writes that must happen (a release's, a placement's: `Reconciler(release_beside=...,
+commit_beside=...)`) use pools of their own through `offer`, which hands a full queue back to
+the caller instead of dropping the write.
 """
 
 from __future__ import annotations
@@ -26,14 +30,16 @@ Write = Callable[[], None]
 _log = logging.getLogger(__name__)
 
 
-class SideWriter:
+class WritePool:
+    """Worker threads, each with its own queue; a key always goes to the same worker."""
+
     def __init__(self, workers: int = 4, capacity: int = 10_000) -> None:
         self._queues: list[queue.Queue[Write | None]] = [
             queue.Queue(maxsize=capacity) for _ in range(workers)
         ]
         self.dropped = 0
         self._threads = [
-            threading.Thread(target=self._run, args=(q,), name=f"side-writes-{i}", daemon=True)
+            threading.Thread(target=self._run, args=(q,), name=f"write-pool-{i}", daemon=True)
             for i, q in enumerate(self._queues)
         ]
         for t in self._threads:
@@ -80,14 +86,14 @@ class SideWriter:
 
 
 class DeferredRecorder:
-    """A `Recorder` whose events are written by a `SideWriter`, in order per object."""
+    """A `Recorder` whose events are written by a `WritePool`, in order per object."""
 
-    def __init__(self, recorder: Recorder, side: SideWriter) -> None:
+    def __init__(self, recorder: Recorder, pool: WritePool) -> None:
         self._recorder = recorder
-        self._side = side
+        self._pool = pool
 
     def event(self, obj: Obj, kind: Kind, type_: str, reason: str, message: str) -> None:
         def write() -> None:
             self._recorder.event(obj, kind, type_, reason, message)
 
-        self._side.submit(key_of(obj), write)
+        self._pool.submit(key_of(obj), write)

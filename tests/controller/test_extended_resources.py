@@ -1,5 +1,5 @@
-"""Pods asking through extended resources: the pure rules of `controller.extres`, and the
-reconciler with the real placement engine pinning such pods (the in-memory writer of
+"""Pods asking through extended resources: the pure rules of `controller.extended_resources`,
+and the reconciler with the real placement engine pinning such pods (the in-memory writer of
 test_reconciler.py stands in for the apiserver; the real one is in
 tests/controller/cluster/test_extended_resources_cluster.py)."""
 
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controller.extres import (
+from controller.extended_resources import (
     ExtendedResourceError,
     asks_carve_resources,
     extended_requests,

@@ -1,4 +1,4 @@
-"""Best-effort writes beside the decision thread (controller/sidewrites.py)."""
+"""Best-effort writes beside the decision thread (controller/writepool.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from controller.objects import Kind
-from controller.sidewrites import DeferredRecorder, SideWriter
+from controller.writepool import DeferredRecorder, WritePool
 
 
 def _wait(done: Any, timeout: float = 10.0) -> None:
@@ -18,7 +18,7 @@ def _wait(done: Any, timeout: float = 10.0) -> None:
 
 
 def test_writes_about_one_object_land_in_order() -> None:
-    side = SideWriter(workers=3)
+    side = WritePool(workers=3)
     seen: dict[str, list[int]] = {}
     lock = threading.Lock()
 
@@ -36,7 +36,7 @@ def test_writes_about_one_object_land_in_order() -> None:
 
 
 def test_a_failing_write_neither_stops_the_worker_nor_escapes() -> None:
-    side = SideWriter(workers=1)
+    side = WritePool(workers=1)
     done: list[str] = []
 
     def boom() -> None:
@@ -49,7 +49,7 @@ def test_a_failing_write_neither_stops_the_worker_nor_escapes() -> None:
 
 
 def test_a_full_queue_drops_and_counts() -> None:
-    side = SideWriter(workers=1, capacity=2)
+    side = WritePool(workers=1, capacity=2)
     gate = threading.Event()
     side.submit("k", gate.wait)  # occupies the worker
     _wait(lambda: side.pending() == 0)
@@ -70,7 +70,7 @@ class _Recorder:
 
 def test_deferred_recorder_writes_through_the_side_writer() -> None:
     inner = _Recorder()
-    side = SideWriter(workers=2)
+    side = WritePool(workers=2)
     rec = DeferredRecorder(inner, side)
     pod = {"metadata": {"name": "p", "namespace": "ns"}}
     rec.event(pod, Kind.POD, "Normal", "Placed", "on n1")
