@@ -27,12 +27,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from controller.config import ReconcilerConfig
 from controller.events import KubeRecorder
 from controller.informers import Informer, InformerConfig, standard_informers, start_informers
 from controller.leader import LeaderElector, LeaseConfig
 from controller.metrics import ControllerMetrics
 from controller.objects import CarveClasses, Kind
-from controller.reconciler import Reconciler, ReconcilerConfig
+from controller.reconciler import Reconciler
 from controller.seams import Planner, PreemptionHook
 from controller.status import KubeClaimWriter
 from controller.writepool import DeferredRecorder, WritePool

@@ -25,8 +25,9 @@ import logging
 import queue
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
+from controller.config import ReconcilerConfig
 from controller.extended_resources import (
     ExtendedResourceError,
     PinnedPods,
@@ -35,10 +36,17 @@ from controller.extended_resources import (
     in_users_words,
     resource_classes,
 )
+from controller.messages import (
+    CommitDone,
+    Message,
+    ReleaseDone,
+    Synced,
+    Watched,
+    WrittenBeside,
+)
 from controller.nodehealth.carvewait import CarveState, carve_verdict, plan_waits_for_carve
 from controller.nodehealth.signals import NodeLoss, allocated_node, node_loss, not_ready_deadline
 from controller.objects import (
-    CarveClasses,
     ClaimAllocation,
     EventType,
     Kind,
@@ -49,18 +57,17 @@ from controller.objects import (
     has_finalizer,
     has_gate,
     is_allocated,
-    is_carve_claim,
     is_older,
     is_terminal,
     key_of,
     node_finalizers,
-    other_gates,
     pod_claim_names,
     priority_key,
 )
 from controller.podqueue import PodQueue, Queued
 from controller.seams import ClaimWriter, Metrics, Planner, PreemptionHook, Recorder
 from controller.status import ObjectGoneError, WriteSkippedError, build_allocation_status
+from controller.work import GATED_ELSEWHERE, PodWork, WorkKind, may_need_work, pod_work
 from driver.contract import DEFAULT_CONTRACT, Contract
 
 _log = logging.getLogger(__name__)
@@ -87,84 +94,6 @@ def _parse_time(value: str | None) -> dt.datetime | None:
         return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         return None
-
-
-class WorkKind(enum.Enum):
-    NONE = "none"
-    WAIT = "wait"
-    UNGATE = "ungate"
-    PLACE = "place"
-
-
-@dataclass(frozen=True)
-class PodWork:
-    """What a pod needs from the controller now (computed from the pod and the claim store)."""
-
-    kind: WorkKind
-    claims: tuple[Obj, ...] = ()
-    message: str = ""
-    reason: str = "ClaimsNotReady"  # of a WAIT: the event/condition reason shown to the user
-
-
-GATED_ELSEWHERE = "SchedulingGatedElsewhere"
-"""Reason of the wait for another scheduling gate (Kueue's admission, for one) to go."""
-
-
-def pod_work(
-    pod: Obj,
-    claims: Mapping[str, Obj],
-    classes: CarveClasses,
-    contract: Contract = DEFAULT_CONTRACT,
-) -> PodWork:
-    """Classify one pod. Pure, so the queue logic is tested without threads or an apiserver.
-
-    Ungated pods are placed only when one of their carve claims still carries our finalizer but
-    lost its allocation: kube-scheduler's PostFilter deallocated it, and since a gate cannot be
-    added back the controller must allocate again before the scheduler's own allocator does.
-    """
-    meta = pod.get("metadata", {})
-    gated = has_gate(pod, contract.scheduling_gate)
-    if is_terminal(pod) or pod.get("spec", {}).get("nodeName") or meta.get("deletionTimestamp"):
-        return PodWork(WorkKind.NONE)
-    foreign = other_gates(pod, contract.scheduling_gate) if gated else []
-    if foreign:
-        return PodWork(
-            WorkKind.WAIT,
-            message=f"waiting for scheduling gate {', '.join(foreign)} to be removed: "
-            "carve places a pod only when its own gate is the last one",
-            reason=GATED_ELSEWHERE,
-        )
-    names, missing = pod_claim_names(pod)
-    if missing:
-        if not gated:
-            return PodWork(WorkKind.NONE)
-        return PodWork(
-            WorkKind.WAIT,
-            message=f"waiting for kube-controller-manager to create claims for {sorted(missing)}",
-        )
-    ns = meta.get("namespace", "")
-    carve: list[Obj] = []
-    for name in names:
-        claim = claims.get(f"{ns}/{name}")
-        if claim is None:
-            if gated:
-                return PodWork(WorkKind.WAIT, message=f"ResourceClaim {ns}/{name} does not exist")
-            continue
-        if is_carve_claim(claim, classes):
-            carve.append(claim)
-    if gated:
-        if not carve or all(is_allocated(c) for c in carve):
-            return PodWork(WorkKind.UNGATE, tuple(carve))
-        deleting = [key_of(c) for c in carve if c.get("metadata", {}).get("deletionTimestamp")]
-        if deleting:
-            return PodWork(WorkKind.WAIT, message=f"ResourceClaim {deleting[0]} is being deleted")
-        return PodWork(WorkKind.PLACE, tuple(carve))
-    lost = [
-        c for c in carve if has_finalizer(c, contract.allocation_finalizer) and not is_allocated(c)
-    ]
-    if lost and not any(c.get("metadata", {}).get("deletionTimestamp") for c in carve):
-        return PodWork(WorkKind.PLACE, tuple(carve))
-    return PodWork(WorkKind.NONE)
 
 
 class ReleaseKind(enum.Enum):
@@ -219,17 +148,6 @@ class _Commit:
     writing: tuple[ClaimAllocation, ...]  # the plan's allocations not yet written before
 
 
-@dataclass(frozen=True)
-class _CommitResult:
-    """What a commit's writes left behind, queued back to the decision thread."""
-
-    pod: str
-    stored: tuple[Obj, ...]  # the last copy of every claim it wrote, as the apiserver answered
-    ungated: Obj | None
-    error: Exception | None
-    allocated: bool  # every allocation was written (a failure, if any, came after)
-
-
 @dataclass
 class _PodState:
     first_seen: float
@@ -241,40 +159,6 @@ class _PodState:
     held_until: dt.datetime | None = None
     # The planner's last refusal, before preemption added to it (`Planner.plan`'s `told`).
     refused: Unplaceable | None = None
-
-
-@dataclass(frozen=True)
-class ReconcilerConfig:
-    contract: Contract = DEFAULT_CONTRACT
-    classes: CarveClasses = field(default=None)  # type: ignore[assignment]  # from contract
-    native_fallback_after: float | None = None
-    retry_interval: float = 30.0
-    max_replans: int = 3
-    claims_grace: float = 30.0
-    event_interval: float = 300.0
-    node_loss_grace: float | None = 300.0  # NotReady this long = lost; None/0: signal off
-    # Carve before bind (controller.nodehealth.carvewait): keep the gate until the node carved.
-    hold_gate_until_carved: bool = True
-    carve_wait: float = 30.0
-    # A placement waits up to this long for release writes in flight beside the decision
-    # thread: the space they free (and the warm slice the node kept there) is the best fit.
-    release_wait: float = 0.5
-
-    def __post_init__(self) -> None:
-        if self.classes is None:
-            object.__setattr__(self, "classes", CarveClasses.of(self.contract))
-
-    @property
-    def driver(self) -> str:
-        return self.contract.driver
-
-    @property
-    def gate(self) -> str:
-        return self.contract.scheduling_gate
-
-    @property
-    def finalizer(self) -> str:
-        return self.contract.allocation_finalizer
 
 
 class Reconciler:
@@ -327,7 +211,7 @@ class Reconciler:
         self._is_leader = is_leader
         self._clock = clock
         self._wall = wall_clock
-        self._events: queue.Queue[tuple[Kind, EventType, Obj]] = queue.Queue()
+        self._events: queue.Queue[Message] = queue.Queue()
         self._synced: set[Kind] = set()
         self.stores: dict[Kind, dict[str, Obj]] = {k: {} for k in Kind}
         self._pods: dict[str, _PodState] = {}
@@ -358,10 +242,10 @@ class Reconciler:
     # -- input (any thread) ----------------------------------------------------------------------
 
     def enqueue(self, kind: Kind, type_: EventType, obj: Obj) -> None:
-        self._events.put((kind, type_, obj))
+        self._events.put(Watched(kind, type_, obj))
 
     def mark_synced(self, kind: Kind) -> None:
-        self._events.put((kind, EventType.ADDED, {"__synced__": True}))
+        self._events.put(Synced(kind))
 
     @property
     def synced(self) -> bool:
@@ -369,22 +253,28 @@ class Reconciler:
 
     # -- event application ------------------------------------------------------------------------
 
-    def _apply(self, kind: Kind, type_: EventType, obj: Obj) -> None:
-        if obj.get("__synced__"):
-            self._synced.add(kind)
-            return
-        if _RELEASE_DONE in obj:
-            # Look again: a failed write is retried, a finished one may have a next step.
-            self._releasing.discard(obj[_RELEASE_DONE])
-            self._dirty_claims.add(obj[_RELEASE_DONE])
-            return
-        if _COMMIT_DONE in obj:
-            self._commit_done(obj[_COMMIT_DONE])
-            return
-        if _WRITTEN_BESIDE in obj:
-            obj = obj[_WRITTEN_BESIDE]
-            if not self._still_stored(obj):
-                return
+    def _apply(self, message: Message) -> None:
+        match message:
+            case Watched(kind, type_, obj):
+                self._watched(kind, type_, obj)
+            case Synced(kind):
+                self._synced.add(kind)
+            case WrittenBeside(claim):
+                self._written_beside(claim)
+            case ReleaseDone(claim_key):
+                # Look again: a failed write is retried, a finished one may have a next step.
+                self._releasing.discard(claim_key)
+                self._dirty_claims.add(claim_key)
+            case CommitDone():
+                self._commit_done(message)
+
+    def _written_beside(self, claim: Obj) -> None:
+        """A claim written beside the decision thread, applied as an informer's copy would be,
+        if the claim is still stored (`_still_stored` says why)."""
+        if self._still_stored(claim):
+            self._watched(Kind.CLAIM, EventType.MODIFIED, claim)
+
+    def _watched(self, kind: Kind, type_: EventType, obj: Obj) -> None:
         key = key_of(obj)
         if kind is Kind.CLAIM and key in self._assumed and self._keeps_assumption(type_, obj):
             return
@@ -450,7 +340,7 @@ class Reconciler:
                 self._users.setdefault(claim_key, set()).add(key)
 
     def _index_candidate(self, key: str, pod: Obj | None) -> None:
-        if pod is not None and _may_need_work(pod, self._cfg.gate):
+        if pod is not None and may_need_work(pod, self._cfg.gate):
             self._candidates.add(key)
         elif key in self._candidates:
             self._candidates.discard(key)
@@ -514,7 +404,7 @@ class Reconciler:
         except queue.Empty:
             return 0
         while True:
-            self._apply(*item)
+            self._apply(item)
             n += 1
             try:
                 item = self._events.get_nowait()
@@ -606,7 +496,7 @@ class Reconciler:
             except Exception:
                 _log.exception("release of claim %s failed; will retry", key)
             finally:
-                self._events.put((Kind.CLAIM, EventType.MODIFIED, {_RELEASE_DONE: key}))
+                self._events.put(ReleaseDone(key))
 
         self._releasing.add(key)
         if self._release_beside(key, writes):
@@ -616,7 +506,7 @@ class Reconciler:
 
     def _queue_written(self, claim: Obj) -> None:
         """A claim written beside the decision thread: into the queue, as an informer event."""
-        self._events.put((Kind.CLAIM, EventType.MODIFIED, {_WRITTEN_BESIDE: claim}))
+        self._events.put(WrittenBeside(claim))
 
     def _still_stored(self, written: Obj) -> bool:
         """Whether a claim written beside the decision thread may go into the store.
@@ -1298,8 +1188,8 @@ class Reconciler:
                     ungated = writer.remove_gate(pod)
                 except Exception as exc:
                     error = exc
-            result = _CommitResult(key, stored, ungated, error, allocated)
-            self._events.put((Kind.POD, EventType.MODIFIED, {_COMMIT_DONE: result}))
+            result = CommitDone(key, stored, ungated, error, allocated)
+            self._events.put(result)
 
         assumed = {
             key_of(claim): _assumed_copy(claim, alloc, classes, finalizer, now)
@@ -1346,14 +1236,14 @@ class Reconciler:
                 self._wake_all(capacity=True)
             self._dirty_claims.add(ckey)
 
-    def _commit_done(self, result: _CommitResult) -> None:
+    def _commit_done(self, result: CommitDone) -> None:
         commit = self._committing.pop(result.pod, None)
         if commit is None:
             return
         self._queue.changed(result.pod)  # the pod is visited again, whatever came of it
         self._unassume(commit.assumed)
         for claim in result.stored:
-            self._apply(Kind.CLAIM, EventType.MODIFIED, {_WRITTEN_BESIDE: claim})
+            self._written_beside(claim)
         pods = self.stores[Kind.POD]
         pod = pods.get(result.pod)
         if pod is None:
@@ -1475,15 +1365,6 @@ def _scheduling_message(pod: Obj) -> str:
     return ""
 
 
-# The marker a release run beside the decision thread queues when it is done (see _apply).
-_RELEASE_DONE = "__release_done__"
-# The wrapper of a claim written beside the decision thread (a release's or a commit's),
-# queued for the store (see _still_stored).
-_WRITTEN_BESIDE = "__written_beside__"
-# The marker a commit run beside the decision thread queues when it is done (see _commit_done).
-_COMMIT_DONE = "__commit_done__"
-
-
 def _write_claims(
     writer: ClaimWriter,
     todo: Sequence[tuple[ClaimAllocation, Obj]],
@@ -1532,15 +1413,6 @@ def _assumed_copy(
 
 def _run_now(_key: str, write: Callable[[], None]) -> None:
     write()
-
-
-def _may_need_work(pod: Obj, gate: str) -> bool:
-    """False exactly when `pod_work` is NONE whatever the claims say: the pod ended, is bound,
-    is being deleted, or has neither claims nor carve's gate."""
-    spec = pod.get("spec") or {}
-    if is_terminal(pod) or spec.get("nodeName") or pod.get("metadata", {}).get("deletionTimestamp"):
-        return False
-    return bool(spec.get("resourceClaims")) or has_gate(pod, gate)
 
 
 def _allocation_dropped(old: Obj | None, new: Obj) -> bool:

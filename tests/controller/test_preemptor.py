@@ -11,11 +11,12 @@ import copy
 import datetime as dt
 from typing import Any
 
+from controller.config import ReconcilerConfig
 from controller.objects import EventType, Kind, Plan, Unplaceable
 from controller.planner import EnginePlanner
 from controller.preemption.eviction import EvictionOutcome, EvictionResult
 from controller.preemption.preemptor import Preemptor
-from controller.reconciler import Reconciler, ReconcilerConfig
+from controller.reconciler import Reconciler
 from tests.controller.test_reconciler import pod
 from tests.controller.test_reconciler_engine import Cluster, profile_claim
 

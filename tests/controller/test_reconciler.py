@@ -19,6 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from controller.config import ReconcilerConfig
 from controller.extended_resources import pinned_affinity
 from controller.objects import (
     CarveClasses,
@@ -31,15 +32,9 @@ from controller.objects import (
     has_gate,
     priority_key,
 )
-from controller.reconciler import (
-    Reconciler,
-    ReconcilerConfig,
-    ReleaseKind,
-    WorkKind,
-    pod_work,
-    release_action,
-)
+from controller.reconciler import Reconciler, ReleaseKind, release_action
 from controller.status import WriteSkippedError, build_allocation_status
+from controller.work import WorkKind, pod_work
 from driver.allocation import AllocatedDevice
 from driver.contract import DEFAULT_CONTRACT, Contract
 

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controller.objects import EventType, Kind, Unplaceable, key_of
-from controller.reconciler import PodWork, WorkKind, pod_work
+from controller.work import PodWork, WorkKind, pod_work
 from tests.controller.test_reconciler import Harness, claim, count_classifications, pod
 
 Obj = dict[str, Any]

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from controller.objects import CarveClasses, Kind, has_gate, other_gates
-from controller.reconciler import GATED_ELSEWHERE, WorkKind, pod_work
+from controller.work import GATED_ELSEWHERE, WorkKind, pod_work
 from tests.controller.test_reconciler import SCHEDULING_GATE, Harness, claim, pod
 
 Obj = dict[str, Any]

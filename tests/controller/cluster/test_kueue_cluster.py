@@ -19,7 +19,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client import ApiClient
 
-from controller.reconciler import GATED_ELSEWHERE
+from controller.work import GATED_ELSEWHERE
 from devcluster.cluster import LocalCluster
 from devcluster.waiting import wait_for
 from driver.contract import DEFAULT_CONTRACT

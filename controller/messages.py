@@ -1,0 +1,60 @@
+"""What travels on the reconciler's queue: typed messages, not fake API events.
+
+Informer threads put what they saw (`Watched`, `Synced`); the writes that run beside the
+decision thread (a release's, a commit's) put back what they wrote (`WrittenBeside`) and that
+they are done (`ReleaseDone`, `CommitDone`). One queue keeps them in the order they happened,
+so the decision thread applies a write's answer after every event that came before it, and a
+message can never be mistaken for an object.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from controller.objects import EventType, Kind, Obj
+
+
+@dataclass(frozen=True)
+class Watched:
+    """An informer event: `obj` was added, modified or deleted."""
+
+    kind: Kind
+    type_: EventType
+    obj: Obj
+
+
+@dataclass(frozen=True)
+class Synced:
+    """The informer of `kind` has delivered its first complete list."""
+
+    kind: Kind
+
+
+@dataclass(frozen=True)
+class WrittenBeside:
+    """A claim as the apiserver answered a write made beside the decision thread; it goes into
+    the store as an informer's copy would, if the store still holds that claim (the same
+    object: a deletion applied meanwhile must not be undone)."""
+
+    claim: Obj
+
+
+@dataclass(frozen=True)
+class ReleaseDone:
+    """The release writes of claim `claim` (its key) ended, written or not: look at it again."""
+
+    claim: str
+
+
+@dataclass(frozen=True)
+class CommitDone:
+    """What a placement's writes beside the decision thread left behind."""
+
+    pod: str
+    stored: tuple[Obj, ...]  # the last copy of every claim it wrote, as the apiserver answered
+    ungated: Obj | None
+    error: Exception | None
+    allocated: bool  # every allocation was written (a failure, if any, came after)
+
+
+Message = Watched | Synced | WrittenBeside | ReleaseDone | CommitDone

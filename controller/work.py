@@ -1,0 +1,113 @@
+"""What a pod needs from the controller now: one pure classification (`pod_work`).
+
+Pure, so the queue logic is tested without threads or an apiserver; the reconciler keeps each
+pod's classification (`controller.podqueue`) until the pod or one of its claims changes, and
+visits only pods whose classification says there is something to do.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from controller.objects import (
+    CarveClasses,
+    Obj,
+    has_finalizer,
+    has_gate,
+    is_allocated,
+    is_carve_claim,
+    is_terminal,
+    key_of,
+    other_gates,
+    pod_claim_names,
+)
+from driver.contract import DEFAULT_CONTRACT, Contract
+
+
+class WorkKind(enum.Enum):
+    NONE = "none"
+    WAIT = "wait"
+    UNGATE = "ungate"
+    PLACE = "place"
+
+
+@dataclass(frozen=True)
+class PodWork:
+    """What a pod needs from the controller now (computed from the pod and the claim store)."""
+
+    kind: WorkKind
+    claims: tuple[Obj, ...] = ()
+    message: str = ""
+    reason: str = "ClaimsNotReady"  # of a WAIT: the event/condition reason shown to the user
+
+
+GATED_ELSEWHERE = "SchedulingGatedElsewhere"
+"""Reason of the wait for another scheduling gate (Kueue's admission, for one) to go."""
+
+
+def pod_work(
+    pod: Obj,
+    claims: Mapping[str, Obj],
+    classes: CarveClasses,
+    contract: Contract = DEFAULT_CONTRACT,
+) -> PodWork:
+    """Classify one pod. Pure, so the queue logic is tested without threads or an apiserver.
+
+    Ungated pods are placed only when one of their carve claims still carries our finalizer but
+    lost its allocation: kube-scheduler's PostFilter deallocated it, and since a gate cannot be
+    added back the controller must allocate again before the scheduler's own allocator does.
+    """
+    meta = pod.get("metadata", {})
+    gated = has_gate(pod, contract.scheduling_gate)
+    if is_terminal(pod) or pod.get("spec", {}).get("nodeName") or meta.get("deletionTimestamp"):
+        return PodWork(WorkKind.NONE)
+    foreign = other_gates(pod, contract.scheduling_gate) if gated else []
+    if foreign:
+        return PodWork(
+            WorkKind.WAIT,
+            message=f"waiting for scheduling gate {', '.join(foreign)} to be removed: "
+            "carve places a pod only when its own gate is the last one",
+            reason=GATED_ELSEWHERE,
+        )
+    names, missing = pod_claim_names(pod)
+    if missing:
+        if not gated:
+            return PodWork(WorkKind.NONE)
+        return PodWork(
+            WorkKind.WAIT,
+            message=f"waiting for kube-controller-manager to create claims for {sorted(missing)}",
+        )
+    ns = meta.get("namespace", "")
+    carve: list[Obj] = []
+    for name in names:
+        claim = claims.get(f"{ns}/{name}")
+        if claim is None:
+            if gated:
+                return PodWork(WorkKind.WAIT, message=f"ResourceClaim {ns}/{name} does not exist")
+            continue
+        if is_carve_claim(claim, classes):
+            carve.append(claim)
+    if gated:
+        if not carve or all(is_allocated(c) for c in carve):
+            return PodWork(WorkKind.UNGATE, tuple(carve))
+        deleting = [key_of(c) for c in carve if c.get("metadata", {}).get("deletionTimestamp")]
+        if deleting:
+            return PodWork(WorkKind.WAIT, message=f"ResourceClaim {deleting[0]} is being deleted")
+        return PodWork(WorkKind.PLACE, tuple(carve))
+    lost = [
+        c for c in carve if has_finalizer(c, contract.allocation_finalizer) and not is_allocated(c)
+    ]
+    if lost and not any(c.get("metadata", {}).get("deletionTimestamp") for c in carve):
+        return PodWork(WorkKind.PLACE, tuple(carve))
+    return PodWork(WorkKind.NONE)
+
+
+def may_need_work(pod: Obj, gate: str) -> bool:
+    """False exactly when `pod_work` is NONE whatever the claims say: the pod ended, is bound,
+    is being deleted, or has neither claims nor carve's gate."""
+    spec = pod.get("spec") or {}
+    if is_terminal(pod) or spec.get("nodeName") or pod.get("metadata", {}).get("deletionTimestamp"):
+        return False
+    return bool(spec.get("resourceClaims")) or has_gate(pod, gate)
