@@ -33,8 +33,8 @@ class Synced:
 @dataclass(frozen=True)
 class WrittenBeside:
     """A claim as the apiserver answered a write made beside the decision thread; it goes into
-    the store as an informer's copy would, if the store still holds that claim (the same
-    object: a deletion applied meanwhile must not be undone)."""
+    the store as an informer's copy would, if the claim is still there (`ClusterStore.
+    still_stored`)."""
 
     claim: Obj
 

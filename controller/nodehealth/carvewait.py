@@ -15,7 +15,7 @@ GPU if NVML refused. A node that reports nothing within the wait (`--carve-wait`
 the pod gated forever: the gate is removed and kube-scheduler's own wait (and its timeout)
 takes over.
 
-The decision is pure (`carve_verdict`); the reconciler does the writes.
+The decision is pure (`carve_verdict`); `controller.nodehealth.carvehold` acts on it.
 """
 
 from __future__ import annotations

@@ -32,7 +32,8 @@ from controller.objects import (
     has_gate,
     priority_key,
 )
-from controller.reconciler import Reconciler, ReleaseKind, release_action
+from controller.reconciler import Reconciler
+from controller.release import ReleaseKind, release_action
 from controller.status import WriteSkippedError, build_allocation_status
 from controller.work import WorkKind, pod_work
 from driver.allocation import AllocatedDevice
@@ -276,10 +277,11 @@ class Harness:
         release_beside: Callable[[str, Callable[[], None]], bool] | None = None,
         commit_beside: Callable[[str, Callable[[], None]], bool] | None = None,
         metrics: Any = None,
+        writer: MemoryWriter | None = None,
         **cfg: Any,
     ) -> None:
         self.planner = FirstFitPlanner()
-        self.writer = MemoryWriter()
+        self.writer = writer or MemoryWriter()
         self.recorder = ListRecorder()
         self.now = [1000.0]
         self.wall = [dt.datetime(2026, 1, 1, 0, 0, 10, tzinfo=dt.UTC)]

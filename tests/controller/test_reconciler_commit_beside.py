@@ -30,9 +30,11 @@ from tests.controller.test_reconciler_engine import node
 from tests.controller.test_reconciler_release_beside import HeldWrites
 
 
-def _harness(nodes: dict[str, int], beside: HeldWrites | WritePool) -> Harness:
+def _harness(
+    nodes: dict[str, int], beside: HeldWrites | WritePool, writer: MemoryWriter | None = None
+) -> Harness:
     """Ready nodes with `nodes[name]` interchangeable slots; commits go to `beside`."""
-    h = Harness(nodes=nodes, commit_beside=beside.offer)
+    h = Harness(nodes=nodes, commit_beside=beside.offer, writer=writer)
     for name in nodes:
         h.add(Kind.NODE, node(name))  # Ready: a node the controller does not take for lost
     return h
@@ -267,9 +269,7 @@ class _LockedWriter(MemoryWriter):
 def test_under_parallel_commits_with_failures_no_device_is_given_twice() -> None:
     random.seed(7)
     workers = WritePool(workers=4)
-    h = _harness({"n1": 6, "n2": 6}, workers)
-    h.writer = _LockedWriter()
-    h.rec._writer = h.writer
+    h = _harness({"n1": 6, "n2": 6}, workers, writer=_LockedWriter())
     for i in range(20):
         h.add(Kind.CLAIM, claim(f"c{i}"))
         h.add(Kind.POD, pod(f"p{i}", [f"c{i}"], created=f"2026-01-01T00:00:{i:02d}Z"))
@@ -280,7 +280,7 @@ def test_under_parallel_commits_with_failures_no_device_is_given_twice() -> None
         assert len(devices) == len(set(devices)), "a device was allocated twice"
         model = sorted(h.planner.used())
         assert len(model) <= 12
-        if len(devices) == 12 and workers.pending() == 0 and not h.rec._committing:
+        if len(devices) == 12 and workers.pending() == 0 and not h.rec._committer.any_in_flight:
             break
     workers.stop()
     devices = h.allocated_devices()

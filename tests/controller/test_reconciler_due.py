@@ -127,16 +127,17 @@ def _fingerprint(w: PodWork) -> tuple[Any, ...]:
 def _assert_classifications_current(h: Harness) -> None:
     rec = h.rec
     rec.pending()  # classifies what changed since the last pass, as the next pass would
-    kept = {key: q.work for key, q in rec._queue.ordered()}
+    kept = {key: q.work for key, q in rec._memory.queue.ordered()}
+    candidates = set(rec._memory.candidates())
     stores = rec.stores
-    for key in rec._candidates:
+    for key in candidates:
         fresh = pod_work(stores[Kind.POD][key], stores[Kind.CLAIM], rec._cfg.classes)
         if fresh.kind is WorkKind.NONE:
             assert key not in kept, f"{key} needs nothing but is still queued"
         else:
             assert key in kept, f"{key} needs {fresh.kind} but is not queued"
             assert _fingerprint(kept[key]) == _fingerprint(fresh), key
-    assert set(kept) <= rec._candidates
+    assert set(kept) <= candidates
 
 
 @given(st.lists(_op, max_size=40))
@@ -154,8 +155,8 @@ def test_no_pod_is_forgotten(ops: list[tuple[Any, ...]]) -> None:
     h.step()
     h.step()
     _assert_classifications_current(h)
-    for key, q in h.rec._queue.ordered():
-        state = h.rec._pods.get(key)
+    for key, q in h.rec._memory.queue.ordered():
+        state = h.rec._memory.wait_of(key)
         if q.work.kind is WorkKind.PLACE:
             assert state is not None, f"{key} is placeable and has no state"
             assert state.permanent or state.retry_at > moment, f"{key} was not tried"

@@ -121,9 +121,8 @@ class _Depth:
 
 
 def test_pods_held_by_a_queue_are_not_counted_as_pending_for_carve() -> None:
-    h = Harness(nodes={"n1": 0})
     metrics = _Depth()
-    h.rec._metrics = metrics
+    h = Harness(nodes={"n1": 0}, metrics=metrics)
     h.add(Kind.CLAIM, claim("a"))
     h.add(Kind.CLAIM, claim("b"))
     h.add(Kind.POD, _held("queued", ["a"], KUEUE_GATE, SCHEDULING_GATE))
