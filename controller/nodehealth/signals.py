@@ -16,7 +16,7 @@ finalizer present) are treated as destroyed only on a *strong* signal (deleted, 
 then the node finalizer is removed on the node's behalf. NotReady alone never frees a prepared
 placement, because an unreachable node may well still run the pod and hold the instance.
 
-Pure functions over API objects; the reconciler owns the decisions. What the
+Pure functions over API objects; `controller.nodehealth.lost` owns the decisions. What the
 informer keeps of a Node (`controller.cache.trim_node`) is what these functions read.
 """
 

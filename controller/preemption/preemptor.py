@@ -1,10 +1,10 @@
 """Preemption as the reconciler runs it: candidates from the stores, the search, evictions.
 
-Called by the reconciler when a pod is unplaceable (``Reconciler(preemptor=...)``). It gathers
-the pods of lower priority that hold carve slices, asks ``controller.preemption`` for the
-cheapest set whose removal lets the pod fit (the oracle is the placement engine on the
-planner's model), sends the evictions of that set as a dry run, then for real, tells both sides
-in events, and has the planner hold the freed slices for the preemptor until it is placed.
+Called when a pod is unplaceable (``Reconciler(preemption=...)``, from `controller.placing`).
+It gathers the pods of lower priority that hold carve slices, asks ``controller.preemption.
+search`` for the cheapest set whose removal lets the pod fit (the oracle is the placement engine
+on the planner's model), sends the evictions of that set as a dry run, then for real, tells both
+sides in events, and has the planner hold the freed slices for the preemptor until it is placed.
 
 A PodDisruptionBudget is honoured twice: budgets whose status the disruption controller has
 observed limit how many of their pods a set may take (``disruptionsAllowed``); any other refusal

@@ -319,7 +319,7 @@ def _run_matrix(e2e: E2E, form: str) -> list[tuple[str, str, str]]:
     pods: dict[str, Case] = {}
     for i, case in enumerate(CASES):
         name = f"c{i}"
-        # As users do: YAML through kubectl (see _RAW_BYTES_HINT in controller/reconciler.py
+        # As users do: YAML through kubectl (see _RAW_BYTES_HINT in controller/outcomes.py
         # for what happens to claims sent as JSON with whitespace).
         if form == "ResourceClaim":
             body: Obj = {"spec": {"devices": case.devices}}
