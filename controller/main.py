@@ -5,13 +5,13 @@ underscores), so the Deployment can be configured either way; flags win over the
 Those shared with `carve-kubelet-plugin` (kubeconfig, driver name, ops address, logging, resync
 period) are declared there once; a bad value exits 2 with the flag and an example.
 
-Process shape: five informer threads feed one reconciler thread, which makes every decision and
-the writes that carry it; events and pod conditions go to side-writer threads; a
-leader-election thread gates the reconciler (followers keep their caches warm, so a failover
-decides on a full picture at once but still only after its informers have listed); an HTTP
-thread serves /metrics, /healthz and
-/readyz. Losing the lease ends the process (exit code 3): a restart is the simplest way to be sure
-that no decision of the old term survives into the next.
+Process shape: five informer threads feed one reconciler thread, which makes every decision;
+the writes that carry them (placements, releases) and the events and pod conditions run on
+write pools beside it (`controller.writepool`); a leader-election thread gates the reconciler
+(followers keep their caches warm, so a failover decides on a full picture at once but still
+only after its informers have listed); an HTTP thread serves /metrics, /healthz and /readyz.
+Losing the lease ends the process (exit code 3): a restart is the simplest way to be sure that
+no decision of the old term survives into the next.
 """
 
 from __future__ import annotations
