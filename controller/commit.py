@@ -55,6 +55,8 @@ class _Commit:
 
 
 class Committer:
+    """Writes plans, inline or beside the decision thread, and keeps the commits in flight."""
+
     def __init__(
         self,
         *,

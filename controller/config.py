@@ -14,6 +14,8 @@ from driver.contract import DEFAULT_CONTRACT, Contract
 
 @dataclass(frozen=True)
 class ReconcilerConfig:
+    """The controller's settings; the defaults are the flags' defaults."""
+
     contract: Contract = DEFAULT_CONTRACT
     classes: CarveClasses = field(default=None)  # type: ignore[assignment]  # from contract
     native_fallback_after: float | None = None

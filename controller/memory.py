@@ -69,7 +69,7 @@ class PodMemory:
         """A pod as now stored (None: deleted): remember it while it is a candidate, else
         forget it."""
         if pod is not None and may_need_work(pod, self._gate):
-            self._records.setdefault(key, PodRecord()).candidate = True
+            self.record(key).candidate = True
         else:
             self.forget(key)
 
@@ -87,7 +87,10 @@ class PodMemory:
 
     def record(self, key: str) -> PodRecord:
         """The pod's record, made if it has none."""
-        return self._records.setdefault(key, PodRecord())
+        record = self._records.get(key)
+        if record is None:
+            record = self._records[key] = PodRecord()
+        return record
 
     # -- waits ---------------------------------------------------------------------------------
 

@@ -22,6 +22,8 @@ Obj = dict[str, Any]
 
 
 class Kind(enum.StrEnum):
+    """The kinds of object the controller watches, one informer each."""
+
     POD = "Pod"
     CLAIM = "ResourceClaim"
     SLICE = "ResourceSlice"
@@ -30,6 +32,8 @@ class Kind(enum.StrEnum):
 
 
 class EventType(enum.StrEnum):
+    """What an informer saw happen to an object (the watch's event types)."""
+
     ADDED = "ADDED"
     MODIFIED = "MODIFIED"
     DELETED = "DELETED"

@@ -40,6 +40,8 @@ Defer = Callable[[str, Callable[[], None]], None]
 
 
 class Outcomes:
+    """Ends a visit: tells the user and the metrics, and sets when to look at the pod again."""
+
     def __init__(
         self,
         *,

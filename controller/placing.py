@@ -38,6 +38,8 @@ _log = logging.getLogger(__name__)
 
 
 class Placer:
+    """Acts on the engine's answer for one pod (the module docstring lists the three kinds)."""
+
     def __init__(
         self,
         *,

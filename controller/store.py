@@ -30,6 +30,8 @@ from controller.seams import Planner
 
 
 class ClusterStore:
+    """The decision thread's copy of the cluster (the module docstring says what it keeps)."""
+
     def __init__(self, planner: Planner, memory: PodMemory) -> None:
         self._planner = planner
         self._memory = memory

@@ -21,6 +21,8 @@ from controller.seams import ClaimWriter, Recorder
 
 
 class CarveHold:
+    """Decides, for a gated pod whose claims are allocated, whether the gate may go yet."""
+
     def __init__(
         self,
         *,
