@@ -20,11 +20,12 @@ import pytest
 from controller.cache import trim_node
 from controller.config import ReconcilerConfig
 from controller.main import parse_options
-from controller.nodefit import MisfitReason, PodNeeds, Toleration, check_node, parse_node
+from controller.nodefit import MisfitReason, PodNeeds, check_node, parse_node
 from controller.nodehealth.signals import LossSignal, allocated_node, node_loss
 from controller.objects import EventType, Kind
 from controller.planner import EnginePlanner
 from controller.reconciler import Reconciler
+from controller.tolerations import Toleration
 from driver.contract import DEFAULT_CONTRACT
 from process.flags import UsageError
 from tests.controller.test_reconciler import ListRecorder, MemoryWriter, pod

@@ -12,11 +12,11 @@ from controller.nodefit import (
     Resources,
     Taint,
     TaintEffect,
-    Toleration,
     check_node,
     parse_node,
     parse_pod_needs,
 )
+from controller.tolerations import Toleration
 
 NODE = NodeInfo(
     "n1",

@@ -18,15 +18,7 @@ from controller.claims import (
     ExactRequest,
 )
 from controller.model import WHOLE_GPU, ClusterModel
-from controller.nodefit import (
-    NodeInfo,
-    PodNeeds,
-    Resources,
-    Taint,
-    TaintEffect,
-    Toleration,
-    check_node,
-)
+from controller.nodefit import NodeInfo, PodNeeds, Resources, Taint, TaintEffect, check_node
 from controller.placement import (
     ClaimToPlace,
     NoPlacement,
@@ -36,6 +28,7 @@ from controller.placement import (
     PlacementRequest,
     Policy,
 )
+from controller.tolerations import Toleration
 from driver.catalog import gpu_model
 from driver.geometry import geometry_for
 from tests.support.cluster_builders import (
