@@ -223,6 +223,21 @@ class HealthTracker:
             return False  # corrected by the hardware
         return self._raise(gpu, Severity.FATAL, "ecc-uncorrected", "uncorrected ECC error", now)
 
+    def lost(self, gpu: str, now: float) -> bool:
+        """The GPU answers GPU_IS_LOST (fallen off the bus, with or without an XID 79 first):
+        fatal, and, as for a recovery action asked for, over at the first probe that reads
+        again with no action pending (the reset or reboot that brings a lost GPU back). A
+        fatal condition already there (XID 79 names the same loss) keeps its reason."""
+        current = self.conditions.get(gpu)
+        if current is not None and current.severity is Severity.FATAL:
+            self.conditions[gpu] = replace(current, recovery_asked=True, last_event=now)
+            return False
+        changed = self._raise(
+            gpu, Severity.FATAL, "gpu-lost", "the GPU has fallen off the bus (GPU_IS_LOST)", now
+        )
+        self.conditions[gpu] = replace(self.conditions[gpu], recovery_asked=True)
+        return changed
+
     def probe(self, gpu: str, probe: Probe, now: float) -> bool:
         """A poll's readings: a recovery action asked for is fatal; a reset (the action back to
         none after one was asked, or the volatile uncorrected ECC count restarting) clears a

@@ -21,6 +21,7 @@ from typing import Protocol
 from driver.gpuhealth import Condition, HealthPolicy, HealthTracker, Probe, Severity
 from driver.naming import DevicePlace
 from driver.nvml.backend import HealthEvent, HealthEvents
+from driver.nvml.errors import GpuLost
 from driver.nvml.types import GpuInstance
 from kubeletplugin.healthstate import HealthStateFile
 from kubeletplugin.nodeevents import NodeEvents
@@ -193,6 +194,9 @@ class HealthMonitor:
                 recovery_action=self._backend.recovery_action(gpu),
                 ecc_uncorrected=self._backend.uncorrected_ecc_errors(gpu),
             )
+        except GpuLost:
+            with self._lock:
+                return self._tracker.lost(gpu, now)
         except Exception as e:
             log.warning("GPU health probe failed", extra={"gpu": gpu, "error": str(e)})
             return False
@@ -218,13 +222,27 @@ class HealthMonitor:
                     self._places[(g, gi)] = live[gi]
         return changed
 
-    def _restore(self) -> None:
-        """Start from the saved conditions of this node's GPUs (see kubeletplugin.healthstate)."""
+    def watch(self, gpus: Sequence[str]) -> None:
+        """Also watch these GPUs: they answer NVML again after having been lost when the
+        monitor started. They are polled (not subscribed to events), starting from the
+        conditions saved for them, so that the reset that brought them back is recognised and
+        said."""
+        new = tuple(g for g in gpus if g not in self._gpus)
+        if not new:
+            return
+        self._gpus = (*self._gpus, *new)
+        self._restore(frozenset(new))
+        self.poll()
+
+    def _restore(self, only: frozenset[str] | None = None) -> None:
+        """Start from the saved conditions of this node's GPUs (see kubeletplugin.healthstate),
+        or of `only` those."""
         if self._state is None:
             return
         loaded = self._state.load()
-        saved = {g: c for g, c in loaded.gpus.items() if g in self._gpus}
-        instances = {k: c for k, c in loaded.instances.items() if k[0] in self._gpus}
+        mine = set(self._gpus if only is None else only)
+        saved = {g: c for g, c in loaded.gpus.items() if g in mine}
+        instances = {k: c for k, c in loaded.instances.items() if k[0] in mine}
         with self._lock:
             self._tracker.conditions.update(saved)
             for key, condition in instances.items():
@@ -235,7 +253,8 @@ class HealthMonitor:
         # An instance destroyed (or re-created) while the plugin was down ends its condition.
         for gpu in sorted({g for g, _ in instances}):
             self._check_instances(gpu)
-        self._told = {}
+        if only is None:
+            self._told = {}
         self._told.update(saved)
         for key, c in instances.items():
             self._told[key] = c
@@ -253,15 +272,35 @@ class HealthMonitor:
             "GPU health changed", extra={"unhealthy": {g: c.reason for g, c in conditions.items()}}
         )
         if self._state is not None:
-            try:
-                self._state.save(conditions, instances, self._places)
-            except OSError as e:
-                log.warning("could not save GPU health", extra={"error": str(e)})
+            self._save(conditions, instances)
         try:
             self._on_change()
         except Exception as e:
             log.warning("republishing after a GPU health change failed", extra={"error": str(e)})
         self._tell(conditions, instances)
+
+    def _save(
+        self,
+        conditions: Mapping[str, Condition],
+        instances: Mapping[tuple[str, int], Condition],
+    ) -> None:
+        """Save what this monitor knows, and keep what was saved for GPUs it does not watch
+        (lost when it started): when one comes back, `watch` starts from it."""
+        assert self._state is not None
+        watched = set(self._gpus)
+        try:
+            before = self._state.load()
+        except Exception:
+            before = None
+        gpus, more, places = dict(conditions), dict(instances), dict(self._places)
+        if before is not None:
+            gpus.update({g: c for g, c in before.gpus.items() if g not in watched})
+            more.update({k: c for k, c in before.instances.items() if k[0] not in watched})
+            places.update({k: p for k, p in before.places.items() if k[0] not in watched})
+        try:
+            self._state.save(gpus, more, places)
+        except OSError as e:
+            log.warning("could not save GPU health", extra={"error": str(e)})
 
     def _tell(
         self,

@@ -66,6 +66,8 @@ log = logging.getLogger("carve.kubeletplugin")
 
 PROG = "carve-kubelet-plugin"
 _RETRY_PENDING_SECONDS = 30.0
+# How often the GPUs are enumerated again, to tell a GPU that fell off the bus or came back.
+_GPU_CHECK_SECONDS = 5.0
 _ROOT = Path("/")
 
 # -- flags -------------------------------------------------------------------------------------
@@ -378,6 +380,7 @@ class NodePlugin:
         self.node: NodeHardware = open_backend(opts.simulate, opts.driver_root)
         self.driver_files: DriverFiles | None = self._driver_files()
         self.node_events = KubernetesNodeEvents(api, driver=opts.driver_name, node=opts.node_name)
+        self._told_lost: set[int] = set()
         self.preparer: Preparer = Preparer(
             settings=PreparerSettings(
                 driver_name=opts.driver_name,
@@ -603,6 +606,7 @@ class NodePlugin:
                 "apiserver": self._api_check,
                 "resourceslices": self._slices_check,
                 "checkpoint": self._pending_check,
+                "gpus": self._gpus_check,
                 **({"claimwatch": self._claim_watch_check} if self.precarve is not None else {}),
             },
         )
@@ -638,6 +642,45 @@ class NodePlugin:
             return ""
         return watch.last_error or "ResourceClaims not listed yet"
 
+    def _gpus_check(self) -> str:
+        """Which GPUs are out: one lost GPU is isolated, the others keep working, and the
+        operator sees which one (`/readyz`, `carve_lost_gpus`, a Node event)."""
+        lost = self.node.mig.lost()
+        return "; ".join(f"GPU index {i} is lost ({why})" for i, why in sorted(lost.items()))
+
+    def _watch_lost_gpus(self) -> None:
+        """Enumerate the GPUs again; a GPU that fell off the bus or came back is told once."""
+        try:
+            self.node.mig.gpus()
+        except Exception as e:
+            log.warning("listing GPUs failed", extra={"error": str(e)})
+            return
+        lost = self.node.mig.lost()
+        for index, why in sorted(lost.items()):
+            self.metrics.lost_gpus.labels(gpu=str(index)).set(1)
+            if index not in self._told_lost:
+                self.node_events.event(
+                    type_="Warning",
+                    reason="GpuLost",
+                    message=f"GPU index {index} answers NVML_ERROR_GPU_IS_LOST ({why}): carve "
+                    "isolates it (its devices are tainted NoExecute, or withdrawn if it was "
+                    "lost before the plugin started; claims on it are released) and the other "
+                    "GPUs keep working. Reset the GPU or reboot the node",
+                )
+        back = self._told_lost - set(lost)
+        for index in sorted(back):
+            self.metrics.lost_gpus.labels(gpu=str(index)).set(0)
+            self.node_events.event(
+                type_="Normal", reason="GpuBack", message=f"GPU index {index} answers NVML again"
+            )
+        self._told_lost = set(lost)
+        if back:
+            # GPUs lost when the plugin started are new to its parts: prepare on them, watch
+            # their health, publish them.
+            self.preparer.gpus_changed()
+            self.health.watch([g.uuid for g in self.node.mig.gpus() if g.mig_capable])
+            self._republish()
+
     def _pending_check(self) -> str:
         from kubeletplugin.checkpoint import ClaimState
 
@@ -652,6 +695,7 @@ class NodePlugin:
 
     def run(self) -> int:
         """Recover, serve, publish (in that order), then keep at it until `stop()`."""
+        self._watch_lost_gpus()
         self.preparer.reconcile()
         # Before serving: release instances of checkpointed claims that are gone from the API (the
         # node came back to a different or rebuilt cluster, or finalizers were stripped by hand).
@@ -683,6 +727,7 @@ class NodePlugin:
     def _serve_until_stopped(self) -> None:
         last_verdict = self.server.registration
         next_retry = time.monotonic() + _RETRY_PENDING_SECONDS
+        next_gpu_check = time.monotonic() + _GPU_CHECK_SECONDS
         while not self._stop.wait(0.5):
             # Every registration (each verdict is a new object) may follow a kubelet restart, and
             # the kubelet wipes the node's slices when it starts: republish at once.
@@ -692,6 +737,9 @@ class NodePlugin:
             last_verdict = verdict
             if self.precarve is not None:
                 self.precarve.carver.expire_taints()
+            if time.monotonic() >= next_gpu_check:
+                self._watch_lost_gpus()
+                next_gpu_check = time.monotonic() + _GPU_CHECK_SECONDS
             if time.monotonic() >= next_retry:
                 self.preparer.retry_pending()
                 next_retry = time.monotonic() + _RETRY_PENDING_SECONDS

@@ -59,6 +59,13 @@ class PluginMetrics:
             ["outcome"],
             registry=self.registry,
         )
+        self.lost_gpus = Gauge(
+            "carve_lost_gpus",
+            "GPUs that answer NVML_ERROR_GPU_IS_LOST (fallen off the bus), by NVML index: 1 "
+            "while lost. carve isolates them; the node's other GPUs keep working.",
+            ["gpu"],
+            registry=self.registry,
+        )
         self.slice_publish = Counter(
             "carve_resourceslice_sync",
             "ResourceSlice synchronisations, by result.",

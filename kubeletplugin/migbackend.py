@@ -10,7 +10,7 @@ import ctypes
 import logging
 import os
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from driver.devnodes import parse_char_major
 from driver.driverroot import LIBRARY_DIRS, DriverRootError, nvml_library
 from driver.naming import DevicePlace, parse_device_name
 from driver.nvml.backend import NvmlBackend
+from driver.nvml.errors import GpuLost
 from driver.pcie import read_topology, standard_bus_id
 from driver.resourceslice import PublishedGpu, build_resource_slices
 
@@ -32,6 +33,9 @@ class NodeHardware:
     # Where the GPUs' PCIe root complex and NUMA node are read (driver.pcie): the node's /sys,
     # which a container sees as the host's, or the simulator's fake tree.
     sys_root: Path = Path("/sys")
+    # GPU UUID -> (offers MIG devices, offers itself) as last published: a GPU that falls off
+    # the bus cannot say, and keeps what it offered, tainted by the health monitor.
+    _offers: dict[str, tuple[bool, bool]] = field(default_factory=dict)
 
     def common_device_nodes(self) -> tuple[DeviceNode, ...]:
         """Nodes every container with a carve device needs besides the per-device ones.
@@ -74,10 +78,14 @@ class NodeHardware:
             if g.uuid in exclude or not g.mig_capable or not g.profiles:
                 continue
             if g.mig_toggle_needs_reset:
-                mig_on = self.mig.mig_mode(g.uuid).current
+                try:
+                    mig_on = self.mig.mig_mode(g.uuid).current
+                except GpuLost:
+                    mig_on = self._offers.get(g.uuid, (True, False))[0]
                 offers_mig, offers_whole = mig_on, not mig_on
             else:
                 offers_mig, offers_whole = g.uuid not in whole, True
+            self._offers[g.uuid] = (offers_mig, offers_whole)
             bus_id = standard_bus_id(g.pci_bus_id)
             topology = read_topology(self.sys_root, bus_id)
             out.append(

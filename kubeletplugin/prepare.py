@@ -39,7 +39,7 @@ from driver.cdi import (
     whole_gpu_device_nodes,
 )
 from driver.contract import Contract
-from driver.nvml.errors import InstanceMismatch, PlacementTaken
+from driver.nvml.errors import GpuLost, GpuNotPresent, InstanceMismatch, PlacementTaken
 from driver.nvml.types import GpuInfo
 from kubeletplugin.checkpoint import (
     Checkpoint,
@@ -167,6 +167,12 @@ class Preparer:
 
     def checkpoint(self) -> Checkpoint:
         return self.ledger.checkpoint()
+
+    def gpus_changed(self) -> None:
+        """Learn GPUs that answer NVML again after being lost at start-up. Every part shares the
+        one GPU table, so all of them see the GPU from now on."""
+        for g in self._backend.gpus():
+            self._gpus.setdefault(g.minor, g)
 
     def refused_gpus(self) -> Mapping[str, str]:
         return self.foreign.refused_gpus()
@@ -585,7 +591,22 @@ class Preparer:
         earlier process (`by_intent`) looks for it by profile and placement: that process may
         have crashed between the carve and the save. In this process a failed carve leaves
         nothing behind (the backend rolls back, `_undo_unsaved_carve` covers the save), so an
-        instance found there now is someone else's."""
+        instance found there now is someone else's.
+
+        On a GPU that has fallen off the bus or is no longer on the node the instance is gone
+        with it (a reset or reboot brings the GPU back empty), so the claim is released: its
+        finalizer must not stay behind for a destroy that can never succeed."""
+        try:
+            self._destroy_locked(d, ctx, by_intent=by_intent)
+        except (GpuLost, GpuNotPresent) as e:
+            log.warning(
+                "the claim's GPU is lost or gone, and its MIG instance with it; releasing",
+                extra={**ctx, "gpu": d.gpu_uuid, "device": d.device_name, "error": str(e)},
+            )
+
+    def _destroy_locked(
+        self, d: DeviceRecord, ctx: Mapping[str, object], *, by_intent: bool
+    ) -> None:
         with self.ledger.gpu(d.gpu_uuid):
             assert d.placement_start is not None and d.placement_size is not None
             if d.gi_id is not None:
@@ -613,6 +634,8 @@ class Preparer:
                     extra={**ctx, "gpu": d.gpu_uuid, "giID": gi_id, "device": d.device_name},
                 )
                 return
+            except (GpuLost, GpuNotPresent):
+                raise
             except Exception as e:
                 raise ClaimError(
                     "destroy-failed",

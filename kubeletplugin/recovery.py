@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 
 from driver.cdi import CdiWriter
+from driver.nvml.errors import GpuLost, GpuNotPresent
 from driver.nvml.types import GpuInstance
 from kubeletplugin.checkpoint import ClaimRecord, ClaimState
 from kubeletplugin.claims import ClaimClient, ClaimView
@@ -132,22 +133,24 @@ class Recovery:
         Otherwise a later prepare of the same claim would return CDI IDs for MIG devices that
         no longer exist. With every instance gone the record is torn down (spec and finalizer
         too), so the kubelet's next prepare carves afresh; a partial loss is only reported,
-        because tearing down the survivors would break a workload that may still run.
+        because tearing down the survivors would break a workload that may still run. A GPU that
+        has fallen off the bus or is gone from the node has none of its instances any more; a
+        GPU that cannot be read for another reason is left for the next start.
         """
-        live: dict[str, Sequence[GpuInstance]] = {}
+        live: dict[str, Sequence[GpuInstance] | None] = {}
         for record in list(self._ledger.checkpoint().claims.values()):
             mig = [d for d in record.devices if d.is_mig and d.gi_id is not None]
             if record.state is not ClaimState.PREPARE_COMPLETED or not mig:
                 continue
-            missing = []
+            missing: list[str] = []
             for d in mig:
                 if d.gpu_uuid not in live:
-                    live[d.gpu_uuid] = (
-                        self._backend.instances(d.gpu_uuid)
-                        if self._backend.mig_enabled(d.gpu_uuid)
-                        else ()
-                    )
-                if find_own_instance(d, live[d.gpu_uuid], self._ledger.checkpoint()) is None:
+                    live[d.gpu_uuid] = self._instances_on(d.gpu_uuid)
+                found = live[d.gpu_uuid]
+                if found is None:
+                    missing = []
+                    break
+                if find_own_instance(d, found, self._ledger.checkpoint()) is None:
                     missing.append(d.device_name)
             if not missing:
                 continue
@@ -163,3 +166,19 @@ class Recovery:
                         self._teardown(record, ctx)
                 except Exception:
                     log.exception("could not forget the lost claim; will retry", extra=ctx)
+
+    def _instances_on(self, gpu_uuid: str) -> Sequence[GpuInstance] | None:
+        """The GPU's instances; none for a GPU lost or gone; None when it cannot be read."""
+        try:
+            mig = self._backend.mig_enabled(gpu_uuid)
+            return self._backend.instances(gpu_uuid) if mig else ()
+        except (GpuLost, GpuNotPresent) as e:
+            log.warning(
+                "a prepared claim's GPU is lost or gone", extra={"gpu": gpu_uuid, "error": str(e)}
+            )
+            return ()
+        except Exception as e:
+            log.warning(
+                "could not read a prepared claim's GPU", extra={"gpu": gpu_uuid, "error": str(e)}
+            )
+            return None

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from driver.catalog import Placement
-from driver.nvml.errors import InstanceMismatch, NotFound, NvmlError
+from driver.nvml.errors import GpuLost, GpuNotPresent, InstanceMismatch, NotFound, NvmlError
 from kubeletplugin.checkpoint import ClaimRecord, DeviceRecord, WarmInstance, WarmState
 from kubeletplugin.ledger import Ledger
 from kubeletplugin.metrics import PluginMetrics
@@ -205,6 +205,13 @@ class WarmPool:
                 "warm MIG instance is gone and its id now names another instance",
                 extra={**ctx, "gpu": warm.gpu_uuid, "giID": warm.gi_id},
             )
+        except (GpuLost, GpuNotPresent):
+            self.forget(warm, WarmEvent.VANISHED)
+            log.warning(
+                "warm MIG instance's GPU is lost or gone, and the instance with it",
+                extra={**ctx, "gpu": warm.gpu_uuid, "giID": warm.gi_id},
+            )
+            return
         except Exception as e:
             raise ClaimError(
                 "destroy-failed",
@@ -253,7 +260,7 @@ class WarmPool:
                 continue
             try:
                 self._backend.running_processes(warm.gpu_uuid, warm.mig_uuid)
-            except NotFound:
+            except (NotFound, GpuLost):
                 self.forget(warm, WarmEvent.VANISHED)
                 log.warning(
                     "warm MIG instance vanished while the plugin was down",

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
+from driver.nvml.errors import GpuLost, GpuNotPresent
 from kubeletplugin.checkpoint import ClaimRecord, DeviceRecord
 from kubeletplugin.foreign import WHOLE_GPU
 from kubeletplugin.foreignscan import ForeignScanner
@@ -113,10 +114,18 @@ class WholeGpus:
         return record
 
     def restore(self, d: DeviceRecord, ctx: Mapping[str, object]) -> None:
-        """Turn MIG mode back on after a whole-GPU claim (idempotent: on already is fine)."""
+        """Turn MIG mode back on after a whole-GPU claim (idempotent: on already is fine). A
+        GPU that is lost or gone is left to the reset or reboot that brings it back; carve turns
+        MIG mode on again the next time it carves there."""
         with self._ledger.gpu(d.gpu_uuid):
             try:
                 self._backend.enable_mig(d.gpu_uuid)
+            except (GpuLost, GpuNotPresent) as e:
+                log.warning(
+                    "MIG mode not restored: the GPU is lost or gone",
+                    extra={**ctx, "gpu": d.gpu_uuid, "device": d.device_name, "error": str(e)},
+                )
+                return
             except Exception as e:
                 raise ClaimError(
                     "mig-restore-failed",

@@ -22,7 +22,7 @@ import contextlib
 import ctypes
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -31,6 +31,8 @@ from driver import devnodes
 from driver.catalog import Architecture, Engines, Evidence, GpuModel, Placement, ProfileSpec
 from driver.nvml import errors
 from driver.nvml.errors import (
+    GpuLost,
+    GpuNotPresent,
     InstanceInUse,
     InstanceMismatch,
     InvalidPlacement,
@@ -132,7 +134,7 @@ class HealthEvents:
             if self._b._code(exc) == _TIMEOUT:
                 return None
             raise errors.from_code(int(exc.value), "wait for GPU health events", gpu=None) from exc
-        uuid = self._b._call("read the event's GPU", None, nv.nvmlDeviceGetUUID, data.device)
+        uuid = self._b.uuid_of(data.device)
         kind = int(data.eventType)
         if kind & _EVENT_XID:
             gi = int(data.gpuInstanceId)
@@ -194,6 +196,8 @@ class NvmlBackend:
         self._opened = 0
         self._handles: dict[str, Any] = {}
         self._gpus: dict[str, GpuInfo] = {}
+        self._by_index: dict[int, str] = {}  # NVML index -> UUID, as last read
+        self._lost: dict[int, str] = {}  # NVML index -> why, for GPUs answering GPU_IS_LOST
         self._ci_profile_cache: dict[tuple[str, int], tuple[_CiProfile, ...]] = {}
 
     # --- lifecycle --------------------------------------------------------------------------
@@ -245,22 +249,57 @@ class NvmlBackend:
     # --- GPUs -------------------------------------------------------------------------------
 
     def gpus(self) -> tuple[GpuInfo, ...]:
-        """Every GPU of the node, in NVML index order, with its discovered MIG profiles."""
+        """Every GPU of the node, in NVML index order, with its discovered MIG profiles.
+
+        A GPU that has fallen off the bus (GPU_IS_LOST) does not take the others down with it:
+        it is listed with what was read of it before, if anything was (its calls keep failing
+        with GpuLost, so its users can isolate it), and left out otherwise; `lost()` says which
+        are out."""
         with self._lock:
             count = self._call("count GPUs", None, self._nvml.nvmlDeviceGetCount)
             out = []
             for index in range(count):
-                handle = self._call(
-                    f"get GPU {index}", None, self._nvml.nvmlDeviceGetHandleByIndex, index
-                )
-                uuid = self._call(
-                    f"read GPU {index} UUID", None, self._nvml.nvmlDeviceGetUUID, handle
-                )
+                try:
+                    handle = self._call(
+                        f"get GPU {index}", None, self._nvml.nvmlDeviceGetHandleByIndex, index
+                    )
+                    uuid = self._call(
+                        f"read GPU {index} UUID", None, self._nvml.nvmlDeviceGetUUID, handle
+                    )
+                    if uuid not in self._gpus:
+                        self._gpus[uuid] = self._describe(index, uuid, handle)
+                except GpuLost as e:
+                    known = self._by_index.get(index)
+                    self._lost[index] = f"{known or 'UUID unknown'}: {e}"
+                    if known is not None:
+                        out.append(self._gpus[known])
+                    continue
+                self._lost.pop(index, None)
                 self._handles[uuid] = handle
-                if uuid not in self._gpus:
-                    self._gpus[uuid] = self._describe(index, uuid, handle)
+                self._by_index[index] = uuid
                 out.append(self._gpus[uuid])
             return tuple(out)
+
+    def uuid_of(self, handle: Any) -> str:
+        """The UUID of a device handle NVML gave back (an event's). A GPU that has fallen off
+        the bus no longer tells its UUID, and XID 79 is exactly the event that says so: it is
+        known by the handle this backend holds for it."""
+        try:
+            return str(
+                self._call("read the event's GPU", None, self._nvml.nvmlDeviceGetUUID, handle)
+            )
+        except GpuLost:
+            address = _address(handle)
+            with self._lock:
+                for uuid, known in self._handles.items():
+                    if _address(known) == address:
+                        return uuid
+            raise
+
+    def lost(self) -> Mapping[int, str]:
+        """NVML index -> why, for the GPUs that answered GPU_IS_LOST at the last `gpus()`."""
+        with self._lock:
+            return dict(self._lost)
 
     def gpu(self, gpu_uuid: str) -> GpuInfo:
         return self._known(self._gpus, gpu_uuid)
@@ -276,7 +315,7 @@ class NvmlBackend:
                 self.gpus()
             value = table.get(gpu_uuid)
         if value is None:
-            raise NotFound(f"no GPU with UUID {gpu_uuid} on this node", gpu=gpu_uuid)
+            raise GpuNotPresent(f"no GPU with UUID {gpu_uuid} on this node", gpu=gpu_uuid)
         return value
 
     def _describe(self, index: int, uuid: str, handle: Any) -> GpuInfo:
@@ -1003,3 +1042,8 @@ class NvmlBackend:
 
     def cap_devices(self, gpu_minor: int, gi_id: int, ci_id: int) -> tuple[CapDevice, CapDevice]:
         return devnodes.cap_devices(self._proc_root, gpu_minor, gi_id, ci_id)
+
+
+def _address(handle: Any) -> int | None:
+    """What an NVML handle points at: equal handles to one device compare equal here."""
+    return ctypes.cast(handle, ctypes.c_void_p).value

@@ -102,6 +102,15 @@ class NvmlFailure(NvmlError):
     """Any other NVML failure; the message names the operation and the code."""
 
 
+class GpuLost(NvmlError):
+    """The GPU has fallen off the bus (XID 79): every call on it fails until a reset or a
+    reboot, which bring it back without its MIG instances."""
+
+
+class GpuNotPresent(NotFound):
+    """No GPU with that UUID on this node (any more): gone after a reboot, or lost at start."""
+
+
 def from_code(code: int, what: str, *, gpu: str | None = None) -> NvmlError:
     """A typed error for ``code`` when the caller has no more specific reading of it.
 
@@ -145,7 +154,7 @@ def from_code(code: int, what: str, *, gpu: str | None = None) -> NvmlError:
             gpu=gpu,
         )
     if code == NVML_ERROR_GPU_IS_LOST:
-        return NvmlFailure(
+        return GpuLost(
             f"{on}cannot {what}: the GPU has fallen off the bus; drain the node and check it",
             code=code,
             gpu=gpu,

@@ -133,3 +133,17 @@ def test_any_history_ends_healthy_after_a_reset_and_a_quiet_period(
     t.probe("g", Probe(recovery_action=0, ecc_uncorrected=0), now + 2)
     t.expire(now + 100)
     assert t.conditions == {} and t.taints(KEY) == {}
+
+
+def test_a_lost_gpu_is_fatal_until_it_reads_again_with_nothing_pending() -> None:
+    t = HealthTracker()
+    assert t.lost("g", now=1.0)
+    assert t.taints("k") == {"g": [{"key": "k", "value": "gpu-lost", "effect": "NoExecute"}]}
+    assert "fallen off the bus" in t.unhealthy()["g"]
+    assert not t.lost("g", now=2.0)  # still lost: nothing new to publish
+    assert t.probe("g", Probe(recovery_action=0, ecc_uncorrected=0), now=3.0)  # reset
+    assert t.unhealthy() == {}
+    # an XID 79 first names the loss; the failing calls that follow keep its reason
+    t.xid("h", 79, now=4.0)
+    assert not t.lost("h", now=5.0)
+    assert t.taints("k")["h"][0]["value"] == "xid-79"

@@ -37,6 +37,7 @@ import pynvml
 
 from driver.nvml.sim import config as _cfgmod
 from driver.nvml.sim.admin import (
+    sim_lose_gpu,
     sim_node_files,
     sim_proc_root,
     sim_reboot,
@@ -215,6 +216,7 @@ __all__ = [
     "sim_inject_ecc",
     "sim_inject_fault",
     "sim_inject_xid",
+    "sim_lose_gpu",
     "sim_node_files",
     "sim_proc_root",
     "sim_reboot",

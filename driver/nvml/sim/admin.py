@@ -24,18 +24,32 @@ from driver.nvml.sim.runtime import admin, raise_nvml, sim_config
 def sim_reset_gpu(index: int) -> None:
     """A GPU reset (``nvidia-smi --gpu-reset``): applies a pending MIG mode on Ampere; Hopper
     and later lose MIG mode. Refused with IN_USE while GPU instances or processes exist, as
-    the driver refuses to reset a busy GPU."""
+    the driver refuses to reset a busy GPU, unless the GPU is lost: then its instances and
+    clients are gone already, and the reset brings it back empty."""
 
     def body(cfg: SimConfig, state: HwState) -> None:
         gpu = state.gpus[index]
-        if gpu.gis or gpu.clients:
+        if (gpu.gis or gpu.clients) and not gpu.lost:
             raise_nvml(pynvml.NVML_ERROR_IN_USE)
         _apply_reset(cfg.gpus[index].model, gpu)
 
     admin(body)
 
 
+def sim_lose_gpu(index: int) -> None:
+    """The GPU falls off the bus without an XID being reported first: every NVML call on it
+    answers GPU_IS_LOST until ``sim_reset_gpu`` or ``sim_reboot``."""
+
+    def body(cfg: SimConfig, state: HwState) -> None:
+        if not 0 <= index < len(state.gpus):
+            raise SimConfigError(f"no GPU {index}: the node has {len(state.gpus)}")
+        state.gpus[index].lost = True
+
+    admin(body)
+
+
 def _apply_reset(model: GpuModel, gpu: GpuRec) -> None:
+    gpu.lost = False
     gpu.gis = []
     gpu.clients = 0
     gpu.recovery_action = pynvml.NVML_GPU_RECOVERY_ACTION_NONE  # what a reset recovers from

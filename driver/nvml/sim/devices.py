@@ -74,6 +74,8 @@ def nvmlDeviceGetHandleByUUID(uuid: str | bytes) -> Any:
     def body(cfg: SimConfig, state: HwState) -> Any:
         for i, gpu in enumerate(state.gpus):
             if gpu.uuid == wanted:
+                if gpu.lost:
+                    raise_nvml(pynvml.NVML_ERROR_GPU_IS_LOST)
                 return device_handle(i)
             for gi in gpu.gis:
                 for ci in gi.cis:

@@ -91,6 +91,8 @@ def resolve(cfg: SimConfig, state: HwState, handle: Any, kinds: tuple[int, ...])
     if kind not in kinds or index >= len(cfg.gpus):
         raise_nvml(pynvml.NVML_ERROR_INVALID_ARGUMENT)
     r = Resolved(index, cfg.gpus[index].model, state.gpus[index])
+    if r.gpu.lost:
+        raise_nvml(pynvml.NVML_ERROR_GPU_IS_LOST)
     if kind == KIND_GI:
         r.gi = r.gpu.gi(gi_id)
         if r.gi is None or r.gi.serial != serial:

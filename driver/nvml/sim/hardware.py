@@ -92,6 +92,9 @@ class GpuRec:
     recovery_action: int = 0
     ecc_corrected: int = 0
     ecc_uncorrected: int = 0
+    # Fallen off the bus (XID 79, sim_lose_gpu): every call on it answers GPU_IS_LOST until a
+    # reset or a reboot, which bring it back without its instances.
+    lost: bool = False
 
     def gi(self, gi_id: int) -> GiRec | None:
         return next((g for g in self.gis if g.id == gi_id), None)

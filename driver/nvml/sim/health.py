@@ -35,6 +35,7 @@ from driver.nvml.sim.hardware import HwState
 from driver.nvml.sim.runtime import admin, raise_nvml, require_init, state_store
 
 XID_NEEDS_RESET = frozenset({48, 62, 64, 74, 79, 95, 119, 120, 140})
+XID_GPU_LOST = 79  # "GPU has fallen off the bus"
 SUPPORTED_EVENTS = (
     pynvml.nvmlEventTypeSingleBitEccError
     | pynvml.nvmlEventTypeDoubleBitEccError
@@ -221,6 +222,8 @@ def sim_inject_xid(
             )
         rec = state.gpus[index]
         rec.recovery_action = max(rec.recovery_action, action)
+        if xid == XID_GPU_LOST:
+            rec.lost = True  # every later call on it answers GPU_IS_LOST, until a reset
         if xid == 48:
             rec.ecc_uncorrected += 1
         gi = _NO_INSTANCE if gpu_instance is None else gpu_instance

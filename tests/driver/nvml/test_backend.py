@@ -14,6 +14,7 @@ from driver.devnodes import parse_char_major
 from driver.nvml import sim
 from driver.nvml.backend import NvmlBackend
 from driver.nvml.errors import (
+    GpuLost,
     InstanceInUse,
     InstanceMismatch,
     InvalidPlacement,
@@ -97,9 +98,13 @@ def test_no_addressing_mode_with_a_binding_that_lacks_the_call(
 
 
 def test_another_addressing_mode_failure_is_an_nvml_error(make_backend: MakeBackend) -> None:
+    failing = [{"op": "DeviceGetAddressingMode", "error": "UNKNOWN"}]
+    with pytest.raises(NvmlFailure, match="read the addressing mode"):
+        make_backend([A100], faults=failing).gpus()
+    # GPU_IS_LOST there is the GPU falling off the bus while it is described: left out
     lost = [{"op": "DeviceGetAddressingMode", "error": "GPU_IS_LOST"}]
-    with pytest.raises(NvmlFailure, match="read the addressing mode: the GPU has fallen off"):
-        make_backend([A100], faults=lost).gpus()
+    b = make_backend([A100], faults=lost)
+    assert b.gpus() == () and "fallen off the bus" in b.lost()[0]
 
 
 @pytest.mark.parametrize("key", [A100, H100, RTX, "A30-24GB", "B200-180GB"])
@@ -311,3 +316,26 @@ def test_caps_major_from_proc_devices(make_backend: MakeBackend, tmp_path: Path)
     )
     with pytest.raises(NvmlFailure, match="cannot read"):
         NvmlBackend(sim, proc_root=tmp_path / "nowhere").caps_major()
+
+
+def test_a_lost_gpu_does_not_take_the_others_down(make_backend: MakeBackend) -> None:
+    """Issue 32, point 2: a GPU lost before the first enumeration is left out and reported; one
+    lost after it keeps its description (its calls fail with GpuLost, so callers isolate it);
+    both come back after a reset."""
+    b = make_backend([A100, A100, A100])
+    first = b.gpus()
+    sim.sim_lose_gpu(2)
+    assert [g.uuid for g in b.gpus()] == [g.uuid for g in first]  # described before: kept
+    assert set(b.lost()) == {2} and first[2].uuid in b.lost()[2]
+    with pytest.raises(GpuLost, match="fallen off the bus"):
+        b.instances(first[2].uuid)
+    assert b.instances(first[0].uuid) == ()
+
+    fresh = NvmlBackend(sim, proc_root=sim.sim_proc_root()).open()  # a restarted plugin
+    try:
+        assert [g.index for g in fresh.gpus()] == [0, 1]  # GPU 2 was never described here
+        assert "UUID unknown" in fresh.lost()[2]
+        sim.sim_reset_gpu(2)
+        assert [g.index for g in fresh.gpus()] == [0, 1, 2] and fresh.lost() == {}
+    finally:
+        fresh.close()

@@ -657,3 +657,34 @@ def test_config_can_carry_a_model_the_catalog_lacks(make_sim: SimFactory) -> Non
     dev = nv.nvmlDeviceGetHandleByIndex(0)
     assert nv.nvmlDeviceGetName(dev) == "Lab GPU 24GB"
     assert _placements(nv, dev, 5) == [(0, 2), (2, 2)]
+
+
+@pytest.mark.parametrize("how", ["xid-79", "lose"])
+def test_a_gpu_off_the_bus_answers_gpu_is_lost_until_a_reset(
+    make_sim: SimFactory, how: str
+) -> None:
+    """Issue 32, point 2: as the driver does after XID 79, every call on the lost GPU fails
+    with GPU_IS_LOST (before, the simulator stayed kind and health tests passed only because of
+    it); the other GPU answers as before; a reset brings it back without its instances."""
+    nv = make_sim([A100, A100])
+    lost, other = nv.nvmlDeviceGetHandleByIndex(0), nv.nvmlDeviceGetHandleByIndex(1)
+    uuid = nv.nvmlDeviceGetUUID(lost)
+    gi = _create(nv, lost, 19, 0, 1)
+    _full_ci(nv, gi, 1)
+    if how == "xid-79":
+        nv.sim_inject_xid(0, 79)
+    else:
+        nv.sim_lose_gpu(0)
+    is_lost = pynvml.NVML_ERROR_GPU_IS_LOST
+    assert _code(nv.nvmlDeviceGetUUID, lost) == is_lost
+    assert _code(nv.nvmlDeviceGetMigMode, lost) == is_lost
+    assert _code(nv.nvmlDeviceGetHandleByUUID, uuid) == is_lost
+    assert _code(nv.nvmlGpuInstanceGetInfo, gi) == is_lost
+    assert _code(_create, nv, lost, 19, 1, 1) == is_lost
+    assert nv.nvmlDeviceGetMigMode(other) == [1, 1]  # the other GPU is untouched
+    _create(nv, other, 19, 0, 1)
+    nv.sim_reset_gpu(0)  # a lost GPU's instances do not hold the reset back
+    assert nv.nvmlDeviceGetUUID(lost) == uuid
+    count = ctypes.c_uint()
+    nv.nvmlDeviceGetGpuInstances(lost, 19, None, ctypes.byref(count))
+    assert count.value == 0

@@ -44,12 +44,12 @@ def test_an_event_set_gets_the_events_of_its_gpus_after_it_registered(make_sim: 
     assert nv.nvmlDeviceGetSupportedEventTypes(dev) & EVENTS == EVENTS
     nv.nvmlDeviceRegisterEvents(dev, EVENTS, es)
     assert _timeout(nv, es) == pynvml.NVML_ERROR_TIMEOUT
-    sim.sim_inject_xid(0, 79)  # another GPU: not for this set
-    sim.sim_inject_xid(1, 79)
+    sim.sim_inject_xid(0, 74)  # another GPU: not for this set
+    sim.sim_inject_xid(1, 74)  # (XID 79 would take the GPU off the bus: test_sim.py)
     sim.sim_inject_ecc(1, uncorrected=False)
     first = nv.nvmlEventSetWait_v2(es, 1000)
     assert nv.nvmlDeviceGetUUID(first.device) == nv.nvmlDeviceGetUUID(dev)
-    assert (first.eventType, first.eventData) == (pynvml.nvmlEventTypeXidCriticalError, 79)
+    assert (first.eventType, first.eventData) == (pynvml.nvmlEventTypeXidCriticalError, 74)
     second = nv.nvmlEventSetWait_v2(es, 1000)
     assert second.eventType == pynvml.nvmlEventTypeSingleBitEccError
     assert _timeout(nv, es) == pynvml.NVML_ERROR_TIMEOUT
@@ -84,7 +84,7 @@ def test_the_driver_asks_for_a_reset_after_a_fatal_xid_until_one_happens(
     assert _action(nv, 0) == pynvml.NVML_GPU_RECOVERY_ACTION_NONE
     sim.sim_inject_xid(0, 13)  # an application's fault: no recovery needed
     assert _action(nv, 0) == pynvml.NVML_GPU_RECOVERY_ACTION_NONE
-    sim.sim_inject_xid(0, 79)
+    sim.sim_inject_xid(0, 74)  # an NVLink error: the GPU answers, and asks for a reset
     assert _action(nv, 0) == pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET
     sim.sim_inject_ecc(1, uncorrected=True)
     dev1 = nv.nvmlDeviceGetHandleByIndex(1)
@@ -107,7 +107,7 @@ def test_without_event_support_registration_is_refused(make_sim: SimFactory) -> 
     with pytest.raises(pynvml.NVMLError) as err:
         nv.nvmlDeviceRegisterEvents(dev, pynvml.nvmlEventTypeXidCriticalError, es)
     assert err.value.value == pynvml.NVML_ERROR_NOT_SUPPORTED
-    sim.sim_inject_xid(0, 79)
+    sim.sim_inject_xid(0, 74)
     assert _action(nv, 0) == pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET  # pollable still
 
 
