@@ -69,6 +69,14 @@ class MemoryClaims:
             if finalizer in fins:
                 fins.remove(finalizer)
 
+    def holding(self, finalizer: str) -> list[ClaimView]:
+        with self._lock:
+            return [
+                parse_claim(o)
+                for o in self._objs.values()
+                if finalizer in o["metadata"]["finalizers"]
+            ]
+
 
 def _pct(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)

@@ -95,6 +95,10 @@ class ClaimClient(Protocol):
     def remove_finalizer(self, namespace: str, name: str, uid: str, finalizer: str) -> None:
         """Remove `finalizer`; a missing claim, a different UID or an absent finalizer is fine."""
 
+    def holding(self, finalizer: str) -> list[ClaimView]:
+        """Every claim in the cluster that carries `finalizer` (a node's: the claims that node
+        may have carved for, which is what a damaged checkpoint is rebuilt from)."""
+
 
 class ClaimGoneError(Exception):
     """The claim (with the expected UID) no longer exists."""
@@ -181,6 +185,9 @@ class KubeJson:
 _LAST_READ_MAX = 256  # claims being prepared at once, with room to spare
 
 
+_ALL_CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
+
+
 def _claim_path(namespace: str, name: str) -> str:
     return f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
 
@@ -263,6 +270,19 @@ class KubernetesClaimClient:
 
     def add_finalizer(self, namespace: str, name: str, uid: str, finalizer: str) -> None:
         self._update_finalizers(namespace, name, uid, finalizer, add=True)
+
+    def holding(self, finalizer: str) -> list[ClaimView]:
+        out: list[ClaimView] = []
+        token = ""
+        while True:
+            query = [("limit", "500"), *([("continue", token)] if token else [])]
+            page = self._api.request("GET", _ALL_CLAIMS, query=query)
+            for obj in page.get("items") or []:
+                if finalizer in ((obj.get("metadata") or {}).get("finalizers") or ()):
+                    out.append(parse_claim(obj))
+            token = str((page.get("metadata") or {}).get("continue") or "")
+            if not token:
+                return out
 
     def remove_finalizer(self, namespace: str, name: str, uid: str, finalizer: str) -> None:
         self._update_finalizers(namespace, name, uid, finalizer, add=False)

@@ -13,6 +13,7 @@ import threading
 from collections import Counter as CountBy
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 
 from driver.nvml.types import GpuInfo, GpuInstance
 from kubeletplugin.checkpoint import (
@@ -42,6 +43,11 @@ class Ledger:
         self._locks_lock = threading.Lock()
         self._gpu_locks: dict[str, threading.Lock] = {}
         self._claim_locks: dict[str, threading.Lock] = {}
+
+    @property
+    def recovered_from(self) -> Path | None:
+        """Where a damaged checkpoint was moved at load (None: it loaded, or there was none)."""
+        return self._store.recovered_from
 
     def checkpoint(self) -> Checkpoint:
         with self._cp_lock:

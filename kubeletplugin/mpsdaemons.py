@@ -73,6 +73,17 @@ class ClaimDaemons:
         )
         return self._ledger.put(replace(record, mps=running))
 
+    def adopt(self, plan: Sequence[PlannedDevice], record: ClaimRecord) -> ClaimRecord:
+        """The record of a claim rebuilt after its checkpoint was lost, with the daemon its MPS
+        devices have (its directories follow from the claim's UID; its pid, if it runs)."""
+        if self._control is None or not any(p.mps for p in plan):
+            return record
+        uuids = [
+            d.mig_uuid or d.gpu_uuid for p, d in zip(plan, record.devices, strict=True) if p.mps
+        ]
+        intent = self._control.intent(record.uid, uuids)
+        return replace(record, mps=replace(intent, pid=self._control.pid_of(intent)))
+
     def spec_edits(self, record: ClaimRecord, shared: SpecEdits) -> SpecEdits:
         """The claim's spec-wide edits: the shared ones, plus its daemon's pipe directory."""
         if record.mps is None or self._control is None:

@@ -311,7 +311,7 @@ class PreCarver:
             )
             return
         if target is None:
-            if not self._allocated_here(obj):
+            if not self._allocated_here(obj) or _deleted_unused(obj):
                 self._maybe_release(uid)
             return
         with self._lock:
@@ -393,6 +393,16 @@ class PreCarver:
     def expire_taints(self) -> None:
         if self.failures.expire():
             self._on_taints_changed()
+
+
+def _deleted_unused(obj: Mapping[str, Any]) -> bool:
+    """Being deleted with no pod reserved for it: carved for a pod that went before its
+    binding, which the kubelet will never unprepare."""
+    try:
+        claim = parse_claim(obj)
+    except ClaimFormatError:
+        return False
+    return claim.deleting and not claim.reserved_for
 
 
 def _reason(prepare_reason: str) -> str:

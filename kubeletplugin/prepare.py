@@ -149,6 +149,7 @@ class Preparer:
         self._recovery = Recovery(
             self.ledger,
             backend,
+            self._gpus,
             node=self._node,
             claims=claims,
             cdi=cdi,
@@ -157,6 +158,8 @@ class Preparer:
             foreign=self.foreign,
             metrics=self.metrics,
             teardown=self._teardown,
+            complete=self._complete,
+            node_events=node_events,
         )
         self._offers_changed = offers_changed
         self._pool = ThreadPoolExecutor(
@@ -258,17 +261,7 @@ class Preparer:
             for i, p in enumerate(plan):
                 record = self._carve(p, record, i, ref)
             record = self.daemons.start(plan, record, ctx)
-            cdi_ids = self._cdi.write(
-                ref.uid,
-                self._cdi_devices(plan, record.devices, record.mps),
-                self.daemons.spec_edits(record, self._shared),
-            )
-            done = tuple(
-                replace(d, cdi_ids=(c,)) for d, c in zip(record.devices, cdi_ids, strict=True)
-            )
-            record = self.ledger.put(
-                replace(record, state=ClaimState.PREPARE_COMPLETED, devices=done)
-            )
+            record = self._complete(plan, record)
         except BaseException:
             current = self.ledger.checkpoint().claims.get(ref.uid)
             if current is not None:
@@ -278,6 +271,16 @@ class Preparer:
                     log.exception("rollback failed; will retry", extra=ctx)
             raise
         return _prepared_devices(record)
+
+    def _complete(self, plan: Sequence[PlannedDevice], record: ClaimRecord) -> ClaimRecord:
+        """Write the claim's CDI spec, then record it PREPARE_COMPLETED with the spec's ids."""
+        cdi_ids = self._cdi.write(
+            record.uid,
+            self._cdi_devices(plan, record.devices, record.mps),
+            self.daemons.spec_edits(record, self._shared),
+        )
+        done = tuple(replace(d, cdi_ids=(c,)) for d, c in zip(record.devices, cdi_ids, strict=True))
+        return self.ledger.put(replace(record, state=ClaimState.PREPARE_COMPLETED, devices=done))
 
     def _read_claim(self, ref: ClaimRef) -> ClaimView:
         try:
@@ -570,16 +573,18 @@ class Preparer:
             cleared = replace(d, gi_id=None, ci_id=None, mig_uuid=None)
             record = self.ledger.put(record.with_device(i, cleared))
         self._cdi.remove(record.uid)
-        if record.finalizer_added:
-            try:
-                self._claims.remove_finalizer(
-                    record.namespace, record.name, record.uid, self._finalizer
-                )
-            except Exception as e:
-                raise ClaimError(
-                    "api",
-                    f"instances destroyed, but removing finalizer {self._finalizer} failed: {e}",
-                ) from e
+        # Whether or not `finalizer_added` was saved: the PATCH may have been applied with its
+        # answer lost, or the process killed between the PATCH and the save. Removing a
+        # finalizer that is not there is a no-op.
+        try:
+            self._claims.remove_finalizer(
+                record.namespace, record.name, record.uid, self._finalizer
+            )
+        except Exception as e:
+            raise ClaimError(
+                "api",
+                f"instances destroyed, but removing finalizer {self._finalizer} failed: {e}",
+            ) from e
         self.ledger.forget(record.uid)
         if whole:
             self._offers_changed()

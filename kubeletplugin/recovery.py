@@ -11,18 +11,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
 from driver.cdi import CdiWriter
+from driver.contract import Contract
 from driver.nvml.errors import GpuLost, GpuNotPresent
-from driver.nvml.types import GpuInstance
+from driver.nvml.types import GpuInfo, GpuInstance
 from kubeletplugin.checkpoint import ClaimRecord, ClaimState
 from kubeletplugin.claims import ClaimClient, ClaimView
 from kubeletplugin.foreignscan import ForeignScanner
 from kubeletplugin.ledger import Ledger, find_own_instance
 from kubeletplugin.metrics import PluginMetrics
 from kubeletplugin.mpsdaemons import ClaimDaemons
-from kubeletplugin.planning import NodeIdentity
-from kubeletplugin.ports import MigBackend
+from kubeletplugin.nodeevents import NodeEvents
+from kubeletplugin.planning import NodeIdentity, PlannedDevice, plan_devices
+from kubeletplugin.ports import ClaimError, MigBackend
 from kubeletplugin.warmpool import WarmPool
 
 log = logging.getLogger(__name__)
@@ -30,12 +33,16 @@ log = logging.getLogger(__name__)
 Teardown = Callable[[ClaimRecord, Mapping[str, object]], None]
 """Destroy a claim's instances, spec and finalizer and forget it; the caller holds its lock."""
 
+Complete = Callable[[Sequence[PlannedDevice], ClaimRecord], ClaimRecord]
+"""Write a claim's CDI spec and record it PREPARE_COMPLETED."""
+
 
 class Recovery:
     def __init__(
         self,
         ledger: Ledger,
         backend: MigBackend,
+        gpus: Mapping[int, GpuInfo],
         *,
         node: NodeIdentity,
         claims: ClaimClient,
@@ -45,9 +52,12 @@ class Recovery:
         foreign: ForeignScanner,
         metrics: PluginMetrics,
         teardown: Teardown,
+        complete: Complete,
+        node_events: NodeEvents | None = None,
     ) -> None:
         self._ledger = ledger
         self._backend = backend
+        self._gpus = gpus
         self._node = node
         self._claims = claims
         self._cdi = cdi
@@ -56,6 +66,9 @@ class Recovery:
         self._foreign = foreign
         self._metrics = metrics
         self._teardown = teardown
+        self._complete = complete
+        self._node_events = node_events
+        self._finalizer = Contract(node.driver_name).node_finalizer(node.node_name)
 
     def at_start(self) -> None:
         """Bring checkpoint, NVML and CDI into agreement after a start or a crash."""
@@ -74,12 +87,112 @@ class Recovery:
             except Exception:
                 log.exception("could not finish interrupted operation; will retry", extra=ctx)
         self._warm.reconcile()
+        self._rebuild()
         self._foreign.rescan()
         known = set(self._ledger.checkpoint().claims)
         for uid in self._cdi.claim_uids_on_disk() - known:
             log.warning("removing orphaned CDI spec", extra={"claimUID": uid})
             self._cdi.remove(uid)
         self._check_completed()
+
+    def _rebuild(self) -> None:
+        """After a damaged checkpoint: the claims this node carved for, from the API and NVML.
+
+        Without it the plugin starts empty: every instance of a running pod becomes foreign,
+        its CDI spec is removed as an orphan (a restarted container then fails), and no claim
+        prepared here ever loses this node's finalizer. The claims carrying that finalizer are
+        exactly the ones this node may have carved for; each whose devices all have an
+        instance at their placement is recorded prepared again (its spec rewritten), each whose
+        instances are not all there loses the finalizer (a half-made one is then foreign)."""
+        aside = self._ledger.recovered_from
+        if aside is None:
+            return
+        try:
+            held = self._claims.holding(self._finalizer)
+        except Exception as e:
+            log.error("could not list claims to rebuild the checkpoint", extra={"error": str(e)})
+            self._node_event(
+                f"the plugin's checkpoint was damaged (kept as {aside}) and the claims to "
+                f"rebuild it from could not be listed: {e}; their instances are kept as foreign"
+            )
+            return
+        rebuilt, released = [], []
+        for claim in held:
+            name = f"{claim.namespace}/{claim.name}"
+            try:
+                if self._rebuild_one(claim):
+                    rebuilt.append(name)
+                else:
+                    self._claims.remove_finalizer(
+                        claim.namespace, claim.name, claim.uid, self._finalizer
+                    )
+                    released.append(name)
+            except Exception as e:
+                log.warning("could not rebuild a claim", extra={"claim": name, "error": str(e)})
+        log.warning(
+            "checkpoint rebuilt from the API and NVML",
+            extra={"rebuilt": rebuilt, "released": released, "damaged": str(aside)},
+        )
+        self._node_event(
+            f"the plugin's checkpoint was damaged (kept as {aside}); rebuilt from the API and "
+            f"NVML: {len(rebuilt)} prepared claim(s) recovered ({', '.join(rebuilt) or 'none'}), "
+            f"{len(released)} whose instances were gone released "
+            f"({', '.join(released) or 'none'}); other MIG instances are kept as foreign"
+        )
+
+    def _rebuild_one(self, claim: ClaimView) -> bool:
+        """Record one claim prepared again if NVML still has all its devices; False if not."""
+        if not claim.allocated:
+            return False
+        try:
+            plan = plan_devices(
+                claim,
+                self._node,
+                self._gpus,
+                refused={},
+                mps_available=self._daemons.available,
+            )
+        except ClaimError:
+            return False
+        cp = self._ledger.checkpoint()
+        devices = []
+        for p in plan:
+            d = p.record()
+            if p.place is None:
+                if self._backend.mig_enabled(p.gpu.uuid):
+                    return False
+                d = replace(d, restore_mig=not p.gpu.mig_toggle_needs_reset)
+            else:
+                inst = next(
+                    (
+                        i
+                        for i in self._backend.instances(p.gpu.uuid)
+                        if (i.profile_id, i.placement.start) == p.place
+                        and cp.owner_of(p.gpu.uuid, i.gi_id) is None
+                    ),
+                    None,
+                )
+                if inst is None or inst.mig_uuid is None:
+                    return False
+                d = replace(d, gi_id=inst.gi_id, ci_id=inst.ci_ids[0], mig_uuid=inst.mig_uuid)
+            devices.append(d)
+        record = ClaimRecord(
+            claim.uid,
+            claim.namespace,
+            claim.name,
+            ClaimState.PREPARE_STARTED,
+            tuple(devices),
+            finalizer_added=True,
+        )
+        record = self._ledger.put(self._daemons.adopt(plan, record))
+        self._complete(plan, record)
+        return True
+
+    def _node_event(self, message: str) -> None:
+        if self._node_events is not None:
+            self._node_events.event(
+                type_="Warning", reason="CheckpointRebuilt", message=message, action="Recover"
+            )
 
     def housekeeping(self) -> None:
         """Periodic housekeeping: retry teardowns that could not finish (e.g. the API was
@@ -119,6 +232,10 @@ class Recovery:
         """Why a prepared claim no longer belongs on this node ("" when it still does)."""
         if claim is None or claim.uid != uid:
             return "no longer exists in the API"
+        if claim.deleting and not claim.reserved_for:
+            # e.g. carve before bind: the pod went after the carve and before its binding, so
+            # the kubelet never prepared it here and will never unprepare it
+            return "is being deleted and no pod uses it"
         if not claim.allocated:
             return "is no longer allocated (its node was given up as lost)"
         if not any(

@@ -44,7 +44,9 @@ CAN_I: tuple[tuple[str, str, str, str, bool], ...] = (
     (PLUGIN, "get", "resourceclaims.resource.k8s.io", "", True),
     (PLUGIN, "patch", "resourceclaims.resource.k8s.io", "", True),
     (PLUGIN, "update", "resourceclaims.resource.k8s.io", "", False),
-    (PLUGIN, "list", "resourceclaims.resource.k8s.io", "", False),
+    # only to rebuild a damaged checkpoint from the claims holding its node finalizer
+    (PLUGIN, "list", "resourceclaims.resource.k8s.io", "", True),
+    (PLUGIN, "watch", "resourceclaims.resource.k8s.io", "", False),
     # No claim status at all with plugin.bindingConditions off (the default), so neither
     # its own driver's nor another's.
     (

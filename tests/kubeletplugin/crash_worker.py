@@ -86,13 +86,32 @@ class FileClaims:
             if finalizer in fins:
                 fins.remove(finalizer)
 
+    def holding(self, finalizer: str) -> list[ClaimView]:
+        with self._locked() as data:
+            return [
+                parse_claim(o)
+                for o in data.values()
+                if finalizer in (o["metadata"].get("finalizers") or ())
+            ]
+
 
 def _kill() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _install_crash_hooks(crash_at: str) -> None:
-    if crash_at == "cdi-write":
+    if crash_at in ("finalizer-add", "finalizer-remove"):
+        # Killed right after the apiserver applied the finalizer change, before the plugin
+        # could save that it did: as a lost answer or a crash between the PATCH and the save.
+        name = crash_at.replace("finalizer-", "") + "_finalizer"
+        original = getattr(FileClaims, name)
+
+        def change(self: FileClaims, *a: Any) -> None:
+            original(self, *a)
+            _kill()
+
+        setattr(FileClaims, name, change)
+    elif crash_at == "cdi-write":
         original_write = CdiWriter.write
 
         def write(self: CdiWriter, *a: Any, **k: Any) -> tuple[str, ...]:

@@ -127,6 +127,14 @@ class FakeClaims:
             if not fins and "deletionTimestamp" in obj["metadata"]:
                 del self.objects[(namespace, name)]
 
+    def holding(self, finalizer: str) -> list[ClaimView]:
+        with self.lock:
+            return [
+                parse_claim(o)
+                for o in self.objects.values()
+                if finalizer in o["metadata"]["finalizers"]
+            ]
+
 
 @dataclass
 class FakeKubeJson:

@@ -97,7 +97,8 @@ class Env:
         cp = CheckpointStore(self.root / "checkpoint").load()
         assert cp.claims == {} and cp.foreign == ()
         assert self.live() == []
-        assert list((self.root / "cdi").iterdir()) == []
+        cdi = self.root / "cdi"
+        assert not cdi.exists() or list(cdi.iterdir()) == []
         assert self.finalizers() == []
 
 
@@ -118,6 +119,7 @@ PREPARE_STEPS = [
     "sim:after:CreateGpuInstanceWithPlacement@1",  # second device, first one done
     "sim:after:GpuInstanceCreateComputeInstance@1",
     "save:1",  # PrepareStarted written
+    "finalizer-add",  # the apiserver has the node finalizer; the checkpoint does not know
     "save:2",  # finalizer recorded
     "save:3",  # first device recorded
     "save:4",  # second device recorded
@@ -135,6 +137,7 @@ UNPREPARE_STEPS = [
     "sim:after:GpuInstanceDestroy@1",
     "save:3",  # second device cleared
     "cdi-remove",
+    "finalizer-remove",  # the finalizer is gone; the record still says UnprepareStarted
     "save:4",  # record dropped
 ]
 
@@ -160,6 +163,17 @@ def test_kill_during_prepare_then_retry(env: Env, step: str) -> None:
     again = env.result(env.run("prepare"))  # another restart + retry changes nothing
     assert again == retry
     env.check_prepared()
+    assert env.result(env.run("unprepare"))["error"] == ""
+    env.check_unprepared()
+
+
+@pytest.mark.parametrize("step", ["save:1", "finalizer-add", "save:2", "cdi-write"])
+def test_kill_during_prepare_then_the_pod_is_deleted(env: Env, step: str) -> None:
+    """Issue 32, point 3(a): the kubelet does not retry the prepare but unprepares (the pod
+    was deleted meanwhile). The node finalizer goes even when the killed process never saved
+    that it had added it; before, such a claim stayed Terminating for good."""
+    crashed = env.run("prepare", _arm(env, step))
+    assert crashed.returncode == -9, f"step {step} was never reached: {crashed.stderr[-2000:]}"
     assert env.result(env.run("unprepare"))["error"] == ""
     env.check_unprepared()
 

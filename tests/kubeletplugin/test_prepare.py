@@ -333,24 +333,56 @@ def test_foreign_instances_by_policy(tmp_path: Path, policy: ForeignPolicy) -> N
         sim.configure(None)
 
 
-def test_corrupt_checkpoint_never_crashes_and_leaks_nothing_silently(tmp_path: Path) -> None:
+def test_a_damaged_checkpoint_is_rebuilt_from_the_api_and_nvml(tmp_path: Path) -> None:
+    """Issue 32, point 3(b). Before, the plugin started empty: the running pod's instance
+    became foreign, its CDI spec was deleted as an orphan, and its claim kept this node's
+    finalizer for good (Terminating after the pod went)."""
     n = open_node(tmp_path, [H100])
     try:
         n.start()
         ref = n.claims.add("c", [mig(n.backend, 0, 19, 0)])
-        n.p.prepare([ref])
+        half = n.claims.add("half", [mig(n.backend, 0, 19, 1), mig(n.backend, 0, 19, 2)])
+        assert all(r.error == "" for r in n.p.prepare([ref, half]).values())
+        gi = n.p.checkpoint().claims[ref.uid].devices[0].gi_id
+        gone = n.p.checkpoint().claims[half.uid].devices[1].gi_id
+        assert gi is not None and gone is not None
+        n.backend.destroy(n.gpu_uuid(0), gone)  # one of half's instances is gone meanwhile
         store = CheckpointStore(n.checkpoint_dir)
         store.path.write_text(store.path.read_text()[:40])
         n.start()  # must not raise
-        assert n.p.checkpoint().claims == {}
-        assert [f.placement_start for f in n.p.checkpoint().foreign] == [0]
-        assert n.instances() == [(0, 19, 0, 1)]  # kept, as a foreign instance
         assert list(n.checkpoint_dir.glob("checkpoint.json.corrupt-*"))
-        assert not list(n.cdi_root.iterdir())  # its spec is orphaned without a record
+        rec = n.p.checkpoint().claims[ref.uid]
+        assert rec.state is ClaimState.PREPARE_COMPLETED and rec.devices[0].gi_id == gi
+        assert CdiWriterPath(n, ref.uid).exists()  # the running pod's spec is kept
+        assert n.claims.finalizers(ref) == [f"{DRIVER}/node-{NODE}"]
+        # half could not be rebuilt: its finalizer goes, its surviving instance is foreign
+        assert half.uid not in n.p.checkpoint().claims and n.claims.finalizers(half) == []
+        assert [f.placement_start for f in n.p.checkpoint().foreign] == [1]
+        (event,) = [e for e in n.node_events if e[1] == "CheckpointRebuilt"]
+        assert "1 prepared claim(s) recovered (default/c)" in event[2]
+        assert "1 whose instances were gone released (default/half)" in event[2]
+        assert n.p.unprepare([ref]) == {ref.uid: ""}  # and the pod's end releases it
+        assert n.instances() == [(0, 19, 1, 1)] and n.claims.finalizers(ref) == []
     finally:
         n.p.close()
         n.backend.close()
         sim.configure(None)
+
+
+def test_a_carved_claim_deleted_without_a_consumer_is_torn_down(node: Node) -> None:
+    """Issue 32, point 3(c): with carve before bind, a pod deleted after the carve and before
+    its binding is never unprepared by the kubelet; its claim, being deleted with no consumer,
+    waited for this node's finalizer for good."""
+    ref = node.claims.add("c", [mig(node.backend, 0, 19, 0)])
+    assert node.p.prepare([ref])[ref.uid].error == ""
+    node.p.retry_pending()  # still used: kept
+    assert ref.uid in node.p.checkpoint().claims
+    with node.claims.lock:
+        node.claims.objects[("default", "c")]["status"]["reservedFor"] = []
+    node.claims.delete(ref)  # Terminating: this node's finalizer holds it
+    node.p.retry_pending()
+    assert ref.uid not in node.p.checkpoint().claims and node.instances() == []
+    assert node.claims.get("default", "c") is None  # the finalizer went, so the claim did
 
 
 def test_checkpoint_file_is_readable_json_with_states(node: Node) -> None:
