@@ -159,6 +159,7 @@ class Preparer:
             metrics=self.metrics,
             teardown=self._teardown,
             complete=self._complete,
+            respec=self.respec,
             node_events=node_events,
         )
         self._offers_changed = offers_changed
@@ -236,6 +237,8 @@ class Preparer:
     def _prepare_claim(self, ref: ClaimRef, ctx: dict[str, object]) -> tuple[PreparedDevice, ...]:
         existing = self.ledger.checkpoint().claims.get(ref.uid)
         if existing is not None and existing.state is ClaimState.PREPARE_COMPLETED:
+            if not self._cdi.spec_path(ref.uid).exists():
+                existing = self.respec(existing, ctx)
             return _prepared_devices(existing)  # idempotent: the kubelet asked again
         if existing is not None:
             # Left half-done by a failed or crashed attempt: start over from a clean slate.
@@ -271,6 +274,15 @@ class Preparer:
                     log.exception("rollback failed; will retry", extra=ctx)
             raise
         return _prepared_devices(record)
+
+    def respec(self, record: ClaimRecord, ctx: Mapping[str, object]) -> ClaimRecord:
+        """Write again the CDI spec of a prepared claim whose spec is gone: /var/run/cdi is a
+        tmpfs on most hosts, so a reboot takes every spec while a whole-GPU claim's record (no
+        instance to lose) survives, and its IDs would name a spec that no longer exists. The
+        devices come from the record; the claim is read again for its config."""
+        claim = self._read_claim(ClaimRef(record.namespace, record.name, record.uid))
+        log.warning("prepared claim's CDI spec is gone (reboot?); writing it again", extra=ctx)
+        return self._complete(self._plan(claim), record)
 
     def _complete(self, plan: Sequence[PlannedDevice], record: ClaimRecord) -> ClaimRecord:
         """Write the claim's CDI spec, then record it PREPARE_COMPLETED with the spec's ids."""

@@ -36,6 +36,9 @@ Teardown = Callable[[ClaimRecord, Mapping[str, object]], None]
 Complete = Callable[[Sequence[PlannedDevice], ClaimRecord], ClaimRecord]
 """Write a claim's CDI spec and record it PREPARE_COMPLETED."""
 
+Respec = Callable[[ClaimRecord, Mapping[str, object]], ClaimRecord]
+"""Write again the CDI spec of a prepared claim whose spec is gone."""
+
 
 class Recovery:
     def __init__(
@@ -53,6 +56,7 @@ class Recovery:
         metrics: PluginMetrics,
         teardown: Teardown,
         complete: Complete,
+        respec: Respec,
         node_events: NodeEvents | None = None,
     ) -> None:
         self._ledger = ledger
@@ -67,6 +71,7 @@ class Recovery:
         self._metrics = metrics
         self._teardown = teardown
         self._complete = complete
+        self._respec = respec
         self._node_events = node_events
         self._finalizer = Contract(node.driver_name).node_finalizer(node.node_name)
 
@@ -94,6 +99,7 @@ class Recovery:
             log.warning("removing orphaned CDI spec", extra={"claimUID": uid})
             self._cdi.remove(uid)
         self._check_completed()
+        self._check_specs()
 
     def _rebuild(self) -> None:
         """After a damaged checkpoint: the claims this node carved for, from the API and NVML.
@@ -283,6 +289,22 @@ class Recovery:
                         self._teardown(record, ctx)
                 except Exception:
                     log.exception("could not forget the lost claim; will retry", extra=ctx)
+
+    def _check_specs(self) -> None:
+        """Every prepared claim has its CDI spec: one lost with a tmpfs (a reboot) is written
+        again from the record, before the kubelet starts the claim's containers again."""
+        for record in list(self._ledger.checkpoint().claims.values()):
+            if record.state is not ClaimState.PREPARE_COMPLETED:
+                continue
+            if self._cdi.spec_path(record.uid).exists():
+                continue
+            ctx = {"claim": f"{record.namespace}/{record.name}", "claimUID": record.uid}
+            try:
+                with self._ledger.claim(record.uid):
+                    self._respec(record, ctx)
+            except Exception as e:
+                # the kubelet's next prepare tries again (the fast path checks the spec too)
+                log.warning("could not write a lost CDI spec again", extra={**ctx, "error": str(e)})
 
     def _instances_on(self, gpu_uuid: str) -> Sequence[GpuInstance] | None:
         """The GPU's instances; none for a GPU lost or gone; None when it cannot be read."""

@@ -120,3 +120,34 @@ def test_a_whole_a100_is_only_one_whose_mig_mode_was_off(e2e: E2E) -> None:
     e2e.wait_gone("whole")
     assert _mig_modes(mixed) == [1, 0]
     assert e2e.check_invariants() == []
+
+
+def test_a_whole_gpu_claim_gets_its_cdi_spec_back_after_a_reboot(e2e: E2E) -> None:
+    """Issue 32, point 4: /var/run/cdi is a tmpfs. After a reboot the claim's record survives
+    (a whole GPU has no instance to lose) but its spec is gone; the restarted plugin writes it
+    again, so the IDs the kubelet holds name a spec that exists when it starts the containers
+    again (before, CreateContainerError until someone deleted the pod)."""
+    from driver import cdi
+    from driver.nvml import sim
+
+    node = e2e.node("boot", "H100-SXM5-80GB")
+    e2e.template("whole", [request("gpu", device_class=e2e.stack.contract.gpu_class)])
+    e2e.pod("whole", {"gpu": {"resourceClaimTemplateName": "whole"}})
+    e2e.wait_phase("whole", "Running")
+    uid = e2e.claim_of("whole", "gpu")["metadata"]["uid"]
+    spec = node.cdi_dir / f"{node.driver}-claim_{uid}.json"
+    ids = (f"{node.driver}/claim={uid}-gpu-0",)
+    assert cdi.resolve([node.cdi_dir], ids).device_nodes
+    node.kill_plugin()
+    sim.configure(node.sim_config)
+    try:
+        sim.sim_reboot()
+    finally:
+        sim.configure(None)
+    spec.unlink()  # the tmpfs comes back empty
+    node.start_plugin()
+    node.wait_plugin_ready()
+    wait_for("the spec written again", spec.exists, timeout=30)
+    assert cdi.resolve([node.cdi_dir], ids).device_nodes  # the kubelet's IDs resolve again
+    e2e.delete_pod("whole")
+    e2e.wait_gone("whole")

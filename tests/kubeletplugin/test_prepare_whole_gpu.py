@@ -137,3 +137,39 @@ def test_a_lost_reply_of_the_change_is_rolled_back_and_retried(make_node: MakeNo
     assert _mode(n, 0) == ON and n.p.checkpoint().claims == {}
     assert n.p.prepare([ref])[ref.uid].error == ""
     assert _mode(n, 0) == OFF
+
+
+def test_a_reboot_that_empties_the_cdi_tmpfs_gets_the_spec_written_again(
+    make_node: MakeNode,
+) -> None:
+    """Issue 32, point 4. /var/run/cdi is a tmpfs: after a reboot a whole-GPU claim's record
+    survives (it has no instance to lose) but its spec is gone, and the fast path returned IDs
+    of a spec that no longer existed (CreateContainerError until someone deleted the pod)."""
+    n = make_node([H100])
+    ref = n.claims.add("w", [whole(0)])
+    first = n.p.prepare([ref])[ref.uid]
+    assert first.error == ""
+    spec = n.cdi_root / f"mig.carve.dev-claim_{ref.uid}.json"
+    assert spec.exists()
+    sim.sim_reboot()
+    spec.unlink()  # the tmpfs is empty after the reboot
+    n.start()  # start-up recovery writes it again
+    assert spec.exists()
+    assert n.p.checkpoint().claims[ref.uid].state is ClaimState.PREPARE_COMPLETED
+    spec.unlink()  # and if it goes while the plugin runs, the kubelet's prepare writes it
+    again = n.p.prepare([ref])[ref.uid]
+    assert again.error == "" and again.devices == first.devices
+    assert spec.exists()
+
+
+def test_a_mig_claim_whose_spec_went_keeps_its_instance_and_gets_the_spec_back(
+    make_node: MakeNode,
+) -> None:
+    n = make_node([H100])
+    ref = n.claims.add("m", [mig(n.backend, 0, 19, 2)])
+    first = n.p.prepare([ref])[ref.uid]
+    spec = n.cdi_root / f"mig.carve.dev-claim_{ref.uid}.json"
+    spec.unlink()
+    n.start()
+    assert spec.exists() and n.instances() == [(0, 19, 2, 1)]
+    assert n.p.prepare([ref])[ref.uid].devices == first.devices
