@@ -69,6 +69,12 @@ class MemoryClaims:
             if finalizer in fins:
                 fins.remove(finalizer)
 
+    def apply_device_status(
+        self, namespace: str, name: str, uid: str, manager: str, entries: Sequence[Any]
+    ) -> None:
+        with self._lock:
+            self._objs[(namespace, name)].setdefault("status", {})["devices"] = list(entries)
+
     def holding(self, finalizer: str) -> list[ClaimView]:
         with self._lock:
             return [

@@ -201,6 +201,11 @@ class Contract:
         blocks (`NoSchedule`; `NoExecute` on one a claim was allocated and could not get)."""
         return f"{self.driver}/foreign-instance"
 
+    def node_field_manager(self, node: str) -> str:
+        """The server-side-apply field manager of a node's plugin on claims' `status.devices`
+        (per node: a claim allocated again elsewhere is written by another node's plugin)."""
+        return f"{self.driver}/node-{node}"[:128]
+
     def is_node_finalizer(self, finalizer: str) -> bool:
         """Whether `finalizer` is some node's (the controller waits for all of them to go)."""
         return finalizer.startswith(f"{self.driver}/{_NODE_FINALIZER_PREFIX}")

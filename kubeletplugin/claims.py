@@ -26,6 +26,8 @@ from process.rmw import MERGE_PATCH, ObjectGoneError, Target, WriteSkippedError,
 
 log = logging.getLogger(__name__)
 
+Obj = dict[str, Any]
+
 
 class ClaimFormatError(ValueError):
     """The apiserver returned something that is not a ResourceClaim carve understands."""
@@ -98,6 +100,14 @@ class ClaimClient(Protocol):
     def holding(self, finalizer: str) -> list[ClaimView]:
         """Every claim in the cluster that carries `finalizer` (a node's: the claims that node
         may have carved for, which is what a damaged checkpoint is rebuilt from)."""
+
+    def apply_device_status(
+        self, namespace: str, name: str, uid: str, manager: str, entries: Sequence[Obj]
+    ) -> None:
+        """Make `entries` (driver, pool, device, data) the `status.devices` entries that
+        `manager` owns on the claim with this UID: server-side apply, so other writers' entries
+        and fields stay, and an entry no longer given loses what `manager` wrote. A claim that
+        is gone (or now another object) is fine; any other refusal raises ApiError."""
 
 
 class ClaimGoneError(Exception):
@@ -186,6 +196,7 @@ _LAST_READ_MAX = 256  # claims being prepared at once, with room to spare
 
 
 _ALL_CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
+APPLY_PATCH = "application/apply-patch+yaml"  # server-side apply; JSON is YAML
 
 
 def _claim_path(namespace: str, name: str) -> str:
@@ -270,6 +281,27 @@ class KubernetesClaimClient:
 
     def add_finalizer(self, namespace: str, name: str, uid: str, finalizer: str) -> None:
         self._update_finalizers(namespace, name, uid, finalizer, add=True)
+
+    def apply_device_status(
+        self, namespace: str, name: str, uid: str, manager: str, entries: Sequence[Obj]
+    ) -> None:
+        body = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"namespace": namespace, "name": name, "uid": uid},
+            "status": {"devices": list(entries)},
+        }
+        try:
+            self._api.request(
+                "PATCH",
+                f"{_claim_path(namespace, name)}/status",
+                body=body,
+                query=[("fieldManager", manager), ("force", "true")],
+                content_type=APPLY_PATCH,
+            )
+        except ApiError as e:
+            if e.status not in (404, 409):  # gone, or another object under that name now
+                raise
 
     def holding(self, finalizer: str) -> list[ClaimView]:
         out: list[ClaimView] = []

@@ -66,6 +66,28 @@ class PluginMetrics:
             ["gpu"],
             registry=self.registry,
         )
+        self.prepared_slice = Gauge(
+            "carve_prepared_slice_info",
+            "1 per MIG device of a prepared claim: which pod and claim it serves, and which MIG "
+            "device it is. Joins DCGM-exporter's MIG series on GPU UUID and GPU-instance id.",
+            [
+                "namespace",
+                "pod",
+                "claim",
+                "request",
+                "mig_uuid",
+                "gpu_uuid",
+                "gpu_instance_id",
+                "profile",
+            ],
+            registry=self.registry,
+        )
+        self.device_status = Counter(
+            "carve_device_status_writes",
+            "Writes of the devices' data into claims' status.devices, by result.",
+            ["result"],
+            registry=self.registry,
+        )
         self.slice_publish = Counter(
             "carve_resourceslice_sync",
             "ResourceSlice synchronisations, by result.",

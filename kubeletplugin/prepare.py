@@ -31,26 +31,24 @@ from pathlib import Path
 
 from driver.catalog import Placement
 from driver.cdi import (
-    CdiDevice,
     CdiWriter,
     DeviceNode,
     SpecEdits,
-    mig_device_nodes,
-    whole_gpu_device_nodes,
 )
 from driver.contract import Contract
 from driver.nvml.errors import GpuLost, GpuNotPresent, InstanceMismatch, PlacementTaken
 from driver.nvml.types import GpuInfo
+from kubeletplugin.cdidevices import NodeDevices, cdi_devices
 from kubeletplugin.checkpoint import (
     Checkpoint,
     CheckpointStore,
     ClaimRecord,
     ClaimState,
     DeviceRecord,
-    MpsDaemon,
     WarmInstance,
 )
 from kubeletplugin.claims import ClaimClient, ClaimEvents, ClaimGoneError, ClaimView
+from kubeletplugin.devicereport import DeviceReport
 from kubeletplugin.foreign import ForeignPolicy, blocked_places, describe
 from kubeletplugin.foreignscan import ForeignScanner
 from kubeletplugin.ledger import Ledger, find_own_instance
@@ -115,9 +113,8 @@ class Preparer:
         self._s = settings
         self._node = NodeIdentity(settings.driver_name, settings.node_name, settings.pool_name)
         offers_changed = offers_changed or (lambda: None)
-        self._common_nodes = tuple(common_nodes)
+        self._node_devices = NodeDevices(tuple(common_nodes), dev_root)
         self._shared = shared_edits or SpecEdits()
-        self._dev_root = dev_root
         self._backend = backend
         self._claims = claims
         self._cdi = cdi
@@ -126,6 +123,13 @@ class Preparer:
         self._finalizer = Contract(settings.driver_name).node_finalizer(settings.node_name)
         self._gpus: dict[int, GpuInfo] = {g.minor: g for g in backend.gpus()}
         self.ledger = Ledger(store, self.metrics, self._gpus)
+        self.report = DeviceReport(
+            claims,
+            self._gpus,
+            self.metrics,
+            driver=settings.driver_name,
+            node=settings.node_name,
+        )
         self.warm = WarmPool(self.ledger, backend, settings.warm, self.metrics)
         self.daemons = ClaimDaemons(
             self.ledger, mps, node_name=settings.node_name, metrics=self.metrics, events=events
@@ -157,6 +161,7 @@ class Preparer:
             warm=self.warm,
             foreign=self.foreign,
             metrics=self.metrics,
+            report=self.report,
             teardown=self._teardown,
             complete=self._complete,
             respec=self.respec,
@@ -273,6 +278,7 @@ class Preparer:
                 except Exception:
                     log.exception("rollback failed; will retry", extra=ctx)
             raise
+        self.report.tell(record, claim.reserved_for)
         return _prepared_devices(record)
 
     def respec(self, record: ClaimRecord, ctx: Mapping[str, object]) -> ClaimRecord:
@@ -282,13 +288,21 @@ class Preparer:
         devices come from the record; the claim is read again for its config."""
         claim = self._read_claim(ClaimRef(record.namespace, record.name, record.uid))
         log.warning("prepared claim's CDI spec is gone (reboot?); writing it again", extra=ctx)
-        return self._complete(self._plan(claim), record)
+        record = self._complete(self._plan(claim), record)
+        self.report.tell(record, claim.reserved_for)
+        return record
 
     def _complete(self, plan: Sequence[PlannedDevice], record: ClaimRecord) -> ClaimRecord:
         """Write the claim's CDI spec, then record it PREPARE_COMPLETED with the spec's ids."""
         cdi_ids = self._cdi.write(
             record.uid,
-            self._cdi_devices(plan, record.devices, record.mps),
+            cdi_devices(
+                plan,
+                record.devices,
+                self._backend,
+                self._node_devices,
+                self.daemons.container_env() if record.mps is not None else None,
+            ),
             self.daemons.spec_edits(record, self._shared),
         )
         done = tuple(replace(d, cdi_ids=(c,)) for d, c in zip(record.devices, cdi_ids, strict=True))
@@ -503,40 +517,6 @@ class Preparer:
                 f"MIG mode on {gpu_label(gpu)} is still disabled after enabling",
             )
 
-    def _cdi_devices(
-        self,
-        plan: Sequence[PlannedDevice],
-        records: Sequence[DeviceRecord],
-        mps: MpsDaemon | None = None,
-    ) -> list[CdiDevice]:
-        # The kubelet hands a container the CDI devices of the requests it names
-        # (`resources.claims[].request`), all of them when it names none. One environment
-        # variable cannot be assembled from several CDI devices (the last one applied wins), so
-        # each device names the devices of its own request: exact for a container that uses one
-        # request, the count of a request included. Device nodes are exact in every case.
-        by_request: dict[str, list[str]] = {}
-        for p, r in zip(plan, records, strict=True):
-            by_request.setdefault(p.result.request, []).append(r.mig_uuid or r.gpu_uuid)
-        out: list[CdiDevice] = []
-        for p, r in zip(plan, records, strict=True):
-            env = {**p.env, "NVIDIA_VISIBLE_DEVICES": ",".join(by_request[p.result.request])}
-            if mps is not None and p.mps is not None:
-                env.update(self.daemons.container_env())
-            if r.is_mig:
-                assert r.gi_id is not None and r.ci_id is not None
-                gi_minor, ci_minor = self._backend.cap_minors(r.gpu_minor, r.gi_id, r.ci_id)
-                nodes = mig_device_nodes(
-                    gpu_minor=r.gpu_minor,
-                    caps_major=self._backend.caps_major(),
-                    gi_cap_minor=gi_minor,
-                    ci_cap_minor=ci_minor,
-                )
-            else:
-                nodes = whole_gpu_device_nodes(gpu_minor=r.gpu_minor)
-            all_nodes = tuple(n.under(self._dev_root) for n in (*nodes, *self._common_nodes))
-            out.append(CdiDevice(r.device_name, all_nodes, env))
-        return out
-
     def _timed_unprepare(self, ref: ClaimRef) -> str:
         start = self._clock()
         ctx = {"claim": f"{ref.namespace}/{ref.name}", "claimUID": ref.uid}
@@ -565,6 +545,8 @@ class Preparer:
     ) -> None:
         """Destroy the claim's instances, spec and finalizer, then forget the claim. With
         `may_park` (an unprepare of a prepared claim), an instance may be kept warm instead."""
+        if record.state is not ClaimState.PREPARE_STARTED:  # its devices may have been told
+            self.report.forget(record)
         record = self.ledger.put(replace(record, state=ClaimState.UNPREPARE_STARTED))
         record = self.daemons.stop(record, ctx)
         whole = any(not d.is_mig for d in record.devices)

@@ -19,6 +19,7 @@ from driver.nvml.errors import GpuLost, GpuNotPresent
 from driver.nvml.types import GpuInfo, GpuInstance
 from kubeletplugin.checkpoint import ClaimRecord, ClaimState
 from kubeletplugin.claims import ClaimClient, ClaimView
+from kubeletplugin.devicereport import DeviceReport
 from kubeletplugin.foreignscan import ForeignScanner
 from kubeletplugin.ledger import Ledger, find_own_instance
 from kubeletplugin.metrics import PluginMetrics
@@ -54,6 +55,7 @@ class Recovery:
         warm: WarmPool,
         foreign: ForeignScanner,
         metrics: PluginMetrics,
+        report: DeviceReport,
         teardown: Teardown,
         complete: Complete,
         respec: Respec,
@@ -69,6 +71,7 @@ class Recovery:
         self._warm = warm
         self._foreign = foreign
         self._metrics = metrics
+        self._report = report
         self._teardown = teardown
         self._complete = complete
         self._respec = respec
@@ -223,6 +226,8 @@ class Recovery:
                             current = self._ledger.checkpoint().claims.get(record.uid)
                             if current is not None and current.state is record.state:
                                 self._daemons.ensure(current, ctx, "housekeeping")
+                                if claim is not None and not self._report.known(record.uid):
+                                    self._report.tell(current, claim.reserved_for)
                         continue
                     log.warning("releasing claim that %s", why, extra=ctx)
                 with self._ledger.claim(record.uid):

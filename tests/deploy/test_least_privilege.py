@@ -47,8 +47,23 @@ CAN_I: tuple[tuple[str, str, str, str, bool], ...] = (
     # only to rebuild a damaged checkpoint from the claims holding its node finalizer
     (PLUGIN, "list", "resourceclaims.resource.k8s.io", "", True),
     (PLUGIN, "watch", "resourceclaims.resource.k8s.io", "", False),
-    # No claim status at all with plugin.bindingConditions off (the default), so neither
-    # its own driver's nor another's.
+    # Claim status: the status.devices of its own driver's devices on the node the claim is
+    # allocated to (which MIG device each is), nothing wider; never another driver's.
+    (PLUGIN, "patch", "resourceclaims.resource.k8s.io/status", "", True),
+    (
+        PLUGIN,
+        "associated-node:patch",
+        "resourceclaims.resource.k8s.io/driver",
+        CONTRACT.driver,
+        True,
+    ),
+    (
+        PLUGIN,
+        "arbitrary-node:patch",
+        "resourceclaims.resource.k8s.io/driver",
+        CONTRACT.driver,
+        False,
+    ),
     (
         PLUGIN,
         "associated-node:update",

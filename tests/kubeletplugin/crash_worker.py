@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -85,6 +85,14 @@ class FileClaims:
             fins = obj["metadata"].get("finalizers") or []
             if finalizer in fins:
                 fins.remove(finalizer)
+
+    def apply_device_status(
+        self, namespace: str, name: str, uid: str, manager: str, entries: Sequence[Any]
+    ) -> None:
+        with self._locked() as data:
+            obj = data.get(f"{namespace}/{name}")
+            if obj is not None and obj["metadata"]["uid"] == uid:
+                obj.setdefault("status", {})["devices"] = list(entries)
 
     def holding(self, finalizer: str) -> list[ClaimView]:
         with self._locked() as data:

@@ -48,6 +48,8 @@ class FakeClaims:
     lock: threading.Lock = field(default_factory=threading.Lock)
     reads: int = 0
     fail_finalizer_removal: bool = False
+    status_writes: int = 0
+    owned: dict[tuple[str, str, str], set[tuple[str, str, str]]] = field(default_factory=dict)
 
     def add(
         self,
@@ -126,6 +128,26 @@ class FakeClaims:
                 fins.remove(finalizer)
             if not fins and "deletionTimestamp" in obj["metadata"]:
                 del self.objects[(namespace, name)]
+
+    def apply_device_status(
+        self, namespace: str, name: str, uid: str, manager: str, entries: Sequence[Any]
+    ) -> None:
+        """Server-side apply of `status.devices` as far as carve relies on it: `manager`'s
+        entries become `entries`; other entries stay."""
+        with self.lock:
+            obj = self.objects.get((namespace, name))
+            if obj is None or obj["metadata"]["uid"] != uid:
+                return
+            self.status_writes += 1
+            mine = self.owned.setdefault((namespace, name, manager), set())
+            keep = [
+                e
+                for e in obj["status"].get("devices") or []
+                if (e["driver"], e["pool"], e["device"]) not in mine
+            ]
+            obj["status"]["devices"] = keep + [dict(e) for e in entries]
+            mine.clear()
+            mine.update((e["driver"], e["pool"], e["device"]) for e in entries)
 
     def holding(self, finalizer: str) -> list[ClaimView]:
         with self.lock:
