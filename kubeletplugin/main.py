@@ -1,9 +1,6 @@
 """`carve-kubelet-plugin`: the node agent's entry point (composition root).
 
-Flags come from `process.flags`: every one has its environment twin `CARVE_<FLAG>` (shown in
---help) so a DaemonSet can be configured either way; flags win over the environment. The old
-spellings `--metrics-address` and `--resync-seconds` (and their variables, and `CDI_ROOT`) still
-work and log a deprecation warning; a bad value exits 2 with the flag and an example.
+Its flags and their environment twins are in `kubeletplugin.options`.
 
 `NodePlugin` assembles everything in `__init__` (NVML or the simulator, the driver's files under
 --driver-root for the CDI specs, the checkpoint, the preparer, the publisher, the sockets'
@@ -29,22 +26,18 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from driver.gpuhealth import (
-    HealthConfigError,
-    HealthPolicy,
-    TaintEffect,
-    parse_effect,
-    parse_xids,
+from kubeletplugin.options import (
+    DRIVER_ROOT,
+    PROG,
+    ROOT,
+    Options,
+    parse_options,
 )
-from kubeletplugin.warm import WarmSettings
-from process import flags
 from process.entrypoint import start_logging, stop_on_signals, usage_exit
-from process.flags import Flag, UsageError
+from process.flags import UsageError
 from process.kubeconfig import KubeconfigError, load_api_client
 
 if TYPE_CHECKING:
@@ -55,7 +48,7 @@ if TYPE_CHECKING:
     from kubeletplugin.foreign import ForeignTaints
     from kubeletplugin.gpuhealth import HealthMonitor
     from kubeletplugin.metrics import PluginMetrics
-    from kubeletplugin.migbackend import NodeHardware
+    from kubeletplugin.nodehardware import NodeHardware
     from kubeletplugin.precarve import PreCarve
     from kubeletplugin.prepare import Preparer
     from kubeletplugin.publisher import PublisherSettings, SlicePublisher
@@ -64,277 +57,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("carve.kubeletplugin")
 
-PROG = "carve-kubelet-plugin"
 _RETRY_PENDING_SECONDS = 30.0
 # How often the GPUs are enumerated again, to tell a GPU that fell off the bus or came back.
 _GPU_CHECK_SECONDS = 5.0
-_ROOT = Path("/")
-
-# -- flags -------------------------------------------------------------------------------------
-
-
-def _foreign_policy(text: str) -> str:
-    from kubeletplugin.foreign import ForeignPolicy
-
-    return flags.one_of(*(p.value for p in ForeignPolicy))(text)
-
-
-NODE_NAME: Flag[str] = Flag(
-    "node-name",
-    "name of this node (required)",
-    "",
-    flags.required,
-    example="gpu-node-1",
-    also_env=("NODE_NAME",),
-)
-REGISTRY_DIR: Flag[Path] = Flag(
-    "registry-dir",
-    "kubelet plugin registration directory",
-    "/var/lib/kubelet/plugins_registry",
-    flags.path,
-    example="/var/lib/kubelet/plugins_registry",
-)
-PLUGINS_DIR: Flag[Path] = Flag(
-    "plugins-dir",
-    "kubelet plugins directory",
-    "/var/lib/kubelet/plugins",
-    flags.path,
-    example="/var/lib/kubelet/plugins",
-)
-CDI_ROOT: Flag[Path] = Flag(
-    "cdi-root",
-    "directory for the per-claim CDI specs",
-    "/var/run/cdi",
-    flags.path,
-    example="/var/run/cdi",
-    deprecated_env=("CDI_ROOT",),
-)
-CHECKPOINT_DIR: Flag[Path | None] = Flag(
-    "checkpoint-dir",
-    "checkpoint directory (default: <plugins-dir>/<driver-name>)",
-    "",
-    flags.optional_path,
-    example="/var/lib/kubelet/plugins/mig.carve.dev",
-)
-FOREIGN_INSTANCES: Flag[str] = Flag(
-    "foreign-instances",
-    "policy for MIG instances carve did not create: adopt | leave | refuse-gpu",
-    "leave",
-    _foreign_policy,
-    example="leave",
-)
-WARM_SLICES_TTL = flags.duration(
-    "warm-slices-ttl",
-    "keep a released claim's MIG instance carved this long for the next claim of the same "
-    "profile and placement (warm slices, docs/kubeletplugin.md); 0s: destroy at once",
-    "0s",
-)
-WARM_SLICES_ACROSS_NAMESPACES = flags.switch(
-    "warm-slices-across-namespaces",
-    "let a claim reuse a warm MIG instance another namespace's claim released (MIG leaves the "
-    "previous user's data in the slice's memory; carve clears nothing)",
-)
-SIMULATE: Flag[Path | None] = Flag(
-    "simulate",
-    "NVML simulator config file: use driver.nvml.sim instead of the real NVML",
-    "",
-    flags.optional_path,
-    example="sim.yaml",
-)
-DRIVER_ROOT: Flag[Path] = Flag(
-    "driver-root",
-    "where the NVIDIA driver's user-space files are (containers get them through the CDI specs): "
-    "/ for a driver installed on the host, /run/nvidia/driver with the GPU Operator; with "
-    "--simulate, a directory the simulator fills with a fake driver (/: none)",
-    "/",
-    flags.path,
-    example="/run/nvidia/driver",
-)
-DEV_ROOT: Flag[Path] = Flag(
-    "dev-root",
-    "where the NVIDIA device nodes are on the host, as a root (<dev-root>/dev/nvidia0); not /: "
-    "the CDI device nodes name it as hostPath; with --simulate, a directory the simulator "
-    "creates the nodes in (/: none)",
-    "/",
-    flags.path,
-    example="/run/nvidia/driver",
-)
-
-
-def _xids(setting: str) -> Callable[[str], frozenset[int]]:
-    return lambda text: parse_xids(text, setting)
-
-
-def _effect(setting: str) -> Callable[[str], str]:
-    return lambda text: parse_effect(text, setting).value
-
-
-FATAL_XIDS: Flag[frozenset[int]] = Flag(
-    "fatal-xids",
-    "XIDs that make a GPU unhealthy until it is reset (comma-separated); other XIDs not in "
-    "--ignored-xids degrade it",
-    "48,62,64,74,79,95,119,120,140",
-    _xids("--fatal-xids"),
-    example="48,79",
-)
-IGNORED_XIDS: Flag[frozenset[int]] = Flag(
-    "ignored-xids",
-    "XIDs that applications cause and that leave the GPU healthy (comma-separated)",
-    "13,31,43,45,68,109",
-    _xids("--ignored-xids"),
-    example="13,31,43,45,68,109",
-)
-FATAL_TAINT_EFFECT: Flag[str] = Flag(
-    "fatal-taint-effect",
-    "device taint effect for a GPU with a fatal error: NoExecute | NoSchedule | None",
-    "NoExecute",
-    _effect("--fatal-taint-effect"),
-    example="NoExecute",
-)
-DEGRADED_TAINT_EFFECT: Flag[str] = Flag(
-    "degraded-taint-effect",
-    "device taint effect for a degraded GPU: NoSchedule | NoExecute | None",
-    "NoSchedule",
-    _effect("--degraded-taint-effect"),
-    example="NoSchedule",
-)
-HEALTH_RECOVERY = flags.duration(
-    "health-recovery",
-    "a degraded GPU without a new error for this long is healthy again",
-    "5m",
-)
-HEALTH_POLL = flags.duration(
-    "health-poll-period",
-    "how often GPU health is polled (recovery action, ECC counters); events arrive at once",
-    "5s",
-)
-BINDING_CONDITIONS = flags.switch(
-    "binding-conditions",
-    "carve before bind: publish devices with binding conditions, carve as soon as a claim is "
-    "allocated here and report it in the claim's status.devices; kube-scheduler binds the pod "
-    "only after that, and a failed carve sends the claim elsewhere (kubeletplugin.precarve)",
-)
-CARVE_FAILURE_COOLDOWN = flags.duration(
-    "carve-failure-cooldown",
-    "with --binding-conditions: how long a GPU on which NVML refused to carve carries the "
-    "device taint <driver>/carve-failed:NoSchedule (0 = never tainted)",
-    "5m",
-)
-HTTP_ADDRESS = flags.http_address(deprecated=("metrics-address",))
-RESYNC_PERIOD = flags.resync_period(
-    "30s",
-    "ResourceSlice resync period (slices are republished if the kubelet wipes them)",
-    deprecated=("resync-seconds",),
-)
-CLEANUP = flags.switch("cleanup", "delete this node's ResourceSlices and exit")
-CLEANUP_ON_EXIT = flags.switch(
-    "cleanup-on-exit", "delete this node's ResourceSlices on SIGTERM (uninstall)"
-)
-NO_PUBLISH = flags.switch("no-publish", "do not publish ResourceSlices (another component does)")
-
-COMMAND_LINE = flags.CommandLine(
-    PROG,
-    "carve node agent: carves MIG slices when the kubelet prepares claims",
-    (
-        NODE_NAME,
-        flags.DRIVER_NAME,
-        flags.KUBECONFIG,
-        REGISTRY_DIR,
-        PLUGINS_DIR,
-        CDI_ROOT,
-        CHECKPOINT_DIR,
-        FOREIGN_INSTANCES,
-        WARM_SLICES_TTL,
-        WARM_SLICES_ACROSS_NAMESPACES,
-        SIMULATE,
-        DRIVER_ROOT,
-        DEV_ROOT,
-        FATAL_XIDS,
-        IGNORED_XIDS,
-        FATAL_TAINT_EFFECT,
-        DEGRADED_TAINT_EFFECT,
-        HEALTH_RECOVERY,
-        HEALTH_POLL,
-        BINDING_CONDITIONS,
-        CARVE_FAILURE_COOLDOWN,
-        HTTP_ADDRESS,
-        RESYNC_PERIOD,
-        *flags.LOGGING,
-        CLEANUP,
-        CLEANUP_ON_EXIT,
-        NO_PUBLISH,
-    ),
-)
-
-
-@dataclass(frozen=True)
-class Options:
-    node_name: str
-    driver_name: str
-    kubeconfig: str | None
-    registry_dir: Path
-    plugins_dir: Path
-    cdi_root: Path
-    checkpoint_dir: Path
-    foreign_instances: str
-    simulate: Path | None
-    http_address: str
-    resync_period: float
-    log_format: str
-    log_level: str
-    cleanup: bool
-    cleanup_on_exit: bool
-    no_publish: bool
-    deprecations: tuple[str, ...] = ()
-    driver_root: Path = _ROOT
-    dev_root: Path = _ROOT
-    health: HealthPolicy = field(default_factory=HealthPolicy)
-    health_poll_period: float = 5.0
-    binding_conditions: bool = False
-    carve_failure_cooldown: float = 300.0
-    warm: WarmSettings = field(default_factory=WarmSettings)
-
-
-def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Options:
-    """Flags, then the environment, then defaults; UsageError for anything unusable."""
-    got = COMMAND_LINE.parse(argv, env)
-    driver = got[flags.DRIVER_NAME]
-    try:
-        health = HealthPolicy(
-            fatal_xids=got[FATAL_XIDS],
-            ignored_xids=got[IGNORED_XIDS],
-            fatal_effect=TaintEffect(got[FATAL_TAINT_EFFECT]),
-            degraded_effect=TaintEffect(got[DEGRADED_TAINT_EFFECT]),
-            recovery_seconds=got[HEALTH_RECOVERY],
-        )
-    except HealthConfigError as e:
-        raise flags.UsageError(f"{PROG}: --fatal-xids / --ignored-xids: {e}") from e
-    return Options(
-        node_name=got[NODE_NAME],
-        driver_name=driver,
-        kubeconfig=got[flags.KUBECONFIG],
-        registry_dir=got[REGISTRY_DIR],
-        plugins_dir=got[PLUGINS_DIR],
-        cdi_root=got[CDI_ROOT],
-        checkpoint_dir=got[CHECKPOINT_DIR] or got[PLUGINS_DIR] / driver,
-        foreign_instances=got[FOREIGN_INSTANCES],
-        simulate=got[SIMULATE],
-        http_address=got[HTTP_ADDRESS],
-        resync_period=got[RESYNC_PERIOD],
-        log_format=got[flags.LOG_FORMAT],
-        log_level=got[flags.LOG_LEVEL],
-        cleanup=got[CLEANUP],
-        cleanup_on_exit=got[CLEANUP_ON_EXIT],
-        no_publish=got[NO_PUBLISH],
-        deprecations=got.deprecations,
-        driver_root=got[DRIVER_ROOT].absolute(),
-        dev_root=got[DEV_ROOT].absolute(),
-        health=health,
-        health_poll_period=got[HEALTH_POLL],
-        binding_conditions=got[BINDING_CONDITIONS],
-        carve_failure_cooldown=got[CARVE_FAILURE_COOLDOWN],
-        warm=WarmSettings(got[WARM_SLICES_TTL], got[WARM_SLICES_ACROSS_NAMESPACES]),
-    )
 
 
 # -- the assembled node agent ------------------------------------------------------------------
@@ -368,9 +93,9 @@ class NodePlugin:
         from kubeletplugin.claims import KubernetesClaimClient, KubernetesClaimEvents
         from kubeletplugin.foreign import ForeignPolicy
         from kubeletplugin.metrics import PluginMetrics
-        from kubeletplugin.migbackend import open_backend
         from kubeletplugin.mps import MpsControl, find_binary
         from kubeletplugin.nodeevents import KubernetesNodeEvents
+        from kubeletplugin.nodehardware import open_backend
         from kubeletplugin.prepare import Preparer, PreparerSettings
 
         self.opts = opts
@@ -529,10 +254,10 @@ class NodePlugin:
             from driver.nvml import sim
 
             sim.sim_node_files(
-                None if opts.driver_root == _ROOT else opts.driver_root,
-                None if opts.dev_root == _ROOT else opts.dev_root,
+                None if opts.driver_root == ROOT else opts.driver_root,
+                None if opts.dev_root == ROOT else opts.dev_root,
             )
-            if opts.driver_root == _ROOT:
+            if opts.driver_root == ROOT:
                 return None
         gpus = self.node.mig.gpus()
         try:

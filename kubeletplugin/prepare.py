@@ -150,13 +150,20 @@ class Preparer:
             foreign=self.foreign,
             offers_changed=offers_changed,
         )
-        self._recovery = Recovery(
+        self._recovery = self._make_recovery(node_events)
+        self._offers_changed = offers_changed
+        self._pool = ThreadPoolExecutor(
+            max_workers=max(1, settings.parallelism), thread_name_prefix="prepare"
+        )
+
+    def _make_recovery(self, node_events: NodeEvents | None) -> Recovery:
+        return Recovery(
             self.ledger,
-            backend,
+            self._backend,
             self._gpus,
             node=self._node,
-            claims=claims,
-            cdi=cdi,
+            claims=self._claims,
+            cdi=self._cdi,
             daemons=self.daemons,
             warm=self.warm,
             foreign=self.foreign,
@@ -166,10 +173,6 @@ class Preparer:
             complete=self._complete,
             respec=self.respec,
             node_events=node_events,
-        )
-        self._offers_changed = offers_changed
-        self._pool = ThreadPoolExecutor(
-            max_workers=max(1, settings.parallelism), thread_name_prefix="prepare"
         )
 
     # -- public surface ---------------------------------------------------------------------

@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCT = ("driver", "process", "kubeletplugin", "controller", "carvecli")
-ENFORCED = ("controller",)
+ENFORCED = ("controller", "kubeletplugin")
 MAX_MODULE_LINES = 700
 MAX_FUNCTION_LINES = 80
 

@@ -4,7 +4,7 @@ Users arrive with manifests written for NVIDIA's driver and port them by changin
 `data/nvidia_dra_driver.yaml` holds, from one commit of NVIDIA's repository, every CEL selector
 of its example manifests and the attribute set (names, types) it publishes for GPU and MIG
 devices. The slices here are the kubelet plugin's own, built as the plugin builds them
-(`kubeletplugin.migbackend.open_backend` on the NVML simulator, with its fake sysfs), for a node
+(`kubeletplugin.nodehardware.open_backend` on the NVML simulator, with its fake sysfs), for a node
 with every GPU model carve knows plus an A100 whose MIG mode is off (the only way an Ampere
 GPU is offered whole). Selectors are judged by carve's CEL evaluation over the facts the
 controller reads from those slices (`controller.model.device_facts`), in kube-scheduler's
@@ -26,7 +26,7 @@ from driver.catalog import CATALOG
 from driver.cel import CelDevice, CelError, SelectorEvaluator, Semver
 from driver.contract import DEFAULT_CONTRACT
 from driver.nvml import sim
-from kubeletplugin.migbackend import NodeHardware, open_backend
+from kubeletplugin.nodehardware import NodeHardware, open_backend
 
 DATA = yaml.safe_load((Path(__file__).parent / "data" / "nvidia_dra_driver.yaml").read_text())
 MANIFESTS = Path(__file__).parents[2] / "deploy" / "manifests" / "10-deviceclasses.yaml"

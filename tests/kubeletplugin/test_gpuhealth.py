@@ -14,8 +14,9 @@ from driver.nvml import sim
 from driver.nvml.backend import NvmlBackend
 from kubeletplugin.gpuhealth import HealthMonitor
 from kubeletplugin.healthstate import HealthStateFile
-from kubeletplugin.main import UsageError, parse_options
-from kubeletplugin.migbackend import NodeHardware
+from kubeletplugin.nodehardware import NodeHardware
+from kubeletplugin.options import parse_options
+from process.flags import UsageError
 from tests.kubeletplugin.node_harness import sim_config
 
 DRIVER = "mig.carve.dev"

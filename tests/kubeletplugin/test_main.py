@@ -28,9 +28,10 @@ import yaml
 from devcluster.waiting import wait_for
 from driver import cdi
 from driver.naming import mig_device_name
-from kubeletplugin.main import UsageError, parse_options
+from kubeletplugin.options import parse_options
 from kubeletplugin.ports import ClaimRef
 from nodesim.kubelet import KubeletSim
+from process.flags import UsageError
 
 REPO = Path(__file__).resolve().parents[2]
 DRIVER = "mig.carve.dev"

@@ -19,8 +19,8 @@ from driver.driverroot import discover
 from driver.nvml import sim
 from kubeletplugin.checkpoint import CheckpointStore
 from kubeletplugin.claims import ApiError, KubeJson, KubernetesClaimEvents
-from kubeletplugin.migbackend import NodeHardware
 from kubeletplugin.mps import MpsControl, _alive, find_binary
+from kubeletplugin.nodehardware import NodeHardware
 from kubeletplugin.prepare import Preparer, PreparerSettings
 from tests.kubeletplugin.node_harness import DRIVER, NODE, FakeKubeJson, Node, mig, open_node
 from tests.kubeletplugin.test_prepare_mps import mps_config

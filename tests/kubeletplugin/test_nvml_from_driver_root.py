@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from driver.driverroot import DriverRootError
-from kubeletplugin import migbackend
+from kubeletplugin import nodehardware
 
 VERSION = "580.105.08"
 
@@ -21,10 +21,10 @@ def test_the_driver_roots_nvml_is_loaded_first(tmp_path: Path, monkeypatch: Any)
     lib.write_bytes(b"\x7fELF")
     loaded: list[tuple[str, int]] = []
     monkeypatch.setattr(ctypes, "CDLL", lambda path, mode=0: loaded.append((path, mode)))
-    migbackend._load_nvml_from(tmp_path)
+    nodehardware._load_nvml_from(tmp_path)
     assert loaded == [(str(lib), ctypes.RTLD_GLOBAL)]
 
 
 def test_a_driver_root_without_nvml_names_the_flag(tmp_path: Path) -> None:
     with pytest.raises(DriverRootError, match=r"--driver-root .*: no libnvidia-ml.so.<version>"):
-        migbackend._load_nvml_from(tmp_path)
+        nodehardware._load_nvml_from(tmp_path)

@@ -23,11 +23,12 @@ from driver.cdi import CdiWriter
 from driver.driverroot import DriverRootError, discover
 from driver.nvml import sim
 from driver.nvml.sim import driverfiles
-from kubeletplugin import migbackend
+from kubeletplugin import nodehardware
 from kubeletplugin.checkpoint import CheckpointStore
 from kubeletplugin.claims import KubeJson
-from kubeletplugin.main import NodePlugin, parse_options
-from kubeletplugin.migbackend import NodeHardware
+from kubeletplugin.main import NodePlugin
+from kubeletplugin.nodehardware import NodeHardware
+from kubeletplugin.options import parse_options
 from kubeletplugin.prepare import Preparer, PreparerSettings
 from process.kubeconfig import load_api_client
 from tests.kubeletplugin.node_harness import DRIVER, NODE, Node, mig, open_node, whole
@@ -225,7 +226,7 @@ def test_real_hardware_without_a_driver_refuses_to_start(
     # Real-hardware mode (no --simulate) on simulated GPUs: only the driver root is in question.
     n = open_node(tmp_path, [H100])
     monkeypatch.setattr(
-        migbackend,
+        nodehardware,
         "open_backend",
         lambda simulate, driver_root: NodeHardware(n.backend, sim.sim_proc_root()),
     )

@@ -22,8 +22,8 @@ from driver.driverroot import discover
 from driver.nvml import sim
 from driver.nvml.sim.mpscontrol import CONTROL_LOG
 from kubeletplugin.checkpoint import CheckpointStore, ClaimState
-from kubeletplugin.migbackend import NodeHardware
 from kubeletplugin.mps import MpsControl, _alive, find_binary
+from kubeletplugin.nodehardware import NodeHardware
 from kubeletplugin.prepare import Preparer, PreparerSettings
 from tests.kubeletplugin.node_harness import DRIVER, NODE, Node, mig, open_node, whole
 

@@ -11,7 +11,7 @@ from driver.naming import parse_device_name
 from driver.nvml import sim
 from driver.nvml.backend import NvmlBackend
 from driver.resourceslice import parse_resource_slices
-from kubeletplugin.migbackend import NodeHardware
+from kubeletplugin.nodehardware import NodeHardware
 from tests.kubeletplugin.node_harness import sim_config
 
 DRIVER = "mig.carve.dev"
