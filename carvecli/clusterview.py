@@ -15,7 +15,7 @@ from typing import Any
 
 from driver.geometry import PlacementError, geometry_for
 from driver.naming import parse_device_name
-from driver.resourceslice import SlicedGpu, parse_resource_slices
+from driver.slicereader import SlicedGpu, parse_resource_slices
 
 _LABELS = string.ascii_uppercase + string.ascii_lowercase
 

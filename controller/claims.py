@@ -21,9 +21,10 @@ from typing import Any
 
 from controller.tolerations import Toleration, TolerationError, parse_tolerations
 from driver.allocation import AllocatedDevice, AllocationFormatError, parse_allocation
-from driver.cel import parse_kubernetes_quantity, qualify
+from driver.cel import qualify
 from driver.config import ConfigError, parse_parameters
 from driver.contract import DEFAULT_DRIVER_NAME
+from driver.quantity import parse_quantity
 
 MAX_REQUESTS = 32
 MAX_SUBREQUESTS = 8
@@ -262,7 +263,7 @@ def _exact(
     requests = _mapping(capacity_entry.get("requests"), f"{where}.capacity.requests")
     for name, amount in sorted(requests.items()):
         try:
-            capacity.append((qualify(driver, name), parse_kubernetes_quantity(str(amount))))
+            capacity.append((qualify(driver, name), parse_quantity(str(amount))))
         except ValueError as exc:
             raise ClaimSpecError(f"{where}.capacity.requests[{name}]: {exc}") from exc
     try:

@@ -33,10 +33,10 @@ from driver.cel import (
     CelDevice,
     Semver,
     common_facts,
-    parse_kubernetes_quantity,
 )
 from driver.contract import IDENTITY_ATTRIBUTES
 from driver.geometry import EMPTY_STATE, Geometry, GpuState, PlacementError, geometry_for
+from driver.quantity import parse_quantity
 
 _NO_DEVICES: Mapping[str, str] = MappingProxyType({})
 
@@ -510,10 +510,10 @@ def inventories_from_slices(
     capacity exactly as published (so selectors see what kube-scheduler sees).
 
     Structure (which GPU, which placement a device is) comes from
-    :func:`driver.resourceslice.parse_resource_slices`; malformed slices are reported through
+    :func:`driver.slicereader.parse_resource_slices`; malformed slices are reported through
     ``on_error`` and skipped, as there.
     """
-    from driver.resourceslice import parse_resource_slices
+    from driver.slicereader import parse_resource_slices
 
     slices = list(slices)
     raw: dict[tuple[str, str], Mapping[str, object]] = {}
@@ -580,7 +580,7 @@ def _condition_names(value: object) -> tuple[str, ...]:
 def _quantity(text: str) -> Decimal:
     # GPUs of one model publish the same few quantities thousands of times, and the planner
     # re-reads every device of a node whenever one of its slices changes.
-    return parse_kubernetes_quantity(text)
+    return parse_quantity(text)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -17,7 +17,7 @@ from enum import StrEnum
 from typing import Any
 
 from controller.tolerations import Toleration
-from driver.cel import parse_kubernetes_quantity
+from driver.quantity import parse_quantity
 
 OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"
 
@@ -221,7 +221,7 @@ def _quantity(text: object, where: str) -> Decimal:
     if not isinstance(text, str):
         raise PodSpecError(f"{where}: expected a quantity string, got {text!r}")
     try:
-        return parse_kubernetes_quantity(text)
+        return parse_quantity(text)
     except ValueError as exc:
         raise PodSpecError(f"{where}: {exc}") from exc
 

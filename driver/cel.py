@@ -24,20 +24,19 @@ import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from enum import StrEnum
 from functools import total_ordering
 from typing import Any
 
 import cel
-from kubernetes.utils import parse_quantity as _untyped_parse_quantity
 
 from driver.celstrings import STRING_FUNCTIONS
+from driver.quantity import parse_quantity
 
 MAX_EXPRESSION_LENGTH = 10 * 1024
 """Kubernetes' CELSelectorExpressionMaxLength."""
 
-_parse_quantity: Callable[[str], Any] = _untyped_parse_quantity
 _QUANTITY_KEY = "@carve.quantity"
 _SEMVER_KEY = "@carve.semver"
 
@@ -120,14 +119,6 @@ def _split_core(text: str) -> tuple[str, str, str]:
 
 AttributeValue = bool | int | str | Semver
 """What a ResourceSlice device attribute holds (``bool``, ``int``, ``string``, ``version``)."""
-
-
-def parse_kubernetes_quantity(text: str) -> Decimal:
-    """A Kubernetes quantity string as an exact decimal; ValueError with the text if malformed."""
-    try:
-        return Decimal(_parse_quantity(text))
-    except (ValueError, InvalidOperation, TypeError) as exc:
-        raise ValueError(f"invalid quantity {text!r}") from exc
 
 
 @dataclass(frozen=True, slots=True, eq=False)  # slots: a fleet holds one per published device
@@ -377,7 +368,7 @@ def _comparable_pair(a: object, b: object, fn: str) -> tuple[Any, Any]:
 def _fn_quantity(text: object) -> dict[str, str]:
     if not isinstance(text, str):
         raise _CelTypeError(f"quantity() needs a string, got {type(text).__name__}")
-    return _quantity_value(parse_kubernetes_quantity(text))
+    return _quantity_value(parse_quantity(text))
 
 
 def _fn_is_quantity(text: object) -> bool:

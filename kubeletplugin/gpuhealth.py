@@ -20,8 +20,8 @@ from typing import Protocol
 
 from driver.gpuhealth import Condition, HealthPolicy, HealthTracker, Probe, Severity
 from driver.naming import DevicePlace
-from driver.nvml.backend import HealthEvent, HealthEvents
 from driver.nvml.errors import GpuLost
+from driver.nvml.healthevents import HealthEvent, HealthEvents
 from driver.nvml.types import GpuInstance
 from kubeletplugin.healthstate import HealthStateFile
 from kubeletplugin.nodeevents import NodeEvents

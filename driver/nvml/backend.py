@@ -20,16 +20,15 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import re
 import threading
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 from driver import devnodes
-from driver.catalog import Architecture, Engines, Evidence, GpuModel, Placement, ProfileSpec
-from driver.nvml import errors
+from driver.catalog import GpuModel, Placement, ProfileSpec
+from driver.nvml import calls, computeinstances, errors, gpudescription, healthevents
+from driver.nvml.computeinstances import CiProfile
 from driver.nvml.errors import (
     GpuLost,
     GpuNotPresent,
@@ -44,6 +43,7 @@ from driver.nvml.errors import (
     PlacementTaken,
     ResetRequired,
 )
+from driver.nvml.healthevents import HealthEvents
 from driver.nvml.types import (
     CapDevice,
     CarvedInstance,
@@ -54,130 +54,12 @@ from driver.nvml.types import (
 )
 
 _T = TypeVar("_T")
-_MIB = 1024 * 1024
 
 # NVML constants the backend needs (nvml.h); numeric so the binding can be any pynvml-shaped
 # module. They are part of NVML's ABI and never change.
-_GI_PROFILE_COUNT = 0x12
-_CI_PROFILE_COUNT = 0x9
-_CI_PROFILE_1_SLICE_REV1 = 0x7  # media-extension CI profile; carve wants the plain full-size one
-_CI_ENGINE_PROFILE_SHARED = 0
 _MIG_DISABLE = 0
 _MIG_ENABLE = 1
 _SUCCESS = 0
-
-_ARCHITECTURES = {7: Architecture.AMPERE, 9: Architecture.HOPPER, 10: Architecture.BLACKWELL}
-
-# nvmlBrandType_t -> the name NVIDIA's DRA driver publishes as the `brand` attribute (go-nvlib
-# GetBrandAsString), so a selector such as `brand == "Nvidia"` ports unchanged. An A100 on a
-# 580 driver reports NVML_BRAND_NVIDIA (kubernetes-sigs/dra-driver-nvidia-gpu#717).
-_BRANDS = {
-    0: "Unknown",
-    1: "Quadro",
-    2: "Tesla",
-    3: "NVS",
-    4: "Grid",
-    5: "GeForce",
-    6: "Titan",
-    7: "NvidiaVApps",
-    8: "NvidiaVPC",
-    9: "NvidiaVCS",
-    10: "NvidiaVWS",
-    11: "NvidiaCloudGaming",
-    12: "QuadroRTX",
-    13: "NvidiaRTX",
-    14: "Nvidia",
-    15: "GeForceRTX",
-    16: "TitanRTX",
-}
-# nvmlDeviceAddressingModeType_t -> the `addressingMode` attribute's value (go-nvlib names).
-_ADDRESSING_MODES = {0: "None", 1: "HMM", 2: "ATS"}
-
-# Health (nvml.h): event types, the recovery-action field, ECC counter selectors.
-_EVENT_SINGLE_BIT_ECC = 0x1
-_EVENT_DOUBLE_BIT_ECC = 0x2
-_EVENT_XID = 0x8
-_NO_INSTANCE = 0xFFFFFFFF  # nvmlEventData_t.gpuInstanceId of an event for the whole GPU
-_HEALTH_EVENTS = _EVENT_SINGLE_BIT_ECC | _EVENT_DOUBLE_BIT_ECC | _EVENT_XID
-_FI_GPU_RECOVERY_ACTION = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
-_ECC_UNCORRECTED = 1  # NVML_MEMORY_ERROR_TYPE_UNCORRECTED
-_ECC_VOLATILE = 0  # NVML_VOLATILE_ECC
-_TIMEOUT = 10  # NVML_ERROR_TIMEOUT
-
-
-@dataclass(frozen=True)
-class HealthEvent:
-    """One NVML health event on a GPU: kind "xid" (with the XID), "ecc-corrected" or
-    "ecc-uncorrected"; `gpu_instance` is the MIG GPU instance NVML attributes it to (None:
-    the whole GPU)."""
-
-    gpu_uuid: str
-    kind: str
-    xid: int | None = None
-    gpu_instance: int | None = None
-
-
-class HealthEvents:
-    """An NVML event set subscribed to XID and ECC events of some GPUs (see
-    NvmlBackend.health_events); `wait` returns the next event or None after the timeout."""
-
-    def __init__(self, backend: NvmlBackend, event_set: Any, gpus: tuple[str, ...]) -> None:
-        self._b = backend
-        self._set = event_set
-        self.gpus = gpus  # the GPUs that deliver events; the others must be polled
-
-    def wait(self, timeout_ms: int) -> HealthEvent | None:
-        nv = self._b._nvml
-        try:
-            data = nv.nvmlEventSetWait_v2(self._set, timeout_ms)
-        except nv.NVMLError as exc:
-            if self._b._code(exc) == _TIMEOUT:
-                return None
-            raise errors.from_code(int(exc.value), "wait for GPU health events", gpu=None) from exc
-        uuid = self._b.uuid_of(data.device)
-        kind = int(data.eventType)
-        if kind & _EVENT_XID:
-            gi = int(data.gpuInstanceId)
-            return HealthEvent(
-                str(uuid), "xid", int(data.eventData), None if gi == _NO_INSTANCE else gi
-            )
-        if kind & _EVENT_DOUBLE_BIT_ECC:
-            return HealthEvent(str(uuid), "ecc-uncorrected")
-        return HealthEvent(str(uuid), "ecc-corrected")
-
-    def close(self) -> None:
-        nv = self._b._nvml
-        with contextlib.suppress(nv.NVMLError):
-            nv.nvmlEventSetFree(self._set)
-
-
-@dataclass(frozen=True)
-class _CiProfile:
-    id: int
-    slices: int
-    max_instances: int
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
-
-
-def _brand_name(code: int) -> str:
-    """The `brand` attribute for an nvmlBrandType_t. Codes NVIDIA's driver has no name for
-    (newer than its table) read "Unknown", so a selector on `brand` still evaluates."""
-    return _BRANDS.get(code, "Unknown")
-
-
-def _cuda_version_text(version: int) -> str:
-    """nvmlSystemGetCudaDriverVersion's integer (1000 * major + 10 * minor, e.g. 13000 or
-    12080) as "<major>.<minor>", the way NVIDIA's driver turns it into `cudaDriverVersion`."""
-    return f"{version // 1000}.{version % 1000 // 10}"
-
-
-def _addressing_mode_name(value: int) -> str | None:
-    """The `addressingMode` attribute for an nvmlDeviceAddressingModeType_t; None for a value
-    this code does not know (a newer mode: publish nothing rather than a wrong name)."""
-    return _ADDRESSING_MODES.get(value)
 
 
 class NvmlBackend:
@@ -198,7 +80,7 @@ class NvmlBackend:
         self._gpus: dict[str, GpuInfo] = {}
         self._by_index: dict[int, str] = {}  # NVML index -> UUID, as last read
         self._lost: dict[int, str] = {}  # NVML index -> why, for GPUs answering GPU_IS_LOST
-        self._ci_profile_cache: dict[tuple[str, int], tuple[_CiProfile, ...]] = {}
+        self._ci_profile_cache: dict[tuple[str, int], tuple[CiProfile, ...]] = {}
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -231,20 +113,13 @@ class NvmlBackend:
     # --- error translation ------------------------------------------------------------------
 
     def _call(self, what: str, gpu: str | None, fn: Callable[..., _T], *args: Any) -> _T:
-        with self._translating(what, gpu):
-            return fn(*args)
+        return calls.call(self._nvml, what, gpu, fn, *args)
 
-    @contextlib.contextmanager
-    def _translating(self, what: str, gpu: str | None) -> Iterator[None]:
-        try:
-            yield
-        except self._nvml.NVMLError as exc:
-            raise errors.from_code(int(exc.value), what, gpu=gpu) from exc
+    def _translating(self, what: str, gpu: str | None) -> contextlib.AbstractContextManager[None]:
+        return calls.translating(self._nvml, what, gpu)
 
     def _code(self, exc: BaseException) -> int | None:
-        if isinstance(exc, self._nvml.NVMLError):
-            return int(exc.value)
-        return None
+        return calls.code_of(self._nvml, exc)
 
     # --- GPUs -------------------------------------------------------------------------------
 
@@ -267,7 +142,7 @@ class NvmlBackend:
                         f"read GPU {index} UUID", None, self._nvml.nvmlDeviceGetUUID, handle
                     )
                     if uuid not in self._gpus:
-                        self._gpus[uuid] = self._describe(index, uuid, handle)
+                        self._gpus[uuid] = gpudescription.describe(self._nvml, index, uuid, handle)
                 except GpuLost as e:
                     known = self._by_index.get(index)
                     self._lost[index] = f"{known or 'UUID unknown'}: {e}"
@@ -318,165 +193,10 @@ class NvmlBackend:
             raise GpuNotPresent(f"no GPU with UUID {gpu_uuid} on this node", gpu=gpu_uuid)
         return value
 
-    def _describe(self, index: int, uuid: str, handle: Any) -> GpuInfo:
-        nv = self._nvml
-        with self._translating("describe the GPU", uuid):
-            name = nv.nvmlDeviceGetName(handle)
-            minor = nv.nvmlDeviceGetMinorNumber(handle)
-            pci = nv.nvmlDeviceGetPciInfo(handle)
-            memory = nv.nvmlDeviceGetMemoryInfo(handle)
-            arch_code = int(nv.nvmlDeviceGetArchitecture(handle))
-            cc = nv.nvmlDeviceGetCudaComputeCapability(handle)
-            driver_version = nv.nvmlSystemGetDriverVersion()
-            brand = int(nv.nvmlDeviceGetBrand(handle))
-            cuda_version = int(nv.nvmlSystemGetCudaDriverVersion())
-        addressing_mode = self._addressing_mode(uuid, handle)
-        bus_id = pci.busId.decode() if isinstance(pci.busId, bytes) else str(pci.busId)
-        try:
-            nv.nvmlDeviceGetMigMode(handle)
-            mig_capable = True
-        except nv.NVMLError as exc:
-            if self._code(exc) != errors.NVML_ERROR_NOT_SUPPORTED:
-                raise errors.from_code(int(exc.value), "read MIG mode", gpu=uuid) from exc
-            mig_capable = False
-        profiles = self._discover_profiles(uuid, handle) if mig_capable else ()
-        return GpuInfo(
-            index=index,
-            uuid=uuid,
-            minor=int(minor),
-            name=str(name),
-            architecture=_ARCHITECTURES.get(arch_code),
-            architecture_code=arch_code,
-            memory_mib=int(memory.total) // _MIB,
-            pci_bus_id=bus_id,
-            pci_device_id=int(pci.pciDeviceId) >> 16,
-            driver_version=str(driver_version),
-            cuda_compute_capability=(int(cc[0]), int(cc[1])),
-            mig_capable=mig_capable,
-            profiles=profiles,
-            brand=_brand_name(brand),
-            cuda_driver_version=_cuda_version_text(cuda_version),
-            addressing_mode=addressing_mode,
-        )
-
-    def _addressing_mode(self, uuid: str, handle: Any) -> str | None:
-        """nvmlDeviceGetAddressingMode, or None where it cannot be asked or answered.
-
-        The call is recent: an older nvidia-ml-py lacks the function, an older driver's library
-        the symbol (pynvml raises FUNCTION_NOT_FOUND), and platforms without HMM or ATS support
-        answer NOT_SUPPORTED. NVIDIA's driver (go-nvlib GetAddressingModeAsString) then
-        publishes no `addressingMode`, and so does carve. Any other failure is an NVML error
-        like every other one while describing a GPU.
-        """
-        nv = self._nvml
-        query = getattr(nv, "nvmlDeviceGetAddressingMode", None)
-        if query is None:
-            return None
-        try:
-            value = query(handle)
-        except nv.NVMLError as exc:
-            if self._code(exc) in (
-                errors.NVML_ERROR_NOT_SUPPORTED,
-                errors.NVML_ERROR_FUNCTION_NOT_FOUND,
-            ):
-                return None
-            raise errors.from_code(int(exc.value), "read the addressing mode", gpu=uuid) from exc
-        return _addressing_mode_name(int(value))
-
-    def _discover_profiles(self, uuid: str, handle: Any) -> tuple[ProfileSpec, ...]:
-        """Loop the profile index 0..COUNT-1 as nvml.h prescribes; absent indices give
-        NOT_SUPPORTED and out-of-range ones INVALID_ARGUMENT, both skipped."""
-        nv = self._nvml
-        profiles = []
-        for index in range(_GI_PROFILE_COUNT):
-            try:
-                info = nv.nvmlDeviceGetGpuInstanceProfileInfo(handle, index, 2)
-            except nv.NVMLError as exc:
-                if self._code(exc) in (
-                    errors.NVML_ERROR_NOT_SUPPORTED,
-                    errors.NVML_ERROR_INVALID_ARGUMENT,
-                ):
-                    continue
-                raise errors.from_code(int(exc.value), "read MIG profiles", gpu=uuid) from exc
-            raw_name = info.name.decode() if isinstance(info.name, bytes) else str(info.name)
-            placements = self._placements(uuid, handle, int(info.id))
-            if not placements:
-                continue  # a profile with nowhere to go cannot be carved
-            profiles.append(
-                ProfileSpec(
-                    index=index,
-                    id=int(info.id),
-                    name=raw_name.removeprefix("MIG ").strip(),
-                    memory_mib=int(info.memorySizeMB),
-                    slices=int(info.sliceCount),
-                    multiprocessors=int(info.multiprocessorCount),
-                    engines=Engines(
-                        copy=int(info.copyEngineCount),
-                        decoders=int(info.decoderCount),
-                        encoders=int(info.encoderCount),
-                        jpeg=int(info.jpegCount),
-                        ofa=int(info.ofaCount),
-                    ),
-                    max_instances=int(info.instanceCount),
-                    placements=placements,
-                    evidence=Evidence.VERIFIED,
-                    note="discovered from NVML",
-                )
-            )
-        return tuple(profiles)
-
-    def _placements(self, uuid: str, handle: Any, profile_id: int) -> tuple[Placement, ...]:
-        nv = self._nvml
-        count = ctypes.c_uint(0)
-        what = f"list placements of profile id {profile_id}"
-        self._call(
-            what,
-            uuid,
-            nv.nvmlDeviceGetGpuInstancePossiblePlacements,
-            handle,
-            profile_id,
-            None,
-            ctypes.byref(count),
-        )
-        if count.value == 0:
-            return ()
-        array = (nv.c_nvmlGpuInstancePlacement_t * count.value)()
-        self._call(
-            what,
-            uuid,
-            nv.nvmlDeviceGetGpuInstancePossiblePlacements,
-            handle,
-            profile_id,
-            array,
-            ctypes.byref(count),
-        )
-        return tuple(
-            sorted(Placement(int(array[i].start), int(array[i].size)) for i in range(count.value))
-        )
-
     def gpu_model(self, gpu_uuid: str) -> GpuModel:
         """The GPU's MIG geometry as NVML reports it (evidence VERIFIED): what the geometry
         module and the ResourceSlice builder need, with no catalog lookup."""
-        info = self.gpu(gpu_uuid)
-        if not info.profiles:
-            raise NotSupported(f"{gpu_uuid} ({info.name}) offers no MIG profiles", gpu=gpu_uuid)
-        if info.architecture is None:
-            raise NotSupported(
-                f"{gpu_uuid} ({info.name}) has NVML architecture code "
-                f"{info.architecture_code}, which carve does not know yet",
-                gpu=gpu_uuid,
-            )
-        return GpuModel(
-            key=_slug(info.name),
-            product_name=info.name,
-            pci_device_ids=(info.pci_device_id,),
-            architecture=info.architecture,
-            memory_mib=info.memory_mib,
-            memory_units=max(pl.end for p in info.profiles for pl in p.placements),
-            compute_slices=max(p.slices for p in info.profiles),
-            cuda_compute_capability=info.cuda_compute_capability,
-            profiles=info.profiles,
-        )
+        return gpudescription.model_of(self.gpu(gpu_uuid))
 
     def remaining_capacity(self, gpu_uuid: str, profile_id: int) -> int:
         """How many more instances of the profile NVML would create now (MIG must be on)."""
@@ -489,59 +209,15 @@ class NvmlBackend:
     # --- health -----------------------------------------------------------------------------
 
     def health_events(self, gpu_uuids: tuple[str, ...]) -> HealthEvents | None:
-        """An event set for the XID and ECC events of those of `gpu_uuids` that support them
-        (None if none does: then health can only be polled, see `recovery_action`)."""
-        nv = self._nvml
-        event_set = self._call("create an NVML event set", None, nv.nvmlEventSetCreate)
-        registered = []
-        for uuid in gpu_uuids:
-            handle = self._handle(uuid)
-            try:
-                supported = int(nv.nvmlDeviceGetSupportedEventTypes(handle)) & _HEALTH_EVENTS
-                if supported:
-                    nv.nvmlDeviceRegisterEvents(handle, supported, event_set)
-                    registered.append(uuid)
-            except nv.NVMLError as exc:
-                if self._code(exc) != errors.NVML_ERROR_NOT_SUPPORTED:
-                    with contextlib.suppress(nv.NVMLError):
-                        nv.nvmlEventSetFree(event_set)
-                    raise errors.from_code(
-                        int(exc.value), "register GPU health events", gpu=uuid
-                    ) from exc
-        if not registered:
-            with contextlib.suppress(nv.NVMLError):
-                nv.nvmlEventSetFree(event_set)
-            return None
-        return HealthEvents(self, event_set, tuple(registered))
+        """See `healthevents.subscribe`; events name GPUs by UUID, a lost one included."""
+        handles = {uuid: self._handle(uuid) for uuid in gpu_uuids}
+        return healthevents.subscribe(self._nvml, handles, self.uuid_of)
 
     def recovery_action(self, gpu_uuid: str) -> int | None:
-        """NVML_GPU_RECOVERY_ACTION_* the driver asks for now (0: none), or None where the GPU
-        or driver does not report it."""
-        handle = self._handle(gpu_uuid)
-        values = self._call(
-            "read the GPU recovery action",
-            gpu_uuid,
-            self._nvml.nvmlDeviceGetFieldValues,
-            handle,
-            [_FI_GPU_RECOVERY_ACTION],
-        )
-        value = values[0]
-        if int(value.nvmlReturn) != _SUCCESS:
-            return None
-        return int(value.value.uiVal)
+        return healthevents.recovery_action(self._nvml, gpu_uuid, self._handle(gpu_uuid))
 
     def uncorrected_ecc_errors(self, gpu_uuid: str) -> int | None:
-        """Volatile uncorrected ECC errors (since the driver loaded or the GPU was reset), or
-        None without ECC reporting."""
-        handle = self._handle(gpu_uuid)
-        try:
-            return int(
-                self._nvml.nvmlDeviceGetTotalEccErrors(handle, _ECC_UNCORRECTED, _ECC_VOLATILE)
-            )
-        except self._nvml.NVMLError as exc:
-            if self._code(exc) == errors.NVML_ERROR_NOT_SUPPORTED:
-                return None
-            raise errors.from_code(int(exc.value), "read ECC errors", gpu=gpu_uuid) from exc
+        return healthevents.uncorrected_ecc_errors(self._nvml, gpu_uuid, self._handle(gpu_uuid))
 
     # --- MIG mode ---------------------------------------------------------------------------
 
@@ -792,95 +468,30 @@ class NvmlBackend:
             mig_uuid=mig_uuid,
         )
 
-    def _full_ci_profile(self, uuid: str, gi: Any, profile: ProfileSpec) -> _CiProfile:
-        for ci_profile in self._ci_profiles(uuid, gi, profile.id):
-            if ci_profile.slices == profile.slices:
-                return ci_profile
-        raise NotSupported(
-            f"{uuid}: {profile.name} offers no full-size compute-instance profile", gpu=uuid
-        )
+    def _full_ci_profile(self, uuid: str, gi: Any, profile: ProfileSpec) -> CiProfile:
+        return computeinstances.full_size(self._ci_profiles(uuid, gi, profile.id), uuid, profile)
 
-    def _ci_profiles(self, uuid: str, gi: Any, gi_profile_id: int) -> tuple[_CiProfile, ...]:
+    def _ci_profiles(self, uuid: str, gi: Any, gi_profile_id: int) -> tuple[CiProfile, ...]:
         """Compute-instance profiles of a GPU instance. They depend only on the GI's profile,
         so they are read once per (GPU, profile): listing instances stays a handful of calls."""
         key = (uuid, gi_profile_id)
         cached = self._ci_profile_cache.get(key)
-        if cached is not None:
-            return cached
-        nv = self._nvml
-        out = []
-        for index in range(_CI_PROFILE_COUNT):
-            if index == _CI_PROFILE_1_SLICE_REV1:
-                continue
-            try:
-                info = nv.nvmlGpuInstanceGetComputeInstanceProfileInfo(
-                    gi, index, _CI_ENGINE_PROFILE_SHARED, 2
-                )
-            except nv.NVMLError as exc:
-                if self._code(exc) in (
-                    errors.NVML_ERROR_NOT_SUPPORTED,
-                    errors.NVML_ERROR_INVALID_ARGUMENT,
-                ):
-                    continue
-                raise errors.from_code(
-                    int(exc.value), "read compute-instance profiles", gpu=uuid
-                ) from exc
-            out.append(_CiProfile(int(info.id), int(info.sliceCount), int(info.instanceCount)))
-        result = tuple(out)
-        with self._lock:
-            self._ci_profile_cache[key] = result
-        return result
+        if cached is None:
+            cached = computeinstances.profiles(self._nvml, uuid, gi)
+            with self._lock:
+                self._ci_profile_cache[key] = cached
+        return cached
 
     def _compute_instances(
         self, uuid: str, gi: Any, gi_profile_id: int
     ) -> list[tuple[int, int, int, Any]]:
         """(CI id, CI profile id, slices, handle) of every compute instance in ``gi``."""
-        nv = self._nvml
-        found = []
-        for ci_profile in self._ci_profiles(uuid, gi, gi_profile_id):
-            capacity = max(ci_profile.max_instances, 1)
-            array = (nv.c_nvmlComputeInstance_t * capacity)()
-            count = ctypes.c_uint(capacity)
-            self._call(
-                "list compute instances",
-                uuid,
-                nv.nvmlGpuInstanceGetComputeInstances,
-                gi,
-                ci_profile.id,
-                array,
-                ctypes.byref(count),
-            )
-            for i in range(count.value):
-                ci_info = self._call(
-                    "read a compute instance", uuid, nv.nvmlComputeInstanceGetInfo, array[i]
-                )
-                found.append((int(ci_info.id), ci_profile.id, ci_profile.slices, array[i]))
-        return sorted(found, key=lambda f: f[0])
+        return computeinstances.listed(
+            self._nvml, uuid, gi, self._ci_profiles(uuid, gi, gi_profile_id)
+        )
 
     def _mig_uuids(self, uuid: str) -> dict[tuple[int, int], str]:
-        """(GI id, CI id) -> MIG UUID, by walking the GPU's MIG device handles (the compute
-        instance's info names the parent GPU, not the MIG device)."""
-        nv = self._nvml
-        handle = self._handle(uuid)
-        out: dict[tuple[int, int], str] = {}
-        limit = self._call("count MIG devices", uuid, nv.nvmlDeviceGetMaxMigDeviceCount, handle)
-        for index in range(int(limit)):
-            try:
-                mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, index)
-            except nv.NVMLError as exc:
-                if self._code(exc) in (
-                    errors.NVML_ERROR_NOT_FOUND,
-                    errors.NVML_ERROR_INVALID_ARGUMENT,
-                ):
-                    continue  # an empty slot: the index space need not be dense
-                raise errors.from_code(int(exc.value), "walk MIG devices", gpu=uuid) from exc
-            with self._translating("read a MIG device", uuid):
-                key = (
-                    int(nv.nvmlDeviceGetGpuInstanceId(mig)),
-                    int(nv.nvmlDeviceGetComputeInstanceId(mig)),
-                )
-                out[key] = str(nv.nvmlDeviceGetUUID(mig))
-        return out
+        return computeinstances.mig_uuids(self._nvml, uuid, self._handle(uuid))
 
     # --- listing and destroying -------------------------------------------------------------
 

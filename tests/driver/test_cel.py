@@ -15,7 +15,6 @@ from driver.cel import (
     Semver,
     compile_selector,
     evaluate,
-    parse_kubernetes_quantity,
 )
 
 DRIVER = "mig.carve.dev"
@@ -221,10 +220,3 @@ def test_semver_order_agrees_with_tuples(a: tuple[int, int, int], b: tuple[int, 
     va, vb = ".".join(map(str, a)), ".".join(map(str, b))
     assert check(f'semver("{va}").isLessThan(semver("{vb}"))') is (a < b)
     assert (Semver.parse(va) < Semver.parse(vb)) is (a < b)
-
-
-def test_quantity_parsing_is_exact() -> None:
-    assert parse_kubernetes_quantity("40Gi") == 40 * GI
-    assert parse_kubernetes_quantity("500m") == Decimal("0.5")
-    with pytest.raises(ValueError, match="invalid quantity 'lots'"):
-        parse_kubernetes_quantity("lots")

@@ -23,7 +23,8 @@ from controller.model import device_facts
 from driver.catalog import CATALOG, gpu_model
 from driver.cel import CelError, compile_selector, evaluate
 from driver.contract import DEFAULT_DRIVER_NAME
-from driver.resourceslice import PublishedGpu, build_resource_slices, parse_quantity
+from driver.quantity import whole_quantity
+from driver.resourceslice import PublishedGpu, build_resource_slices
 from tests.support.guide import read_page
 from tests.support.sourcetext import REPO
 
@@ -66,7 +67,7 @@ def test_every_device_consumes_memory_from_one_complete_pool(key: str) -> None:
     for s in slices:
         assert not (s["spec"].get("sharedCounters") and s["spec"].get("devices"))
         for cs in s["spec"].get("sharedCounters", []):
-            sets[cs["name"]] = parse_quantity(cs["counters"]["memory"]["value"])
+            sets[cs["name"]] = whole_quantity(cs["counters"]["memory"]["value"])
     assert set(sets.values()) == {model.memory_mib * MIB}
 
     per_profile: dict[str, set[int]] = defaultdict(set)
@@ -77,7 +78,7 @@ def test_every_device_consumes_memory_from_one_complete_pool(key: str) -> None:
         assert len(with_memory) == 1, d["name"]  # one unambiguous charge per device
         (entry,) = with_memory
         assert entry["counterSet"] in sets
-        charge = parse_quantity(entry["counters"]["memory"]["value"])
+        charge = whole_quantity(entry["counters"]["memory"]["value"])
         attrs = d["attributes"]  # names of carve's own domain are published unqualified
         if attrs["type"]["string"] == "gpu":
             assert charge == sets[entry["counterSet"]], "a whole GPU is charged all its memory"
@@ -146,7 +147,7 @@ def kueue_charge(
     if len(matched) < count:
         return None
     values = [
-        parse_quantity(c["counters"][counter["name"]]["value"])
+        whole_quantity(c["counters"][counter["name"]]["value"])
         for d in matched
         for c in d["consumesCounters"]
         if counter["name"] in c["counters"]

@@ -14,7 +14,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from devcluster.waiting import wait_for
-from driver.resourceslice import parse_resource_slices
+from driver.slicereader import parse_resource_slices
 from kubeletplugin.claims import KubeJson
 from nodesim.invariants import allocated_devices, at_rest, leaks, overlaps
 from nodesim.lifecycle import claim_names

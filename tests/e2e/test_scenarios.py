@@ -204,9 +204,9 @@ def test_mixed_models_are_chosen_by_product_name_and_by_memory(e2e: E2E) -> None
     [result] = e2e.results(e2e.claim_of("big", "mig"))
     device = e2e.published_device(h100.name, result["device"])
     memory = device["capacity"]["memory"]["value"]
-    from driver.resourceslice import parse_quantity
+    from driver.quantity import whole_quantity
 
-    assert parse_quantity(memory) >= 60 * 2**30
+    assert whole_quantity(memory) >= 60 * 2**30
     assert e2e.check_invariants() == []
 
 

@@ -10,7 +10,7 @@ import pytest
 from driver.naming import parse_device_name
 from driver.nvml import sim
 from driver.nvml.backend import NvmlBackend
-from driver.resourceslice import parse_resource_slices
+from driver.slicereader import parse_resource_slices
 from kubeletplugin.nodehardware import NodeHardware
 from tests.kubeletplugin.node_harness import sim_config
 

@@ -393,39 +393,7 @@ def parse_config(data: Mapping[str, Any], base_dir: Path) -> SimConfig:
     if not isinstance(raw_gpus, Sequence) or isinstance(raw_gpus, str) or not raw_gpus:
         raise SimConfigError("simulator config: 'gpus' must be a non-empty list")
     seed = str(data.get("uuid_seed", "carve-sim"))
-    gpus = []
-    for i, raw in enumerate(raw_gpus):
-        entry: Mapping[str, Any] = {"model": raw} if isinstance(raw, str) else raw
-        bad = set(entry) - _GPU_KEYS
-        if bad:
-            raise SimConfigError(f"simulator config: gpus[{i}] has unknown keys {sorted(bad)}")
-        if "model" not in entry:
-            raise SimConfigError(f"simulator config: gpus[{i}] needs a 'model'")
-        layout = entry.get("gi_id_layout")
-        if layout is None:
-            # Deterministic per GPU, so a node mixes both layouts and nothing can rely on one.
-            digest = hashlib.sha256(f"{seed}/{i}".encode()).digest()
-            layout = "half-swap" if digest[0] & 1 else "identity"
-        if layout not in ("identity", "half-swap"):
-            raise SimConfigError(
-                f"simulator config: gpus[{i}].gi_id_layout must be 'identity' or 'half-swap'"
-            )
-        action = str(entry.get("recovery_action", "none"))
-        if action not in RECOVERY_ACTIONS:
-            raise SimConfigError(
-                f"simulator config: gpus[{i}].recovery_action must be one of "
-                f"{', '.join(RECOVERY_ACTIONS)}, not {action!r}"
-            )
-        gpus.append(
-            SimGpu(
-                model=_lookup_model(str(entry["model"]), custom),
-                recovery_action=RECOVERY_ACTIONS[action],
-                minor=int(entry.get("minor", i)),
-                mig_enabled=bool(entry.get("mig", True)),
-                mig_capable=bool(entry.get("mig_capable", True)),
-                gi_id_layout=str(layout),
-            )
-        )
+    gpus = [_parse_gpu(i, raw, seed, custom) for i, raw in enumerate(raw_gpus)]
     minors = [g.minor for g in gpus]
     if len(set(minors)) != len(minors) or any(not 0 <= m <= 31 for m in minors):
         raise SimConfigError("simulator config: GPU minors must be distinct and within 0..31")
@@ -455,6 +423,43 @@ def parse_config(data: Mapping[str, Any], base_dir: Path) -> SimConfig:
         sys_root=sys_path,
         brand=_parse_brand(options.get("brand", "NVIDIA")),
         addressing_mode=_parse_addressing_mode(options.get("addressing_mode", "HMM")),
+    )
+
+
+def _parse_gpu(i: int, raw: object, seed: str, custom: Mapping[str, GpuModel]) -> SimGpu:
+    """``gpus[i]``: a model key, or a mapping with the model and per-GPU options."""
+    if isinstance(raw, str):
+        raw = {"model": raw}
+    if not isinstance(raw, Mapping):
+        raise SimConfigError(f"simulator config: gpus[{i}] must be a model name or a mapping")
+    entry: Mapping[str, Any] = raw
+    bad = set(entry) - _GPU_KEYS
+    if bad:
+        raise SimConfigError(f"simulator config: gpus[{i}] has unknown keys {sorted(bad)}")
+    if "model" not in entry:
+        raise SimConfigError(f"simulator config: gpus[{i}] needs a 'model'")
+    layout = entry.get("gi_id_layout")
+    if layout is None:
+        # Deterministic per GPU, so a node mixes both layouts and nothing can rely on one.
+        digest = hashlib.sha256(f"{seed}/{i}".encode()).digest()
+        layout = "half-swap" if digest[0] & 1 else "identity"
+    if layout not in ("identity", "half-swap"):
+        raise SimConfigError(
+            f"simulator config: gpus[{i}].gi_id_layout must be 'identity' or 'half-swap'"
+        )
+    action = str(entry.get("recovery_action", "none"))
+    if action not in RECOVERY_ACTIONS:
+        raise SimConfigError(
+            f"simulator config: gpus[{i}].recovery_action must be one of "
+            f"{', '.join(RECOVERY_ACTIONS)}, not {action!r}"
+        )
+    return SimGpu(
+        model=_lookup_model(str(entry["model"]), custom),
+        recovery_action=RECOVERY_ACTIONS[action],
+        minor=int(entry.get("minor", i)),
+        mig_enabled=bool(entry.get("mig", True)),
+        mig_capable=bool(entry.get("mig_capable", True)),
+        gi_id_layout=str(layout),
     )
 
 
