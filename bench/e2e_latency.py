@@ -145,9 +145,9 @@ def run(
     from devcluster.binaries import BinariesUnavailableError
     from devcluster.cluster import LocalCluster
     from devcluster.waiting import wait_for
-    from kubeletplugin.claims import KubeJson
     from nodesim.simnode import SimNodeSpec
     from nodesim.stack import CarveStack, gates_pod
+    from process.kube.jsonclient import KubeJson
 
     root = Path(tempfile.mkdtemp(prefix="carve-e2e-bench-"))
     cluster = LocalCluster(root / "cluster")

@@ -31,8 +31,7 @@ from dataclasses import dataclass
 from typing import Any, overload
 
 from controller.objects import has_gate, is_terminal
-
-Obj = dict[str, Any]
+from process.kube import Obj
 
 _LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 _PLAIN_POD_META = ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")

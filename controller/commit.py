@@ -27,7 +27,6 @@ from controller.nodehealth.lost import LostNodes
 from controller.objects import (
     ClaimAllocation,
     Kind,
-    Obj,
     Plan,
     has_gate,
     is_allocated,
@@ -39,6 +38,7 @@ from controller.release import Releaser, WritesBeside
 from controller.seams import ClaimWriter, Metrics, Planner
 from controller.status import build_allocation_status
 from controller.store import ClusterStore
+from process.kube import Obj
 
 _log = logging.getLogger(__name__)
 

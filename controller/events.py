@@ -18,8 +18,8 @@ from typing import Any
 from controller.objects import Kind
 from controller.status import discard_response
 from driver.contract import DEFAULT_CONTRACT
-
-Obj = dict[str, Any]
+from process.kube import Obj
+from process.kube.errors import status_of
 
 _log = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ class KubeRecorder:
                     )
                     return
                 except Exception as exc:
-                    if getattr(exc, "status", None) != 409:
+                    if status_of(exc) != 409:
                         raise
                     count = 2
             patch = {"series": {"count": count, "lastObservedTime": _micro(now)}}
@@ -126,7 +126,7 @@ class KubeRecorder:
                 self._api.patch_namespaced_event(name, ns, patch, _preload_content=False)
             )
         except Exception as exc:
-            if getattr(exc, "status", None) == 403 and "NamespaceTerminating" in str(
+            if status_of(exc) == 403 and "NamespaceTerminating" in str(
                 getattr(exc, "body", "") or ""
             ):
                 # Nobody will read it: the namespace and the object are going away.

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from driver.contract import EXTENDED_RESOURCE_CLAIM_ANNOTATION, IMPLICIT_EXTENDED_RESOURCE_PREFIX
+from process.kube import Obj
 
 __all__ = [
     "PINNED_SETTLE_SECONDS",
@@ -38,7 +39,6 @@ __all__ = [
     "stand_in_claim",
 ]
 
-Obj = dict[str, Any]
 
 _WHOLE_NUMBER = re.compile(r"[0-9]+")
 

@@ -37,8 +37,9 @@ from typing import Any
 
 from controller.objects import EventType, Kind, key_of
 from driver.contract import DEFAULT_CONTRACT
+from process.kube import Obj
+from process.kube.errors import status_of
 
-Obj = dict[str, Any]
 Handler = Callable[[Kind, EventType, Obj], None]
 
 _log = logging.getLogger(__name__)
@@ -113,7 +114,7 @@ class Informer:
             try:
                 page = json.loads(self._list_call(**kwargs).data)
             except Exception as exc:
-                if getattr(exc, "status", None) == 410 and token:
+                if status_of(exc) == 410 and token:
                     # Continue token expired mid-list: start over for a consistent snapshot.
                     fresh, token = {}, None
                     continue
@@ -167,7 +168,7 @@ class Informer:
                     _request_timeout=(10, timeout + 30),
                 )
             except Exception as exc:
-                if getattr(exc, "status", None) == 410:
+                if status_of(exc) == 410:
                     raise _ExpiredError() from exc
                 raise
             self._resp = resp

@@ -24,7 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-Obj = dict[str, Any]
+from process.kube import Obj
+from process.kube.errors import status_of
 
 _log = logging.getLogger(__name__)
 
@@ -102,7 +103,7 @@ class LeaderElector:
                 ).data
             )
         except Exception as exc:
-            if getattr(exc, "status", None) != 404:
+            if status_of(exc) != 404:
                 _log.warning("reading lease %s/%s failed: %s", cfg.namespace, cfg.name, exc)
                 return False
             body = {

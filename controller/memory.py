@@ -20,9 +20,10 @@ import datetime as dt
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from controller.objects import Obj, Unplaceable
+from controller.objects import Unplaceable
 from controller.podqueue import PodQueue
 from controller.work import PodWork, may_need_work
+from process.kube import Obj
 
 
 @dataclass

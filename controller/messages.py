@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from controller.objects import EventType, Kind, Obj
+from controller.objects import EventType, Kind
+from process.kube import Obj
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from controller.objects import Kind
-
-Obj = dict[str, Any]
+from process.kube import Obj
 
 _SLICE_COUNTER = re.compile(r"^memory-slice-(\d+)$")
 

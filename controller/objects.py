@@ -12,12 +12,11 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from driver.allocation import AllocatedDevice
 from driver.contract import DEFAULT_CONTRACT, Contract
+from process.kube import Obj
 
-Obj = dict[str, Any]
 """An API object as the apiserver serves it (camelCase keys)."""
 
 

@@ -20,7 +20,6 @@ from controller.memory import PodMemory, Wait
 from controller.objects import (
     ClaimAllocation,
     Kind,
-    Obj,
     Plan,
     Unplaceable,
     has_finalizer,
@@ -32,6 +31,8 @@ from controller.objects import (
 from controller.seams import ClaimWriter, Metrics, Recorder
 from controller.status import ObjectGoneError, WriteSkippedError
 from controller.store import ClusterStore
+from process.kube import Obj
+from process.kube.errors import status_of
 
 _log = logging.getLogger(__name__)
 
@@ -230,7 +231,7 @@ _RAW_BYTES_HINT = (
 def _write_failure(exc: BaseException) -> Unplaceable:
     """An unexpected error while writing a placement, as a user can read it: the apiserver's
     own status message when there is one (it names the object and the field)."""
-    status = getattr(exc, "status", None)
+    status = status_of(exc)
     detail = str(exc)
     body = getattr(exc, "body", None)
     if body:

@@ -29,10 +29,11 @@ from controller.extended_resources import (
 )
 from controller.memory import PodMemory, Wait
 from controller.nodehealth.lost import LostNodes
-from controller.objects import Kind, Obj, Plan, Unplaceable, claim_class_names, has_gate, key_of
+from controller.objects import Kind, Plan, Unplaceable, claim_class_names, has_gate, key_of
 from controller.outcomes import Outcomes
 from controller.seams import ClaimWriter, Metrics, Planner, PreemptionHook, Recorder
 from controller.store import ClusterStore
+from process.kube import Obj
 
 _log = logging.getLogger(__name__)
 

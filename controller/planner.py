@@ -17,7 +17,6 @@ import time
 import weakref
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from controller.claims import (
     ClaimHold,
@@ -64,8 +63,7 @@ from controller.placement import (
 from driver.allocation import AllocatedDevice
 from driver.cel import qualify
 from driver.contract import DEFAULT_DRIVER_NAME
-
-Obj = dict[str, Any]
+from process.kube import Obj
 
 _log = logging.getLogger(__name__)
 

@@ -48,7 +48,6 @@ from controller.nodehealth.lost import LostNodes
 from controller.objects import (
     EventType,
     Kind,
-    Obj,
     Unplaceable,
     has_gate,
     is_allocated,
@@ -64,6 +63,7 @@ from controller.release import Releaser, WritesBeside
 from controller.seams import ClaimWriter, Metrics, Planner, PreemptionHook, Recorder
 from controller.store import ClusterStore
 from controller.work import GATED_ELSEWHERE, PodWork, WorkKind, pod_work
+from process.kube import Obj
 
 _log = logging.getLogger(__name__)
 

@@ -21,11 +21,12 @@ from collections.abc import Callable, Iterable
 from controller.config import ReconcilerConfig
 from controller.messages import Message, ReleaseDone, WrittenBeside
 from controller.nodehealth.lost import LostNodes
-from controller.objects import Kind, Obj, has_finalizer, is_allocated, key_of, node_finalizers
+from controller.objects import Kind, has_finalizer, is_allocated, key_of, node_finalizers
 from controller.seams import ClaimWriter, Recorder
 from controller.status import ObjectGoneError, WriteSkippedError
 from controller.store import ClusterStore
 from driver.contract import DEFAULT_CONTRACT, Contract
+from process.kube import Obj
 
 _log = logging.getLogger(__name__)
 

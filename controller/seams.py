@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from controller.objects import ClaimAllocation, Kind, Obj, Plan, Unplaceable
+from controller.objects import ClaimAllocation, Kind, Plan, Unplaceable
+from process.kube import Obj
 
 
 class Planner(Protocol):

@@ -28,7 +28,7 @@ from dataclasses import replace
 from typing import Any
 
 from controller.extended_resources import pinned_affinity
-from controller.objects import ClaimAllocation, Obj, has_finalizer, has_gate
+from controller.objects import ClaimAllocation, has_finalizer, has_gate
 from driver.allocation import (
     AllocationFormatError,
     canonical_json,
@@ -36,12 +36,13 @@ from driver.allocation import (
     result_json,
 )
 from driver.contract import DEFAULT_CONTRACT, Contract
-from process.rmw import MERGE_PATCH, RetryPolicy, Target, WriteFencedError, read_modify_write
+from process.kube import Obj
+from process.kube.rmw import MERGE_PATCH, RetryPolicy, Target, WriteFencedError, read_modify_write
 
 # Re-exported (the `as` form is mypy's explicit export): the reconciler catches what the writer
 # raises without knowing that the read-modify-write edge defines it.
-from process.rmw import ObjectGoneError as ObjectGoneError  # noqa: PLC0414
-from process.rmw import WriteSkippedError as WriteSkippedError  # noqa: PLC0414
+from process.kube.rmw import ObjectGoneError as ObjectGoneError  # noqa: PLC0414
+from process.kube.rmw import WriteSkippedError as WriteSkippedError  # noqa: PLC0414
 
 
 def node_selector_for(node: str) -> Obj:

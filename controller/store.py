@@ -19,7 +19,6 @@ from controller.memory import PodMemory
 from controller.objects import (
     EventType,
     Kind,
-    Obj,
     is_allocated,
     is_older,
     is_terminal,
@@ -27,6 +26,7 @@ from controller.objects import (
     pod_claim_names,
 )
 from controller.seams import Planner
+from process.kube import Obj
 
 
 class ClusterStore:

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 from controller.objects import (
     CarveClasses,
-    Obj,
     has_finalizer,
     has_gate,
     is_allocated,
@@ -24,6 +23,7 @@ from controller.objects import (
     pod_claim_names,
 )
 from driver.contract import DEFAULT_CONTRACT, Contract
+from process.kube import Obj
 
 
 class WorkKind(enum.Enum):

@@ -19,12 +19,11 @@ import queue
 import threading
 import zlib
 from collections.abc import Callable
-from typing import Any
 
 from controller.objects import Kind, key_of
 from controller.seams import Recorder
+from process.kube import Obj
 
-Obj = dict[str, Any]
 Write = Callable[[], None]
 
 _log = logging.getLogger(__name__)

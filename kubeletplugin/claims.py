@@ -11,22 +11,29 @@ placement only once `reservedFor` is empty and no such finalizer remains.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
-import json
 import logging
 import threading
 import uuid as uuidlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from driver.allocation import AllocatedDevice, AllocationFormatError, parse_allocation
 from driver.config import OpaqueConfigEntry
-from process.rmw import MERGE_PATCH, ObjectGoneError, Target, WriteSkippedError, read_modify_write
+from process.kube import Obj
+from process.kube.errors import ConflictError, NotFoundError
+from process.kube.jsonclient import KubeJson
+from process.kube.rmw import (
+    MERGE_PATCH,
+    ObjectGoneError,
+    Target,
+    WriteSkippedError,
+    read_modify_write,
+)
 
 log = logging.getLogger(__name__)
-
-Obj = dict[str, Any]
 
 
 class ClaimFormatError(ValueError):
@@ -114,84 +121,6 @@ class ClaimGoneError(Exception):
     """The claim (with the expected UID) no longer exists."""
 
 
-class ApiError(Exception):
-    """A non-2xx answer from the apiserver."""
-
-    def __init__(self, status: int, body: str) -> None:
-        super().__init__(f"HTTP {status}: {body[:300]}")
-        self.status = status
-        self.body = body
-
-
-class KubeJson:
-    """JSON-in, JSON-out calls through the official client's transport (auth, TLS, retries).
-
-    The generated models validate strictly and lag behind the API; raw JSON keeps a field added
-    by a newer apiserver from breaking the agent, and makes HTTP status handling explicit.
-    """
-
-    def __init__(self, api_client: Any, *, request_timeout: float = 10.0) -> None:
-        self._client = api_client
-        self._timeout = request_timeout
-
-    def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        body: Any = None,
-        query: Sequence[tuple[str, str]] = (),
-        content_type: str = "application/json",
-    ) -> dict[str, Any]:
-        m, url, headers, payload, _ = self._client.param_serialize(
-            method=method,
-            resource_path=path,
-            query_params=list(query) or None,
-            header_params={"Accept": "application/json", "Content-Type": content_type},
-            body=body,
-            auth_settings=["BearerToken"],
-        )
-        resp = self._client.call_api(
-            m, url, header_params=headers, body=payload, _request_timeout=self._timeout
-        )
-        data = resp.read() or b""
-        text = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
-        if not 200 <= resp.status < 300:
-            raise ApiError(resp.status, text)
-        result: dict[str, Any] = json.loads(text) if text else {}
-        return result
-
-    def stream(
-        self, path: str, *, query: Sequence[tuple[str, str]] = (), timeout: float
-    ) -> Iterator[str]:
-        """The lines of a streamed response (a watch), as they arrive, until the server ends it
-        or `timeout` passes without a byte."""
-        m, url, headers, payload, _ = self._client.param_serialize(
-            method="GET",
-            resource_path=path,
-            query_params=list(query) or None,
-            header_params={"Accept": "application/json"},
-            auth_settings=["BearerToken"],
-        )
-        resp = self._client.call_api(
-            m, url, header_params=headers, body=payload, _request_timeout=(10, timeout)
-        )
-        raw = resp.response
-        try:
-            if not 200 <= resp.status < 300:
-                raise ApiError(resp.status, raw.read().decode(errors="replace"))
-            buffer = b""
-            for chunk in raw.stream(amt=None, decode_content=False):
-                buffer += chunk
-                *complete, buffer = buffer.split(b"\n")
-                for line in complete:
-                    yield line.decode("utf-8", errors="replace")
-            if buffer.strip():
-                yield buffer.decode("utf-8", errors="replace")
-        finally:
-            raw.release_conn()
-
-
 _LAST_READ_MAX = 256  # claims being prepared at once, with room to spare
 
 
@@ -217,9 +146,8 @@ class KubernetesClaimClient:
     def _read(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             return self._api.request("GET", _claim_path(namespace, name))
-        except ApiError as e:
-            if e.status == 404:
-                return None
+        except NotFoundError:
+            return None
             raise
 
     def get(self, namespace: str, name: str) -> ClaimView | None:
@@ -244,7 +172,7 @@ class KubernetesClaimClient:
     def _update_finalizers(
         self, namespace: str, name: str, uid: str, finalizer: str, add: bool
     ) -> None:
-        """Add or remove one finalizer through `process.rmw`, the edge the controller writes
+        """Add or remove one finalizer through `process.kube.rmw`, the edge the controller writes
         through too: a merge patch of `metadata.finalizers` that carries the resourceVersion it
         was derived from, re-derived from a fresh read on conflict. The list is written whole,
         so a patch derived from a stale copy would drop another writer's finalizer; the
@@ -291,7 +219,8 @@ class KubernetesClaimClient:
             "metadata": {"namespace": namespace, "name": name, "uid": uid},
             "status": {"devices": list(entries)},
         }
-        try:
+        # Gone (404), or another object under that name now (409): nothing to report on.
+        with contextlib.suppress(NotFoundError, ConflictError):
             self._api.request(
                 "PATCH",
                 f"{_claim_path(namespace, name)}/status",
@@ -299,9 +228,6 @@ class KubernetesClaimClient:
                 query=[("fieldManager", manager), ("force", "true")],
                 content_type=APPLY_PATCH,
             )
-        except ApiError as e:
-            if e.status not in (404, 409):  # gone, or another object under that name now
-                raise
 
     def holding(self, finalizer: str) -> list[ClaimView]:
         out: list[ClaimView] = []

@@ -28,8 +28,9 @@ from typing import Any
 from driver.contract import Contract
 from driver.nvml.types import GpuInfo
 from kubeletplugin.checkpoint import ClaimRecord, DeviceRecord
-from kubeletplugin.claims import ApiError, ClaimClient
+from kubeletplugin.claims import ClaimClient
 from kubeletplugin.metrics import PluginMetrics
+from process.kube.errors import ApiError
 
 log = logging.getLogger(__name__)
 

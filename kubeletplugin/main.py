@@ -44,7 +44,6 @@ if TYPE_CHECKING:
     from driver.driverroot import DriverFiles
     from driver.naming import DevicePlace
     from kubeletplugin.checkpoint import ForeignInstance
-    from kubeletplugin.claims import KubeJson
     from kubeletplugin.foreign import ForeignTaints
     from kubeletplugin.gpuhealth import HealthMonitor
     from kubeletplugin.metrics import PluginMetrics
@@ -53,6 +52,7 @@ if TYPE_CHECKING:
     from kubeletplugin.prepare import Preparer
     from kubeletplugin.publisher import PublisherSettings, SlicePublisher
     from kubeletplugin.server import PluginServer
+    from process.kube.jsonclient import KubeJson
     from process.opshttp import OpsServer
 
 log = logging.getLogger("carve.kubeletplugin")
@@ -506,7 +506,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from driver.driverroot import DriverRootError
     from driver.nvml.sim.config import SimConfigError
     from kubeletplugin.checkpoint import CheckpointVersionError
-    from kubeletplugin.claims import KubeJson
+    from process.kube.jsonclient import KubeJson
 
     try:
         api = KubeJson(load_api_client(opts.kubeconfig))

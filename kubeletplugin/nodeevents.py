@@ -15,7 +15,8 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from kubeletplugin.claims import KubeJson, plugin_event_body
+from kubeletplugin.claims import plugin_event_body
+from process.kube.jsonclient import KubeJson
 
 log = logging.getLogger(__name__)
 

@@ -41,14 +41,22 @@ from driver.allocation import AllocatedDevice
 from driver.contract import Contract
 from driver.naming import parse_device_name
 from kubeletplugin.checkpoint import Checkpoint
-from kubeletplugin.claims import ApiError, ClaimFormatError, KubeJson, parse_claim
+from kubeletplugin.claims import ClaimFormatError, parse_claim
 from kubeletplugin.claimwatch import ClaimWatch
 from kubeletplugin.ports import ClaimRef, PrepareResult
-from process.rmw import MERGE_PATCH, ObjectGoneError, Target, WriteSkippedError, read_modify_write
+from process.kube import Obj
+from process.kube.errors import ApiError
+from process.kube.jsonclient import KubeJson
+from process.kube.rmw import (
+    MERGE_PATCH,
+    ObjectGoneError,
+    Target,
+    WriteSkippedError,
+    read_modify_write,
+)
 
 log = logging.getLogger(__name__)
 
-Obj = dict[str, Any]
 
 # Prepare failures that say the GPU (NVML) refused, not that the claim is wrong: only these
 # taint the GPU, because placing the claim elsewhere on the same GPU would likely fail again.

@@ -21,6 +21,7 @@ when configured) it deletes the node's slices for this driver.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
@@ -40,9 +41,10 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from kubeletplugin.claims import ApiError, KubeJson
 from kubeletplugin.metrics import PluginMetrics
-from process.rmw import (
+from process.kube.errors import ApiError, NotFoundError
+from process.kube.jsonclient import KubeJson
+from process.kube.rmw import (
     ObjectGoneError,
     ObjectReplacedError,
     RetryPolicy,
@@ -257,7 +259,7 @@ class SlicePublisher:
         return True
 
     def _replace(self, listed: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
-        """PUT `desired` over a listed slice through `process.rmw`: guarded by the listed
+        """PUT `desired` over a listed slice through `process.kube.rmw`: guarded by the listed
         resourceVersion, re-read and written again on a conflict (the slice is wholly ours, so
         the fresh copy only lends its resourceVersion). A slice the kubelet wiped meanwhile is
         created instead; any other failure ends this sync and the retry loop below starts over
@@ -281,11 +283,8 @@ class SlicePublisher:
             return self._api.request("POST", SLICES_PATH, body=desired)
 
     def _delete(self, name: str) -> None:
-        try:
+        with contextlib.suppress(NotFoundError):  # already gone: what we wanted
             self._api.request("DELETE", f"{SLICES_PATH}/{name}")
-        except ApiError as e:
-            if e.status != 404:
-                raise
 
     def cleanup(self) -> int:
         """Delete every slice of this driver on this node (uninstall); returns how many."""

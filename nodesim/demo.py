@@ -502,7 +502,8 @@ def _indent(text: str) -> str:
 
 def _capacity_line(api: Any, node: str) -> str:
     """What the real kubelet reports: this machine's own cpu and memory, on every node."""
-    from kubeletplugin.claims import ApiError, KubeJson
+    from process.kube.errors import ApiError
+    from process.kube.jsonclient import KubeJson
 
     try:
         capacity = KubeJson(api).request("GET", f"/api/v1/nodes/{node}")["status"]["capacity"]
@@ -525,7 +526,8 @@ def _gib(quantity: str) -> str:
 
 def _wait_released(api: Any, timeout: float = 30.0) -> bool:
     """Until no ResourceClaim of the examples is allocated any more (True), or ``timeout``."""
-    from kubeletplugin.claims import ApiError, KubeJson
+    from process.kube.errors import ApiError
+    from process.kube.jsonclient import KubeJson
 
     path = f"/apis/resource.k8s.io/v1/namespaces/{EXAMPLES_NAMESPACE}/resourceclaims"
     deadline = time.monotonic() + timeout
@@ -544,8 +546,8 @@ def _wait_released(api: Any, timeout: float = 30.0) -> bool:
 def _wait_gate(api: Any, setup: Sequence[dict[str, Any]], timeout: float = 30.0) -> None:
     """The admission policy reads templates and claims from the apiserver's cache: wait until
     a dry-run pod naming each one gets carve's scheduling gate, so no example pod slips by."""
-    from kubeletplugin.claims import KubeJson
     from nodesim.stack import gates_pod
+    from process.kube.jsonclient import KubeJson
 
     json_api = KubeJson(api)
     refs = []
@@ -602,7 +604,7 @@ class _ClaimSnapshot:
     released (and deleted) right after, so the demo keeps the last allocated view."""
 
     def __init__(self, kubectl: Kubectl, api: Any, pod: str, entry: str) -> None:
-        from kubeletplugin.claims import KubeJson
+        from process.kube.jsonclient import KubeJson
 
         self._kubectl = kubectl
         self._api = KubeJson(api)
@@ -639,7 +641,7 @@ class _ClaimSnapshot:
         return self._describe()
 
     def _allocated(self) -> dict[str, Any] | None:
-        from kubeletplugin.claims import ApiError
+        from process.kube.errors import ApiError
 
         path = (
             f"/apis/resource.k8s.io/v1/namespaces/{EXAMPLES_NAMESPACE}/resourceclaims/{self.claim}"

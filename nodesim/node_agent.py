@@ -34,7 +34,6 @@ import grpc
 
 from controller.informers import Informer, InformerConfig
 from controller.objects import EventType, Kind
-from kubeletplugin.claims import ApiError, KubeJson
 from nodesim.kubelet import KubeletSim, RegisteredPlugin
 from nodesim.lifecycle import (
     CdiResolutionError,
@@ -56,6 +55,8 @@ from nodesim.lifecycle import (
     run_seconds,
     running_status,
 )
+from process.kube.errors import ApiError
+from process.kube.jsonclient import KubeJson
 
 _log = logging.getLogger(__name__)
 _STRATEGIC = "application/strategic-merge-patch+json"

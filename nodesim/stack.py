@@ -21,8 +21,8 @@ from devcluster.cluster import api_client_for, run_kubectl
 from devcluster.nodes import NodeHeartbeater
 from devcluster.processes import ManagedProcess, console_script, tail_of
 from driver.contract import DEFAULT_CONTRACT, Contract
-from kubeletplugin.claims import KubeJson
 from nodesim.simnode import SimNode, SimNodeSpec
+from process.kube.jsonclient import KubeJson
 
 _log = logging.getLogger(__name__)
 

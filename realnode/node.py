@@ -31,7 +31,6 @@ import yaml
 
 from devcluster.processes import ManagedProcess, tail_of
 from driver.contract import DEFAULT_DRIVER_NAME
-from kubeletplugin.claims import ApiError, KubeJson
 from nodesim.invariants import NodeHardware
 from nodesim.simnode import (
     check_gpu_keys,
@@ -40,6 +39,8 @@ from nodesim.simnode import (
     read_hardware,
     write_sim_config,
 )
+from process.kube.errors import ApiError
+from process.kube.jsonclient import KubeJson
 from realnode import cleanup, configs, images
 from realnode.binaries import NodeBinaries
 from realnode.layout import NodeLayout

@@ -15,9 +15,10 @@ from collections.abc import Callable, Sequence
 from controller.config import ReconcilerConfig
 from controller.memory import PodMemory, Wait
 from controller.nodehealth.carvewait import CarveState, carve_verdict
-from controller.objects import Kind, Obj, Unplaceable, key_of, node_finalizers
+from controller.objects import Kind, Unplaceable, key_of, node_finalizers
 from controller.outcomes import Outcomes
 from controller.seams import ClaimWriter, Recorder
+from process.kube import Obj
 
 
 class CarveHold:

@@ -24,11 +24,9 @@ import datetime as dt
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from driver.allocation import AllocatedDevice, AllocationFormatError, parse_allocation
-
-Obj = dict[str, Any]
+from process.kube import Obj
 
 
 class CarveState(enum.Enum):

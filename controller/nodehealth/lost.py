@@ -21,9 +21,10 @@ from collections.abc import Callable, Sequence
 
 from controller.config import ReconcilerConfig
 from controller.nodehealth.signals import NodeLoss, allocated_node, node_loss, not_ready_deadline
-from controller.objects import Kind, Obj, has_finalizer, is_allocated, key_of, node_finalizers
+from controller.objects import Kind, has_finalizer, is_allocated, key_of, node_finalizers
 from controller.seams import ClaimWriter, Recorder
 from controller.store import ClusterStore
+from process.kube import Obj
 
 _log = logging.getLogger(__name__)
 

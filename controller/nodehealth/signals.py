@@ -30,8 +30,6 @@ from typing import Any
 
 from controller.nodefit import OUT_OF_SERVICE_TAINT
 
-Obj = dict[str, Any]
-
 
 class LossSignal(enum.StrEnum):
     DELETED = "deleted"

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-Obj = dict[str, Any]
+from process.kube import Obj
+from process.kube.errors import status_of
 
 
 class EvictionOutcome(enum.Enum):
@@ -51,7 +52,7 @@ def _message(body: object, fallback: str) -> str:
 def describe_failure(exc: BaseException) -> str:
     """An unexpected Eviction API error in words for the pod's event (403 names the missing
     permission, which is what an operator has to fix)."""
-    status = getattr(exc, "status", None)
+    status = status_of(exc)
     text = _message(getattr(exc, "body", None), str(getattr(exc, "reason", "") or exc))
     return f"the Eviction API answered {status}: {text}" if status else str(exc)
 

@@ -37,8 +37,7 @@ from controller.preemption.search import (
     may_preempt,
 )
 from controller.seams import Recorder
-
-Obj = dict[str, Any]
+from process.kube import Obj
 
 _log = logging.getLogger(__name__)
 

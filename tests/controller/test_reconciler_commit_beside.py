@@ -15,8 +15,9 @@ import threading
 
 import pytest
 
-from controller.objects import EventType, Kind, Obj
+from controller.objects import EventType, Kind
 from controller.writepool import WritePool
+from process.kube import Obj
 from tests.controller.test_reconciler import (
     ALLOCATION_FINALIZER,
     SCHEDULING_GATE,

@@ -22,8 +22,8 @@ import yaml
 from devcluster.cluster import LocalCluster, api_client_for, run_kubectl
 from devcluster.waiting import wait_for
 from driver.contract import Contract
-from kubeletplugin.claims import KubeJson
 from nodesim.stack import MANIFESTS, gates_pod
+from process.kube.jsonclient import KubeJson
 from tests.deploy.conftest import CHART, Helm
 
 pytestmark = pytest.mark.cluster

@@ -15,11 +15,11 @@ from kubernetes.client.exceptions import ApiException
 
 from devcluster.waiting import wait_for
 from driver.slicereader import parse_resource_slices
-from kubeletplugin.claims import KubeJson
 from nodesim.invariants import allocated_devices, at_rest, leaks, overlaps
 from nodesim.lifecycle import claim_names
 from nodesim.simnode import DRIVER, SimNode, SimNodeSpec
 from nodesim.stack import CarveStack, gates_pod
+from process.kube.jsonclient import KubeJson
 
 Obj = dict[str, Any]
 GROUP_LABEL = "e2e.carve.dev/group"

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from kubeletplugin.claims import ApiError, ClaimGoneError, KubernetesClaimClient
+from kubeletplugin.claims import ClaimGoneError, KubernetesClaimClient
+from process.kube.errors import ApiError
 
 Obj = dict[str, Any]
 PATH = "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c"

@@ -9,8 +9,8 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from kubeletplugin.claims import ApiError
 from kubeletplugin.claimwatch import ClaimWatch
+from process.kube.errors import ApiError
 
 
 def _claim(name: str, rv: str) -> dict[str, Any]:

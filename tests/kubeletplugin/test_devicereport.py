@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from driver.nvml import sim
-from kubeletplugin.claims import ApiError
+from process.kube.errors import ApiError
 from tests.kubeletplugin.node_harness import DRIVER, Node, mig, open_node, whole
 from tests.support.promtext import Sample, samples
 

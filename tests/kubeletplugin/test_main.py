@@ -276,7 +276,7 @@ def cluster_plugin(
 
 
 def _slices(api: Any, node: str) -> list[dict[str, Any]]:
-    from kubeletplugin.claims import KubeJson
+    from process.kube.jsonclient import KubeJson
 
     return KubeJson(api).request(
         "GET",
@@ -289,7 +289,7 @@ def _slices(api: Any, node: str) -> list[dict[str, Any]]:
 def test_plugin_against_real_apiserver(
     cluster_plugin: tuple[PluginProcess, str, Any], namespace: str
 ) -> None:
-    from kubeletplugin.claims import KubeJson
+    from process.kube.jsonclient import KubeJson
 
     p, node, api = cluster_plugin
     kube = KubeJson(api)
@@ -409,7 +409,7 @@ def test_plugin_killed_mid_prepare_recovers_on_kubelet_retry(
 
     from driver.nvml import sim
     from driver.nvml.backend import NvmlBackend
-    from kubeletplugin.claims import KubeJson
+    from process.kube.jsonclient import KubeJson
 
     p, node, api = cluster_plugin
     kube = KubeJson(api)
@@ -464,7 +464,7 @@ def test_restart_releases_claims_that_vanished_from_the_api_before_serving(
     """A node that comes back to a cluster which no longer has its claims (rebuilt cluster,
     finalizers stripped by hand) must free those placements before the kubelet's first
     prepare, not only at the first periodic housekeeping pass 30 s later."""
-    from kubeletplugin.claims import KubeJson
+    from process.kube.jsonclient import KubeJson
 
     p, node, api = cluster_plugin
     kube = KubeJson(api)
@@ -503,8 +503,8 @@ def test_two_machines_with_one_node_name_end_in_a_node_event_not_a_fight(
     again. Neither process crashes."""
     from driver.catalog import CATALOG
     from driver.contract import Attr
-    from kubeletplugin.claims import KubeJson
     from kubeletplugin.nodeevents import NODE_EVENT_NAMESPACE
+    from process.kube.jsonclient import KubeJson
 
     h100, a30 = CATALOG["H100-SXM5-80GB"].product_name, CATALOG["A30-24GB"].product_name
     node = fake_node()

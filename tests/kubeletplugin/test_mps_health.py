@@ -18,10 +18,12 @@ from driver.cdi import CdiWriter
 from driver.driverroot import discover
 from driver.nvml import sim
 from kubeletplugin.checkpoint import CheckpointStore
-from kubeletplugin.claims import ApiError, KubeJson, KubernetesClaimEvents
+from kubeletplugin.claims import KubernetesClaimEvents
 from kubeletplugin.mps import MpsControl, _alive, find_binary
 from kubeletplugin.nodehardware import NodeHardware
 from kubeletplugin.prepare import Preparer, PreparerSettings
+from process.kube.errors import ApiError
+from process.kube.jsonclient import KubeJson
 from tests.kubeletplugin.node_harness import DRIVER, NODE, FakeKubeJson, Node, mig, open_node
 from tests.kubeletplugin.test_prepare_mps import mps_config
 

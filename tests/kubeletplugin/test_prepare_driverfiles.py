@@ -25,11 +25,11 @@ from driver.nvml import sim
 from driver.nvml.sim import driverfiles
 from kubeletplugin import nodehardware
 from kubeletplugin.checkpoint import CheckpointStore
-from kubeletplugin.claims import KubeJson
 from kubeletplugin.main import NodePlugin
 from kubeletplugin.nodehardware import NodeHardware
 from kubeletplugin.options import parse_options
 from kubeletplugin.prepare import Preparer, PreparerSettings
+from process.kube.jsonclient import KubeJson
 from process.kubeconfig import load_api_client
 from tests.kubeletplugin.node_harness import DRIVER, NODE, Node, mig, open_node, whole
 

@@ -44,8 +44,8 @@ def test_content_hash_ignores_generation_only() -> None:
 def test_converges_bumps_generation_and_cleans_up(k8s_api: Any, fake_node: Any) -> None:
     from driver.catalog import CATALOG
     from driver.resourceslice import PublishedGpu, build_resource_slices
-    from kubeletplugin.claims import KubeJson
     from kubeletplugin.publisher import SLICES_PATH, PublisherSettings, SlicePublisher
+    from process.kube.jsonclient import KubeJson
 
     node = fake_node()
     api = KubeJson(k8s_api)
@@ -101,8 +101,8 @@ def test_two_machines_with_one_node_name_do_not_fight_over_its_slices(
     restarted plugin (a new process) takes its predecessor's slices over without a conflict."""
     from driver.catalog import CATALOG
     from driver.resourceslice import PublishedGpu, build_resource_slices
-    from kubeletplugin.claims import KubeJson
     from kubeletplugin.publisher import SLICES_PATH, PublisherSettings, SlicePublisher
+    from process.kube.jsonclient import KubeJson
 
     node = fake_node()
     api = KubeJson(k8s_api)

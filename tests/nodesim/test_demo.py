@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from kubeletplugin.claims import ApiError
 from nodesim import __main__ as cli
 from nodesim import demo
+from process.kube.errors import ApiError
 from realnode import binaries
 from realnode.images import TEST_IMAGE
 

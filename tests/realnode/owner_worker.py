@@ -14,7 +14,7 @@ from pathlib import Path
 
 from devcluster.cluster import api_client_for
 from devcluster.waiting import wait_for
-from kubeletplugin.claims import KubeJson
+from process.kube.jsonclient import KubeJson
 from realnode.cluster import RealNodes
 from realnode.images import TEST_IMAGE
 from realnode.node import RealNodeSpec

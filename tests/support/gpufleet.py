@@ -31,7 +31,8 @@ from devcluster.nodes import (
 )
 from driver.catalog import gpu_model
 from driver.resourceslice import PublishedGpu, build_resource_slices
-from kubeletplugin.claims import ApiError, KubeJson
+from process.kube.errors import ApiError
+from process.kube.jsonclient import KubeJson
 
 # Models a MIG fleet mixes; per-node homogeneous, rotating across nodes.
 FLEET_MODELS = ("A100-SXM4-80GB", "H100-SXM5-80GB", "H200-SXM5-141GB", "A30-24GB")

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from process.rmw import MERGE_PATCH
+from process.kube.rmw import MERGE_PATCH
 
 NAMESPACE = "default"
 CONFIG_MAP = "carve-request-cost"

@@ -338,7 +338,7 @@ class ScaleBench:
         progress: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True),
     ) -> None:
         from devcluster.cluster import api_client_for
-        from kubeletplugin.claims import KubeJson
+        from process.kube.jsonclient import KubeJson
 
         self.info = cluster_info
         self.workdir = workdir
@@ -410,7 +410,7 @@ class ScaleBench:
         return path
 
     def _create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        from kubeletplugin.claims import ApiError
+        from process.kube.errors import ApiError
 
         try:
             return self.api.request("POST", path, body=body)
@@ -475,7 +475,7 @@ class ScaleBench:
         tracker.created(name, time.monotonic())
 
     def _delete_pod(self, name: str) -> None:
-        from kubeletplugin.claims import ApiError
+        from process.kube.errors import ApiError
 
         with contextlib.suppress(ApiError):
             self.api.request(
@@ -718,7 +718,7 @@ class ScaleBench:
     def _clean_up(self, pods_path: str, ctl: ControllerUnderTest, timeout: float = 300.0) -> bool:
         """Delete every bench pod and wait for their claims to go (the controller, still
         running, drops its finalizer), so the next controller starts on an empty cluster."""
-        from kubeletplugin.claims import ApiError
+        from process.kube.errors import ApiError
 
         with contextlib.suppress(ApiError):
             self.api.request("DELETE", pods_path, query=[("gracePeriodSeconds", "0")], body={})

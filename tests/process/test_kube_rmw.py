@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from process.rmw import (
+from process.kube.rmw import (
     ObjectGoneError,
     ObjectReplacedError,
     RetryPolicy,

@@ -36,11 +36,12 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
-Obj = dict[str, Any]
+from process.kube import Obj
+from process.kube.errors import status_of
+
 Fence = Callable[[], bool]
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -62,13 +63,6 @@ class WriteSkippedError(Exception):
 
 class WriteFencedError(WriteSkippedError):
     """The fence closed: this process may not write any more (a controller lost its lease)."""
-
-
-def status_of(exc: BaseException) -> int | None:
-    """The HTTP status of an API error: the official client's `ApiException` and the plugin's
-    `ApiError` both carry it as `.status`."""
-    status = getattr(exc, "status", None)
-    return status if isinstance(status, int) else None
 
 
 def is_transient(exc: BaseException) -> bool:

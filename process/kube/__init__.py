@@ -1,0 +1,16 @@
+"""carve's one edge to the Kubernetes API: the JSON client (`jsonclient`), the error
+vocabulary every caller branches on (`errors`) and read-modify-write of objects other
+writers change too (`rmw`).
+
+Objects cross this edge as the API serves them: plain JSON dicts with camelCase keys (`Obj`),
+never the generated models, which validate strictly and lag behind the apiserver.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+Obj = dict[str, Any]
+"""An API object as JSON (camelCase keys), the shape both programs read and write."""
+
+__all__ = ["Obj"]

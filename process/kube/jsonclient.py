@@ -1,0 +1,81 @@
+"""JSON in, JSON out: the one HTTP client both programs use for the Kubernetes API.
+
+It rides on the official client's transport (kubeconfig or in-cluster auth, TLS) and nothing
+else of it: the generated models validate strictly and lag behind the API, so raw JSON keeps a
+field added by a newer apiserver from breaking carve, and a refusal becomes the typed error of
+`process.kube.errors` for its status.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from process.kube.errors import api_error
+
+
+class KubeJson:
+    """Calls through an official `ApiClient`'s transport; every call has a timeout, so a
+    half-open connection cannot hang its caller."""
+
+    def __init__(self, api_client: Any, *, request_timeout: float = 10.0) -> None:
+        self._client = api_client
+        self._timeout = request_timeout
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        query: Sequence[tuple[str, str]] = (),
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        m, url, headers, payload, _ = self._client.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=list(query) or None,
+            header_params={"Accept": "application/json", "Content-Type": content_type},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        resp = self._client.call_api(
+            m, url, header_params=headers, body=payload, _request_timeout=self._timeout
+        )
+        data = resp.read() or b""
+        text = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
+        if not 200 <= resp.status < 300:
+            raise api_error(resp.status, text)
+        result: dict[str, Any] = json.loads(text) if text else {}
+        return result
+
+    def stream(
+        self, path: str, *, query: Sequence[tuple[str, str]] = (), timeout: float
+    ) -> Iterator[str]:
+        """The lines of a streamed response (a watch), as they arrive, until the server ends it
+        or `timeout` passes without a byte."""
+        m, url, headers, payload, _ = self._client.param_serialize(
+            method="GET",
+            resource_path=path,
+            query_params=list(query) or None,
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        resp = self._client.call_api(
+            m, url, header_params=headers, body=payload, _request_timeout=(10, timeout)
+        )
+        raw = resp.response
+        try:
+            if not 200 <= resp.status < 300:
+                raise api_error(resp.status, raw.read().decode(errors="replace"))
+            buffer = b""
+            for chunk in raw.stream(amt=None, decode_content=False):
+                buffer += chunk
+                *complete, buffer = buffer.split(b"\n")
+                for line in complete:
+                    yield line.decode("utf-8", errors="replace")
+            if buffer.strip():
+                yield buffer.decode("utf-8", errors="replace")
+        finally:
+            raw.release_conn()
