@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from kubeletplugin.claims import ClaimGoneError, KubernetesClaimClient
-from process.kube.errors import ApiError
+from process.kube.errors import api_error
 
 Obj = dict[str, Any]
 PATH = "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c"
@@ -47,7 +47,7 @@ class FakeApi:
         if method == "GET":
             self.gets += 1
             if self.claim is None:
-                raise ApiError(404, "not found")
+                raise api_error(404, "not found")
             return copy.deepcopy(self.claim)
         assert method == "PATCH" and kw["content_type"] == "application/merge-patch+json"
         body = kw["body"]
@@ -56,9 +56,9 @@ class FakeApi:
             hook, self.before_patch = self.before_patch, None
             hook()
         if self.claim is None:
-            raise ApiError(404, "not found")
+            raise api_error(404, "not found")
         if body["metadata"]["resourceVersion"] != self.claim["metadata"]["resourceVersion"]:
-            raise ApiError(409, "conflict")
+            raise api_error(409, "conflict")
         self.other_writer(body["metadata"]["finalizers"])
         return copy.deepcopy(self.claim)
 

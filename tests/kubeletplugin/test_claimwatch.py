@@ -10,7 +10,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from kubeletplugin.claimwatch import ClaimWatch
-from process.kube.errors import ApiError
+from process.kube.errors import api_error
 
 
 def _claim(name: str, rv: str) -> dict[str, Any]:
@@ -32,7 +32,7 @@ class _Api:
         self.queries.append(("list", query))
         if not self.lists:
             self.done.set()
-            raise ApiError(403, 'resourceclaims is forbidden: cannot "list"')
+            raise api_error(403, 'resourceclaims is forbidden: cannot "list"')
         return self.lists.pop(0)[0]
 
     def stream(

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from driver.nvml import sim
-from process.kube.errors import ApiError
+from process.kube.errors import api_error
 from tests.kubeletplugin.node_harness import DRIVER, Node, mig, open_node, whole
 from tests.support.promtext import Sample, samples
 
@@ -93,7 +93,7 @@ def test_a_restart_tells_again_and_a_missing_permission_never_fails_a_prepare(
     assert [e["device"] for e in _entries(n, "c")] == [mig(n.backend, 0, 19, 1)]
 
     def refuse(*_: object) -> None:
-        raise ApiError(403, "resourceclaims/status is forbidden")
+        raise api_error(403, "resourceclaims/status is forbidden")
 
     monkeypatch.setattr(n.claims, "apply_device_status", refuse)
     other = n.claims.add("d", [mig(n.backend, 1, 19, 2)])

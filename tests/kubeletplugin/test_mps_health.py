@@ -22,7 +22,7 @@ from kubeletplugin.claims import KubernetesClaimEvents
 from kubeletplugin.mps import MpsControl, _alive, find_binary
 from kubeletplugin.nodehardware import NodeHardware
 from kubeletplugin.prepare import Preparer, PreparerSettings
-from process.kube.errors import ApiError
+from process.kube.errors import api_error
 from process.kube.jsonclient import KubeJson
 from tests.kubeletplugin.node_harness import DRIVER, NODE, FakeKubeJson, Node, mig, open_node
 from tests.kubeletplugin.test_prepare_mps import mps_config
@@ -193,7 +193,7 @@ def test_an_event_that_cannot_be_posted_is_logged_not_fatal(
     rec = env.p.checkpoint().claims[ref.uid]
     assert rec.mps is not None
     _kill(rec.mps.pid)
-    env.api.fail = ApiError(403, "events.events.k8s.io is forbidden")
+    env.api.fail = api_error(403, "events.events.k8s.io is forbidden")
     env.p.retry_pending()
     again = env.p.checkpoint().claims[ref.uid].mps
     assert again is not None and again.pid not in (None, rec.mps.pid) and _alive(again.pid)

@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 
+import process.kube.jsonclient
 from nodesim import __main__ as cli
 from nodesim import demo
-from process.kube.errors import ApiError
+from process.kube.errors import api_error
 from realnode import binaries
 from realnode.images import TEST_IMAGE
 
@@ -261,12 +262,10 @@ def test_claim_snapshot_keeps_the_last_allocated_view(monkeypatch: pytest.Monkey
             assert path.endswith("/resourceclaims/pair-same-gpu-pair-x")
             answer = answers.pop(0)
             if answer is None:
-                raise ApiError(404, "not found")
+                raise api_error(404, "not found")
             return answer
 
-    import kubeletplugin.claims
-
-    monkeypatch.setattr(kubeletplugin.claims, "KubeJson", FakeKubeJson)
+    monkeypatch.setattr(process.kube.jsonclient, "KubeJson", FakeKubeJson)
     kubectl = FakeKubectl([[]])
     snap = demo._ClaimSnapshot(kubectl, None, "pair-same-gpu", "pair")
     snap.poll([_pod("pair-same-gpu", "Pending")])  # no claim name yet: nothing asked
