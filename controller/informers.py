@@ -55,6 +55,7 @@ class InformerConfig:
     watch_timeout_s: int = 300
     resync_period_s: float | None = None  # None: never relist while the watch holds
     backoff_max_s: float = 30.0
+    absent_recheck_s: float = 300.0  # an optional resource the server does not serve
 
 
 SLICE_PAGE_SIZE = 100
@@ -76,8 +77,12 @@ class Informer:
         *,
         transform: Callable[[Obj], Obj | None] | None = None,
         skip_unchanged: bool = False,
+        optional: bool = False,
     ) -> None:
+        """`optional`: a resource an older server may not serve (404): then it holds nothing,
+        counts as listed, and is looked for again every `absent_recheck_s`."""
         self.kind = kind
+        self._optional = optional
         self._transform = transform
         self._skip_unchanged = skip_unchanged
         self._list_call = list_call
@@ -237,10 +242,21 @@ class Informer:
             except Exception as exc:
                 if self._stop.is_set():
                     break
+                if self._optional and getattr(exc, "status", None) == 404:
+                    self._not_served()
+                    rv = None
+                    continue
                 failures += 1
                 delay = min(self._cfg.backoff_max_s, 0.2 * 2**failures) * random.uniform(0.5, 1)
                 _log.warning("%s list/watch failed (%s); retrying in %.1fs", self.kind, exc, delay)
                 self._stop.wait(delay)
+
+    def _not_served(self) -> None:
+        """The server does not serve this optional resource (yet): it has none of it."""
+        if not self._synced or self.cache:
+            _log.info("%s is not served; none is applied until it is", self.kind)
+        self._replace({})
+        self._stop.wait(self._cfg.absent_recheck_s)
 
     def stop(self) -> None:
         self._stop.set()
@@ -305,10 +321,12 @@ def standard_informers(
     config: InformerConfig | None = None,
     *,
     gate: str = DEFAULT_CONTRACT.scheduling_gate,
+    taint_rule_calls: tuple[Callable[..., Any], ...] = (),
 ) -> list[Informer]:
-    """The five collections the controller watches, all cluster-wide, each kept only as far as
+    """The collections the controller watches, all cluster-wide, each kept only as far as
     the controller reads it (`controller.cache`). Nodes skip
-    updates that change nothing kept (heartbeats)."""
+    updates that change nothing kept (heartbeats). DeviceTaintRules are optional: served as
+    resource.k8s.io/v1 from Kubernetes 1.37, as v1beta2 on 1.36 only where enabled."""
     from controller.cache import pod_view, slice_view, strip_bookkeeping, trim_node
 
     config = config or InformerConfig()
@@ -321,6 +339,7 @@ def standard_informers(
         Kind.CLAIM: resource_api.list_resource_claim_for_all_namespaces,
         Kind.SLICE: resource_api.list_resource_slice,
         Kind.CLASS: resource_api.list_device_class,
+        Kind.TAINT_RULE: _first_served(*taint_rule_calls),
     }
     transforms: dict[Kind, Callable[[Obj], Obj | None]] = {
         Kind.POD: pod_view(gate),
@@ -328,6 +347,7 @@ def standard_informers(
         Kind.SLICE: slice_view(),
         Kind.CLAIM: strip_bookkeeping,
         Kind.CLASS: strip_bookkeeping,
+        Kind.TAINT_RULE: strip_bookkeeping,
     }
     return [
         Informer(
@@ -338,6 +358,37 @@ def standard_informers(
             configs[k],
             transform=transforms[k],
             skip_unchanged=k is Kind.NODE,
+            optional=k is Kind.TAINT_RULE,
         )
         for k, call in calls.items()
     ]
+
+
+def _first_served(*calls: Callable[..., Any]) -> Callable[..., Any]:
+    """A list-and-watch call made with the first of `calls` whose API version the server
+    serves (the others answer 404), remembered until that one answers 404 too (the version was
+    switched off, or the cluster upgraded). With none served the 404 is raised."""
+    chosen: list[Callable[..., Any]] = []
+
+    def call(**kwargs: Any) -> Any:
+        missing: Exception = _NotServedError()
+        for candidate in [*chosen, *(c for c in calls if c not in chosen)]:
+            try:
+                result = candidate(**kwargs)
+            except Exception as exc:
+                if getattr(exc, "status", None) != 404:
+                    raise
+                chosen.clear()
+                missing = exc
+                continue
+            chosen[:] = [candidate]
+            return result
+        raise missing
+
+    return call
+
+
+class _NotServedError(Exception):
+    """No API version to ask was given: the resource counts as not served."""
+
+    status = 404

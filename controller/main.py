@@ -5,7 +5,7 @@ underscores), so the Deployment can be configured either way; flags win over the
 Those shared with `carve-kubelet-plugin` (kubeconfig, driver name, ops address, logging, resync
 period) are declared there once; a bad value exits 2 with the flag and an example.
 
-Process shape: five informer threads feed one reconciler thread, which makes every decision;
+Process shape: six informer threads feed one reconciler thread, which makes every decision;
 the writes that carry them (placements, releases) and the events and pod conditions run on
 write pools beside it (`controller.writepool`); a leader-election thread gates the reconciler
 (followers keep their caches warm, so a failover decides on a full picture at once but still
@@ -382,6 +382,10 @@ class Controller:
             self.reconciler.mark_synced,
             InformerConfig(),
             gate=contract.scheduling_gate,
+            taint_rule_calls=(
+                resource.list_device_taint_rule,
+                client.ResourceV1beta2Api(api_client).list_device_taint_rule,
+            ),
         )
         self._http: OpsServer | None = None
         self._usage_thread: threading.Thread | None = None

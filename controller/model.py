@@ -505,9 +505,12 @@ def inventories_from_slices(
     driver: str,
     *,
     on_error: Callable[[ValueError], None] | None = None,
+    rule_taints: Callable[[str, str], tuple[DeviceTaint, ...]] | None = None,
 ) -> list[GpuInventory]:
     """The GPUs ``driver``'s ResourceSlices publish, with every device's attributes and
-    capacity exactly as published (so selectors see what kube-scheduler sees).
+    capacity exactly as published (so selectors see what kube-scheduler sees), and its taints
+    followed by those ``rule_taints(pool, device)`` adds (the DeviceTaintRules,
+    `controller.taintrules`), as kube-scheduler's slice tracker adds them.
 
     Structure (which GPU, which placement a device is) comes from
     :func:`driver.slicereader.parse_resource_slices`; malformed slices are reported through
@@ -544,7 +547,8 @@ def inventories_from_slices(
                 pid,
                 start,
                 facts.sharing(shared),
-                parse_taints(device.get("taints")),
+                parse_taints(device.get("taints"))
+                + (rule_taints(gpu.pool, name) if rule_taints else ()),
                 _condition_names(device.get("bindingConditions")),
                 _condition_names(device.get("bindingFailureConditions")),
             )

@@ -28,6 +28,7 @@ class Kind(enum.StrEnum):
     SLICE = "ResourceSlice"
     NODE = "Node"
     CLASS = "DeviceClass"
+    TAINT_RULE = "DeviceTaintRule"  # an admin's device taints (resource.k8s.io/v1 from 1.37)
 
 
 class EventType(enum.StrEnum):

@@ -60,6 +60,7 @@ from controller.placement import (
     PlacementRequest,
     Policy,
 )
+from controller.taintrules import TaintRules
 from driver.allocation import AllocatedDevice
 from driver.cel import qualify
 from driver.contract import DEFAULT_DRIVER_NAME
@@ -161,6 +162,7 @@ class EnginePlanner:
         self._bad_classes: dict[str, str] = {}
         self.engine = PlacementEngine(self.model, self._classes, driver, policy=policy)
         self._slices: dict[str, dict[str, Obj]] = {}  # node -> slice name -> slice
+        self._rules = TaintRules(driver)  # the DeviceTaintRules, applied as slices are read
         self._claim_keys: dict[str, ClaimKey] = {}
         self._pinned: dict[str, str] = {}  # pod key -> node chosen by us, until bound
         # Nodes whose slices changed since the last decision. A node publishes several slices
@@ -202,6 +204,8 @@ class EnginePlanner:
                 self._dirty_nodes.add(node)
         elif kind is Kind.CLAIM:
             self._observe_claim(key, obj)
+        elif kind is Kind.TAINT_RULE:
+            self._dirty_nodes |= self._rules.observe(obj, self._slices)
         elif kind is Kind.CLASS:
             self._class_version += 1
             name = str(obj.get("metadata", {}).get("name"))
@@ -270,6 +274,7 @@ class EnginePlanner:
             self._slices.get(node, {}).values(),
             self.driver,
             on_error=lambda e: errors.append(str(e)),
+            rule_taints=self._rules.taints,
         )
         if errors:
             _log.warning("node %s publishes malformed slices: %s", node, "; ".join(errors))
@@ -294,6 +299,8 @@ class EnginePlanner:
             old = self._claim_keys.pop(key, None)
             if old is not None and not self._keep_as_ghost(key, old):
                 self.model.release(old)
+        elif kind is Kind.TAINT_RULE:
+            self._dirty_nodes |= self._rules.forget(obj, self._slices)
         elif kind is Kind.CLASS:
             self._class_version += 1
             name = str(obj.get("metadata", {}).get("name"))

@@ -30,14 +30,19 @@ class TolerationError(ValueError):
 
 @dataclass(frozen=True)
 class DeviceTaint:
+    """A taint on a published device: the node's own (in its ResourceSlice), or one an admin's
+    DeviceTaintRule adds (``rule`` names it, so that a refusal can say whom to ask)."""
+
     key: str
     value: str
     effect: str
+    rule: str = ""  # the DeviceTaintRule that puts it there; "" for the slice's own
 
     def __str__(self) -> str:
-        return (
+        taint = (
             f"{self.key}={self.value}:{self.effect}" if self.value else f"{self.key}:{self.effect}"
         )
+        return f"{taint} from DeviceTaintRule {self.rule}" if self.rule else taint
 
 
 class _Taint(Protocol):

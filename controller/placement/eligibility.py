@@ -20,7 +20,7 @@ from controller.model import GpuRecord, PublishedDevice, withheld_devices_note
 from controller.placement.cache import BoundedCache
 from controller.placement.records import DeviceSet
 from controller.placement.values import NoPlacement, NoPlacementReason
-from controller.tolerations import blocking
+from controller.tolerations import DeviceTaint, blocking
 from driver.cel import CelError, CelErrorKind, SelectorEvaluator
 from driver.contract import IDENTITY_ATTRIBUTES, Contract
 
@@ -157,13 +157,28 @@ class Eligibility:
                 if index == 0:
                     return f"selector #0 matches no device of DeviceClass {cls}"
                 return f"selectors #0 to #{index} together match no device of DeviceClass {cls}"
-        taints = sorted({str(t) for d in devices for t in blocking(d.taints, spec.tolerations)})
+        taints = {t for d in devices for t in blocking(d.taints, spec.tolerations)}
         if taints:
             return (
                 f"every matching device of DeviceClass {cls} has a taint the request does not "
-                f"tolerate ({', '.join(taints[:4])}); the node marks unhealthy GPUs so"
+                f"tolerate ({taint_list(taints)}); {_who_taints(taints)}"
             )
         return f"no device published in the cluster matches DeviceClass {cls}"
+
+    def untolerated(self, spec: ExactRequest, gpu: GpuRecord) -> frozenset[DeviceTaint]:
+        """The taints that keep from the (sub)request devices of this GPU it would otherwise
+        match; for a refusal's words only (it evaluates selectors on tainted devices)."""
+        out: set[DeviceTaint] = set()
+        for d in gpu.inventory.devices:
+            blocked = blocking(d.taints, spec.tolerations) if d.taints else ()
+            if not blocked or d.facts.driver != self.driver or not self._has_capacity(spec, d):
+                continue
+            if all(
+                self.evaluator.matches(expression, d.facts) is True
+                for _, expression, _ in self._located(spec)
+            ):
+                out.update(blocked)
+        return frozenset(out)
 
     def _located(self, spec: ExactRequest) -> Iterable[tuple[int, str, str | None]]:
         """Each selector with its position and owner (the class name, or None for the
@@ -208,3 +223,23 @@ class Eligibility:
 
     def _passes(self, expressions: tuple[str, ...], device: PublishedDevice) -> bool:
         return self.evaluator.matches_all(expressions, device.facts) is True
+
+
+def taint_list(taints: Iterable[DeviceTaint], limit: int = 4) -> str:
+    """Taints in words, rules' first, e.g. ``example.com/maint:NoSchedule from DeviceTaintRule
+    gpu-maint, mig.carve.dev/gpu-unhealthy=xid-79:NoExecute``; at most ``limit`` of them."""
+    ordered = sorted({str(t): t for t in taints}.items(), key=lambda kv: (not kv[1].rule, kv[0]))
+    names = [text for text, _ in ordered]
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+def _who_taints(taints: Iterable[DeviceTaint]) -> str:
+    """Who puts such taints there, so the user knows whom to ask."""
+    sources = {bool(t.rule) for t in taints}
+    said = []
+    if True in sources:
+        said.append("a DeviceTaintRule holds devices out of service until an admin deletes it")
+    if False in sources:
+        said.append("the node marks unhealthy GPUs so")
+    return "; ".join(said)

@@ -20,10 +20,11 @@ from controller.claims import ClaimKey, ExactRequest
 from controller.model import WHOLE_GPU, ClusterModel, GpuRecord, Occupancy
 from controller.nodefit import NodeMisfit
 from controller.placement.cache import BoundedCache
-from controller.placement.eligibility import Eligibility, SelectorFailure
+from controller.placement.eligibility import Eligibility, SelectorFailure, taint_list
 from controller.placement.feasibility import occupancy_after, profile_name
 from controller.placement.records import DeviceSet, Slot
 from controller.placement.values import NoPlacement, NoPlacementReason
+from controller.tolerations import DeviceTaint
 from driver.geometry import Geometry
 
 _MAX_MESSAGES = 8
@@ -185,6 +186,7 @@ class Explainer:
         tally = _Tally()
         matched = False
         per_kind: dict[int, DeviceSet] = {}
+        tainted = _Tainted()
         for (kind, occupancy, _), members in self._model.buckets.items():
             if identity:
                 speakers = [(self._model.gpus[uuid], 1) for _, uuid in members]
@@ -201,10 +203,11 @@ class Explainer:
                         per_kind[kind] = found
                 matched = matched or bool(eligible)
                 tally.add(gpu.geometry, self._room(gpu.geometry, occupancy, eligible), n)
+                tainted.add(self._eligibility.untolerated(spec, gpu), n)
         if not matched:
             gpus = list(self._model.gpus.values()) if identity else self._kinds()
             return _Unmatched(self._eligibility.first_empty_filter(spec, gpus))
-        return tally.text()
+        return "; ".join(t for t in (tally.text(), tainted.text()) if t)
 
     def _room(
         self, geometry: Geometry, occupancy: Occupancy, eligible: DeviceSet
@@ -266,6 +269,29 @@ class _Tally:
                 text += f"; {self._would[(model_key, pid)]} would after {names} pods finish"
             texts.append(text)
         return "; ".join(texts)
+
+
+class _Tainted:
+    """How many GPUs hold devices back from the request by taints it does not tolerate, and
+    which taints (an admin's DeviceTaintRule, the node's health taint): a GPU taken out of
+    service is otherwise counted silently as one without room."""
+
+    def __init__(self) -> None:
+        self._gpus = 0
+        self._taints: set[DeviceTaint] = set()
+
+    def add(self, taints: frozenset[DeviceTaint], gpus: int) -> None:
+        if taints:
+            self._gpus += gpus
+            self._taints |= taints
+
+    def text(self) -> str:
+        if not self._gpus:
+            return ""
+        return (
+            f"{self._gpus} GPU(s) held back by taints the request does not tolerate: "
+            f"{taint_list(self._taints)}"
+        )
 
 
 def _freed_by(geometry: Geometry, occupancy: Occupancy, pid: int, starts: list[int]) -> str | None:
