@@ -1,9 +1,12 @@
 """The cluster's MIG picture from the API alone: which slices are carved where, and for whom.
 
 `carve status` shows, per node and GPU, the memory slices each allocated claim holds, the
-claim and the pods it is reserved for, and what profiles still fit. It reads only what any
-cluster user can list (ResourceSlices and ResourceClaims), so it works the same on a real
-cluster and on simulated nodes. Pure functions over the API's JSON.
+claim and the pods it is reserved for, what profiles still fit, and the taints that keep its
+devices from claims that do not tolerate them: the node's own (a sick GPU) and those of an
+admin's DeviceTaintRules, named, judged as the controller and kube-scheduler judge them
+(`driver.taintrules`). It reads only what any cluster user can list (ResourceSlices,
+ResourceClaims, DeviceTaintRules), so it works the same on a real cluster and on simulated
+nodes. Pure functions over the API's JSON.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 from driver.geometry import PlacementError, geometry_for
 from driver.naming import parse_device_name
 from driver.slicereader import SlicedGpu, parse_resource_slices
+from driver.taintrules import TaintRule, parse_taint_rule, rules_on
 
 _LABELS = string.ascii_uppercase + string.ascii_lowercase
 
@@ -44,6 +48,18 @@ class GpuView:
     held: tuple[HeldSlice, ...]
     still_fits: Mapping[str, int]  # profile name -> how many more could be carved now
     problem: str = ""  # allocations the geometry cannot express (overlap): shown, not hidden
+    taints: tuple[TaintOnGpu, ...] = ()  # what keeps its devices from untolerating claims
+
+
+@dataclass(frozen=True)
+class TaintOnGpu:
+    """One taint on some of a GPU's devices: ``source`` is ``DeviceTaintRule <name>`` or
+    ``the node``; ``devices`` of the GPU's ``of`` published devices carry it."""
+
+    taint: str
+    source: str
+    devices: int
+    of: int
 
 
 def cluster_view(
@@ -51,9 +67,14 @@ def cluster_view(
     claims: Iterable[Mapping[str, Any]],
     driver: str,
     on_error: Callable[[ValueError], None] | None = None,
+    rules: Iterable[Mapping[str, Any]] = (),
 ) -> list[GpuView]:
-    """Join the published GPUs with the allocations that name their devices."""
+    """Join the published GPUs with the allocations that name their devices, and with the
+    taints on those devices (their own, and what DeviceTaintRules ``rules`` add)."""
+    slices = list(slices)
     gpus = parse_resource_slices(slices, driver, on_error=on_error)
+    own = _published_taints(slices, driver)
+    taint_rules = [r for r in map(parse_taint_rule, rules) if r is not None]
     by_gpu: dict[tuple[str, int], list[HeldSlice]] = {}
     index = {(g.pool, g.minor): g for g in gpus}
     for claim in claims:
@@ -84,7 +105,50 @@ def cluster_view(
                     releasing=releasing,
                 )
             )
-    return [_view(g, by_gpu.get((g.pool, g.minor), [])) for g in gpus]
+    return [
+        _view(g, by_gpu.get((g.pool, g.minor), []), _taints_on(g, driver, own, taint_rules))
+        for g in gpus
+    ]
+
+
+def _published_taints(
+    slices: Iterable[Mapping[str, Any]], driver: str
+) -> dict[tuple[str, str], list[str]]:
+    """(pool, device) -> the device's own taints, as ``key=value:effect``."""
+    out: dict[tuple[str, str], list[str]] = {}
+    for s in slices:
+        spec = s.get("spec") or {}
+        if spec.get("driver") != driver:
+            continue
+        pool = str((spec.get("pool") or {}).get("name"))
+        for d in spec.get("devices") or ():
+            for t in d.get("taints") or ():
+                value = f"={t['value']}" if t.get("value") else ""
+                out.setdefault((pool, str(d.get("name"))), []).append(
+                    f"{t.get('key')}{value}:{t.get('effect')}"
+                )
+    return out
+
+
+def _taints_on(
+    gpu: SlicedGpu,
+    driver: str,
+    own: Mapping[tuple[str, str], list[str]],
+    rules: Sequence[TaintRule],
+) -> tuple[TaintOnGpu, ...]:
+    names = [*gpu.devices.values(), *([gpu.whole_gpu_device] if gpu.whole_gpu_device else [])]
+    counted: dict[tuple[str, str], int] = {}
+    for name in names:
+        found = [(t, "the node") for t in own.get((gpu.pool, name), ())]
+        found += [
+            (r.taint, f"DeviceTaintRule {r.name}") for r in rules_on(rules, driver, gpu.pool, name)
+        ]
+        for key in dict.fromkeys(found):
+            counted[key] = counted.get(key, 0) + 1
+    return tuple(
+        TaintOnGpu(taint, source, n, len(names))
+        for (taint, source), n in sorted(counted.items(), key=lambda kv: (kv[0][1], kv[0][0]))
+    )
 
 
 def _held(
@@ -109,7 +173,7 @@ def _held(
     return HeldSlice(device, name, profile_id, start, size, claim, consumers, releasing)
 
 
-def _view(gpu: SlicedGpu, held: Sequence[HeldSlice]) -> GpuView:
+def _view(gpu: SlicedGpu, held: Sequence[HeldSlice], taints: tuple[TaintOnGpu, ...]) -> GpuView:
     ordered = tuple(sorted(held, key=lambda h: (h.start, h.device)))
     geometry = geometry_for(gpu.model)
     problem = ""
@@ -139,6 +203,7 @@ def _view(gpu: SlicedGpu, held: Sequence[HeldSlice]) -> GpuView:
         held=ordered,
         still_fits=fits,
         problem=problem,
+        taints=taints,
     )
 
 
@@ -178,9 +243,18 @@ def render(views: Sequence[GpuView]) -> str:
             )
         if v.problem:
             lines.append(f"      ! {v.problem}")
+        for t in v.taints:
+            on = f"all {t.of} devices" if t.devices == t.of else f"{t.devices} of {t.of} devices"
+            lines.append(f"      tainted {t.taint} by {t.source}, on {on}")
         if v.still_fits:
             fits = ", ".join(f"{name} x{n}" for name, n in v.still_fits.items())
-            lines.append(f"      still fits: {fits}")
+            only = " (for claims that tolerate those taints)" if _blocked(v) else ""
+            lines.append(f"      still fits{only}: {fits}")
         else:
             lines.append("      still fits: nothing (full)")
     return "\n".join(lines)
+
+
+def _blocked(view: GpuView) -> bool:
+    """Whether a taint on the GPU keeps devices from claims that do not tolerate it."""
+    return any(t.taint.endswith((":NoSchedule", ":NoExecute")) for t in view.taints)

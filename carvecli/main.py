@@ -322,12 +322,34 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
     claims = json.loads(raw_claims.data)["items"]
     warnings: list[str] = []
     views = cluster_view(
-        slices, claims, args.driver_name, on_error=lambda e: warnings.append(str(e))
+        slices,
+        claims,
+        args.driver_name,
+        on_error=lambda e: warnings.append(str(e)),
+        rules=_taint_rules(resource, warnings),
     )
     print(render_view(views), file=out)
     for warning in warnings:
         print(f"warning: {warning}", file=out)
     return 0
+
+
+def _taint_rules(resource: Any, warnings: list[str]) -> list[Any]:
+    """The cluster's DeviceTaintRules (resource.k8s.io/v1, Kubernetes 1.37+); none where the
+    server does not serve them or the user may not list them (said once, as a warning)."""
+    import json
+
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        raw: Any = resource.list_device_taint_rule(_preload_content=False)
+    except ApiException as exc:
+        if exc.status == 404:
+            return []  # not served: no rule can taint anything, for kube-scheduler either
+        warnings.append(f"DeviceTaintRules not shown: {exc.status} {exc.reason}")
+        return []
+    items: list[Any] = json.loads(raw.data)["items"]
+    return items
 
 
 # --- entry point ----------------------------------------------------------------------------------

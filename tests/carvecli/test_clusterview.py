@@ -81,3 +81,47 @@ def test_whole_gpu_and_empty_cluster() -> None:
     assert memory_map(8, view.held) == "AAAAAAAA"
     assert "nothing (full)" in render([view])
     assert "no GPUs" in render([])
+
+
+def _rule(name: str, selector: dict[str, Any] | None, effect: str = "NoSchedule") -> dict[str, Any]:
+    spec: dict[str, Any] = {"taint": {"key": "example.com/maintenance", "effect": effect}}
+    if selector is not None:
+        spec["deviceSelector"] = selector
+    return {"metadata": {"name": name}, "spec": spec}
+
+
+def test_status_names_the_rules_and_node_taints_on_each_gpu() -> None:
+    """Issue 31: an admin's DeviceTaintRule shows on the GPUs it covers, named, as the
+    controller applies it; a rule without a selector covers nothing (kube-scheduler's rule)."""
+    slices = _slices("n1", 2) + _slices("n2")
+    device = next(d for s in slices for d in s["spec"].get("devices") or [] if d["name"] == "gpu-1")
+    device["taints"] = [
+        {"key": "mig.carve.dev/gpu-unhealthy", "value": "xid-79", "effect": "NoExecute"}
+    ]
+    rules = [
+        _rule("n1-maintenance", {"driver": DRIVER, "pool": "n1"}),
+        _rule("one-slice", {"pool": "n1", "device": _mig("1g.5gb", 0, minor=1)}, "None"),
+        _rule("no-selector", None),
+        _rule("other-driver", {"driver": "gpu.nvidia.com"}),
+    ]
+    gpu0, gpu1, other = cluster_view(slices, [], DRIVER, rules=rules)
+    devices = gpu0.taints[0].of  # every MIG placement and the whole GPU
+    assert devices > 20
+    assert [(t.taint, t.source, t.devices) for t in gpu0.taints] == [
+        ("example.com/maintenance:NoSchedule", "DeviceTaintRule n1-maintenance", devices)
+    ]
+    assert [(t.taint, t.source, t.devices) for t in gpu1.taints] == [
+        ("example.com/maintenance:NoSchedule", "DeviceTaintRule n1-maintenance", devices),
+        ("example.com/maintenance:None", "DeviceTaintRule one-slice", 1),
+        ("mig.carve.dev/gpu-unhealthy=xid-79:NoExecute", "the node", 1),
+    ]
+    assert other.taints == ()
+    text = render([gpu0, gpu1, other])
+    assert (
+        "tainted example.com/maintenance:NoSchedule by DeviceTaintRule n1-maintenance, on all "
+        f"{devices} devices"
+    ) in text
+    assert "tainted example.com/maintenance:None by DeviceTaintRule one-slice, on 1 of" in text
+    assert "no-selector" not in text and "other-driver" not in text
+    assert "still fits (for claims that tolerate those taints): 1g.5gb x7" in text
+    assert "still fits: 1g.5gb x7" in render([other])
