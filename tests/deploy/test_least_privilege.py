@@ -103,6 +103,13 @@ CAN_I: tuple[tuple[str, str, str, str, bool], ...] = (
     (CONTROLLER, "deletecollection", "pods", "", False),
     (CONTROLLER, "create", "resourceslices.resource.k8s.io", "", False),
     (CONTROLLER, "update", "deviceclasses.resource.k8s.io", "", False),
+    # DeviceTaintRules: read, as kube-scheduler reads them; taking devices out of service
+    # stays the admin's.
+    (CONTROLLER, "list", "devicetaintrules.resource.k8s.io", "", True),
+    (CONTROLLER, "watch", "devicetaintrules.resource.k8s.io", "", True),
+    (CONTROLLER, "create", "devicetaintrules.resource.k8s.io", "", False),
+    (CONTROLLER, "update", "devicetaintrules.resource.k8s.io/status", "", False),
+    (PLUGIN, "list", "devicetaintrules.resource.k8s.io", "", False),
     # Nobody else writes allocations.
     (SOMEONE, "update", "resourceclaims.resource.k8s.io/binding", "", False),
     (SOMEONE, "update", "resourceclaims.resource.k8s.io/status", "", False),
