@@ -23,6 +23,9 @@ FEATURE_GATES: Mapping[str, bool] = {
     "DRADeviceBindingConditions": True,  # beta: bindingConditions on devices
     "DRAConsumableCapacity": True,  # beta: multi-allocatable devices, capacity requests
     "DRADeviceTaints": True,  # GA, not locked until 1.38: device taints and tolerations
+    # GA, not locked until 1.38: DeviceTaintRules served (resource.k8s.io/v1) and applied by
+    # kube-scheduler's slice tracker; carve's controller applies them the same way.
+    "DRADeviceTaintRules": True,
 }
 
 # Controllers a cluster without kubelets needs: claims from templates and their

@@ -111,6 +111,7 @@ def test_every_component_gets_the_same_dra_gates(tmp_path: Path) -> None:
             "DRADeviceBindingConditions",
             "DRAConsumableCapacity",
             "DRADeviceTaints",
+            "DRADeviceTaintRules",
         ):
             assert enabled[gate] == "true", (name, gate)
     controllers = next(a for a in argvs["kcm"] if a.startswith("--controllers="))
