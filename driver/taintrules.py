@@ -15,10 +15,12 @@ by exact equality of the fields its ``spec.deviceSelector`` sets:
   for kube-scheduler as for carve).
 
 An empty selector (``deviceSelector: {}``) selects every device of every driver; a rule with no
-selector selects none. The API documents both, and kube-scheduler v1.37.2 was observed to do
-both on the test control plane (docs/controller.md, "DeviceTaintRules"). The selector has no
+selector selects none: the API documents both, and the tracker's source (v0.37.2) does both.
+`tests/cluster/test_device_taint_rules.py` checks every form but the empty selector and a device
+name alone (both would taint other tests' devices), with effects and tolerations, against the
+real kube-scheduler (docs/controller.md, "DeviceTaintRules"). The selector has no
 CEL field in v1: the v1alpha3 ``deviceClassName`` and ``selectors`` of 1.33 and 1.34 were
-removed, and the apiserver refuses them.
+removed in 1.35 (the apiserver drops them as unknown fields; kubectl refuses them).
 
 A rule's taint blocks allocation as a device's own taint does (``NoSchedule``, ``NoExecute``;
 ``None`` and effects unknown to this version are informational, as the API asks consumers to

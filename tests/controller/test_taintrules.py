@@ -1,8 +1,9 @@
 """DeviceTaintRules (issue 31, point 1): the admin's way to take devices out of service, which
 kube-scheduler honours, applied by carve's controller the same way: which devices a rule
 selects, its effect against the claim's tolerations, and the waiting pod's message naming the
-rule. What kube-scheduler v1.37.2 does was observed on the test control plane (the cases of
-`SELECTED` are those; docs/controller.md, "DeviceTaintRules")."""
+rule. `SELECTED` is what kube-scheduler v1.37.2's slice tracker decides (its source; the forms
+that cannot taint other tests' devices are checked against the real scheduler in
+`tests/cluster/test_device_taint_rules.py`; docs/controller.md, "DeviceTaintRules")."""
 
 from __future__ import annotations
 
@@ -36,8 +37,8 @@ def rule(name: str, selector: Obj | None, effect: str = "NoSchedule", value: str
     }
 
 
-# (selector, does it taint mig.carve.dev / pool n1 / device gpu-0?), as kube-scheduler decided
-# for a probe driver's devices on v1.37.2: no selector taints nothing, an empty one everything.
+# (selector, does it taint mig.carve.dev / pool n1 / device gpu-0?), as kube-scheduler's tracker
+# decides in v1.37.2: no selector taints nothing, an empty one everything.
 SELECTED = [
     (None, False),
     ({}, True),
