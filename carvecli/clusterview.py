@@ -4,8 +4,8 @@
 claim and the pods it is reserved for, what profiles still fit, and the taints that keep its
 devices from claims that do not tolerate them: the node's own (a sick GPU) and those of an
 admin's DeviceTaintRules, named, judged as the controller and kube-scheduler judge them
-(`driver.taintrules`). It reads only what any cluster user can list (ResourceSlices,
-ResourceClaims, DeviceTaintRules), so it works the same on a real cluster and on simulated
+(`driver.taintrules`). It reads only the API (ResourceSlices, ResourceClaims and, where the
+user may list them, DeviceTaintRules), so it works the same on a real cluster and on simulated
 nodes. Pure functions over the API's JSON.
 """
 
