@@ -242,7 +242,7 @@ class Informer:
             except Exception as exc:
                 if self._stop.is_set():
                     break
-                if self._optional and getattr(exc, "status", None) == 404:
+                if self._optional and status_of(exc) == 404:
                     self._not_served()
                     rv = None
                     continue
@@ -376,7 +376,7 @@ def _first_served(*calls: Callable[..., Any]) -> Callable[..., Any]:
             try:
                 result = candidate(**kwargs)
             except Exception as exc:
-                if getattr(exc, "status", None) != 404:
+                if status_of(exc) != 404:
                     raise
                 chosen.clear()
                 missing = exc

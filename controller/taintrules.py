@@ -19,7 +19,7 @@ from typing import Any
 from controller.tolerations import EFFECTS, DeviceTaint
 from driver.taintrules import TaintRule, parse_taint_rule
 
-Obj = Mapping[str, Any]
+JsonView = Mapping[str, Any]  # an API object as read, never written back
 
 
 class TaintRules:
@@ -31,7 +31,9 @@ class TaintRules:
         # pool -> the rules that may select some device of it; emptied on every change.
         self._per_pool: dict[str, tuple[TaintRule, ...]] = {}
 
-    def observe(self, obj: Obj, slices_by_node: Mapping[str, Mapping[str, Obj]]) -> set[str]:
+    def observe(
+        self, obj: JsonView, slices_by_node: Mapping[str, Mapping[str, JsonView]]
+    ) -> set[str]:
         """Take a rule as the informer delivered it; the nodes whose devices it changes."""
         name = str((obj.get("metadata") or {}).get("name"))
         rule = parse_taint_rule(obj)
@@ -46,7 +48,9 @@ class TaintRules:
             self._rules[name] = rule
         return self._changed((old, rule), slices_by_node)
 
-    def forget(self, obj: Obj, slices_by_node: Mapping[str, Mapping[str, Obj]]) -> set[str]:
+    def forget(
+        self, obj: JsonView, slices_by_node: Mapping[str, Mapping[str, JsonView]]
+    ) -> set[str]:
         """The rule is deleted; the nodes whose devices it tainted."""
         old = self._rules.pop(str((obj.get("metadata") or {}).get("name")), None)
         return self._changed((old,), slices_by_node)
@@ -73,7 +77,7 @@ class TaintRules:
     def _changed(
         self,
         rules: Iterable[TaintRule | None],
-        slices_by_node: Mapping[str, Mapping[str, Obj]],
+        slices_by_node: Mapping[str, Mapping[str, JsonView]],
     ) -> set[str]:
         changed = [r for r in rules if r is not None]
         if not changed:
@@ -86,7 +90,7 @@ class TaintRules:
         }
 
 
-def _pools(slices: Mapping[str, Obj]) -> set[str]:
+def _pools(slices: Mapping[str, JsonView]) -> set[str]:
     out = set()
     for s in slices.values():
         pool = (s.get("spec") or {}).get("pool")
