@@ -54,14 +54,19 @@ class DeviceRecord:
 class MpsDaemon:
     """The MPS control daemon a claim with MPS sharing runs on its slices.
 
-    Recorded (pid None) before the daemon is started, so that a crash in between still leaves
-    its directories to be found and its daemon to be told to quit; the pid once it answers.
+    Recorded before the daemon is started, so that a crash in between still leaves its
+    directories to be found and its daemon to be told to quit. Where it runs says which of
+    `pid` and `pod` is set (kubeletplugin.mps): a child process of the plugin has its pid,
+    recorded as soon as it is forked (None until then); a daemon in a pod of its own has that
+    pod, named before it is created. Neither is ever read from the pipe directory, which the
+    claim's containers can write.
     """
 
     pipe_dir: str
     log_dir: str
     visible_devices: tuple[str, ...]  # CUDA_VISIBLE_DEVICES: the MIG UUIDs it serves
     pid: int | None = None
+    pod: str | None = None  # "<namespace>/<name>" of the daemon's pod
 
 
 @dataclass(frozen=True)

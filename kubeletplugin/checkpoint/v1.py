@@ -76,6 +76,10 @@ class MpsV1(TypedDict):
     logDir: str
     visibleDevices: list[str]
     pid: int | None
+    # Added later within version 1: written only for a daemon that runs in a pod of its own, so
+    # every other record is byte for byte what was written before, and a release without it
+    # (which reads keys by name and ignores others) still reads the file.
+    pod: NotRequired[str]
 
 
 class ClaimV1(TypedDict):
@@ -165,12 +169,15 @@ def _claim_out(r: ClaimRecord) -> ClaimV1:
         "updatedAt": r.updated_at,
     }
     if r.mps is not None:
-        out["mps"] = {
+        mps: MpsV1 = {
             "pipeDir": r.mps.pipe_dir,
             "logDir": r.mps.log_dir,
             "visibleDevices": list(r.mps.visible_devices),
             "pid": r.mps.pid,
         }
+        if r.mps.pod is not None:
+            mps["pod"] = r.mps.pod
+        out["mps"] = mps
     return out
 
 
@@ -357,6 +364,7 @@ def _mps_in(f: _Fields) -> MpsDaemon | None:
         log_dir=obj.text("logDir"),
         visible_devices=obj.texts("visibleDevices"),
         pid=obj.optional_integer("pid"),
+        pod=obj.optional_text("pod"),
     )
 
 

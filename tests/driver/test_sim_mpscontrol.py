@@ -106,6 +106,38 @@ def test_daemon_answers_records_and_quits(mps: tuple[Path, dict[str, str]]) -> N
     assert list(pipe.glob("reply.*")) == []
 
 
+def test_in_the_foreground_the_process_started_is_the_daemon(
+    mps: tuple[Path, dict[str, str]],
+) -> None:
+    """`-f`: the pid is the one fork gave (carve never reads the pid file), the daemon answers,
+    and SIGTERM (a pod's deletion) ends it as quit does."""
+    binary, env = mps
+    pipe, logdir = Path(env["CUDA_MPS_PIPE_DIRECTORY"]), Path(env["CUDA_MPS_LOG_DIRECTORY"])
+    daemon = subprocess.Popen(
+        [str(binary), "-f"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while (out := _client(binary, env, "get_default_active_thread_percentage\n")).returncode:
+            assert daemon.poll() is None and time.monotonic() < deadline, out.stderr
+            time.sleep(0.05)
+        assert out.stdout.split() == ["100.0"]
+        assert int((pipe / PID_FILE).read_text()) == daemon.pid
+        daemon.send_signal(signal.SIGTERM)
+        _, err = daemon.communicate(timeout=10)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+    assert daemon.returncode == 0
+    assert b"Starting control daemon" in err and b"Control daemon exiting" in err
+    assert not (pipe / PID_FILE).exists() and not (pipe / "control").exists()
+    assert "Control daemon exiting" in (logdir / CONTROL_LOG).read_text()
+
+
 def test_client_without_daemon_says_so(mps: tuple[Path, dict[str, str]]) -> None:
     binary, env = mps
     out = _client(binary, env, "get_server_list\n")

@@ -41,6 +41,19 @@ def test_a_claim_with_mps_round_trips() -> None:
     assert decode(encode(intent)) == intent
 
 
+def test_a_daemon_in_a_pod_is_recorded_by_its_pod_and_only_then_has_the_key() -> None:
+    in_pod = replace(_MPS, pid=None, pod="carve-system/carve-mps-u1")
+    cp = Checkpoint(claims={"u1": replace(_PLAIN, mps=in_pod)})
+    assert decode(encode(cp)) == cp
+    claims = _data(encode(cp))["claims"]
+    assert isinstance(claims, dict)
+    assert claims["u1"]["mps"]["pod"] == "carve-system/carve-mps-u1"
+    # A child process's record is byte for byte what was written before the key existed.
+    child = encode(Checkpoint(claims={"u1": replace(_PLAIN, mps=_MPS)}))
+    assert b'"pod"' not in child
+    assert decode(child).claims["u1"].mps == _MPS
+
+
 def test_without_mps_the_file_has_no_mps_key_and_old_files_load() -> None:
     raw = encode(Checkpoint(claims={"u1": _PLAIN}))
     assert b'"mps"' not in raw  # byte for byte what carve 0.1.0 wrote for it
@@ -73,6 +86,10 @@ def test_what_0_1_0_reads_is_unchanged_by_the_mps_key() -> None:
         (
             {"pipeDir": "/p", "logDir": "/l", "pid": "12"},
             "data.claims['u1'].mps.pid: expected an integer or null",
+        ),
+        (
+            {"pipeDir": "/p", "logDir": "/l", "pid": None, "pod": 7},
+            "data.claims['u1'].mps.pod: expected a string or null",
         ),
     ],
 )

@@ -331,6 +331,7 @@ _mps = st.builds(
     log_dir=_text,
     visible_devices=st.lists(_text, max_size=3).map(tuple),
     pid=_maybe_int,
+    pod=st.none() | _text,
 )
 _claims = st.builds(
     ClaimRecord,

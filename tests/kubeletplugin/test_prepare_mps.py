@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -22,7 +23,7 @@ from driver.driverroot import discover
 from driver.nvml import sim
 from driver.nvml.sim.mpscontrol import CONTROL_LOG
 from kubeletplugin.checkpoint import CheckpointStore, ClaimState
-from kubeletplugin.mps import MpsControl, _alive, find_binary
+from kubeletplugin.mps import PID_FILE, MpsControl, _alive, find_binary
 from kubeletplugin.nodehardware import NodeHardware
 from kubeletplugin.prepare import Preparer, PreparerSettings
 from tests.kubeletplugin.node_harness import DRIVER, NODE, Node, mig, open_node, whole
@@ -213,3 +214,90 @@ def test_without_the_binary_mps_claims_are_refused(node: Node, tmp_path: Path) -
     ref = node.claims.add("c", [mig(node.backend, 0, 19, 4)], config=mps_config())
     err = node.p.prepare([ref])[ref.uid].error
     assert "no nvidia-cuda-mps-control" in err
+
+
+def _ask(binary: Path, pipe_dir: str, *lines: str) -> subprocess.CompletedProcess[str]:
+    """A client of the daemon on `pipe_dir`, as a tenant's process runs it."""
+    return subprocess.run(
+        [str(binary)],
+        input="".join(f"{line}\n" for line in lines),
+        env={**os.environ, "CUDA_MPS_PIPE_DIRECTORY": pipe_dir},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+def test_a_tenant_cannot_make_the_plugin_kill_another_claims_daemon(
+    node: Node, tmp_path: Path
+) -> None:
+    """The pipe directory is mounted writable into the claim's containers, so the pid file the
+    daemon writes there is the tenant's to rewrite. A tenant that quits its own daemon and
+    writes the pid of another claim's daemon into that file must not get the other daemon
+    killed: neither by housekeeping (which finds its own daemon dead and restarts it) nor by
+    the unprepare of its claim."""
+    binary = find_binary(tmp_path / "driver")
+    assert binary is not None
+    a = node.claims.add("a", [mig(node.backend, 0, 19, 0)], config=mps_config())
+    b = node.claims.add(
+        "b", [mig(node.backend, 0, 19, 1)], config=mps_config(defaultActiveThreadPercentage=30)
+    )
+    assert node.p.prepare([a])[a.uid].error == ""
+    assert node.p.prepare([b])[b.uid].error == ""
+    mps_a = node.p.checkpoint().claims[a.uid].mps
+    mps_b = node.p.checkpoint().claims[b.uid].mps
+    assert mps_a is not None and mps_a.pid is not None
+    assert mps_b is not None and mps_b.pid is not None
+    victim = mps_b.pid
+
+    # The tenant of claim a, through its /tmp/nvidia-mps: its daemon quits, the pid file lies.
+    assert _ask(binary, mps_a.pipe_dir, "quit").returncode == 0
+    assert _wait_dead(mps_a.pid)
+    (Path(mps_a.pipe_dir) / PID_FILE).write_text(f"{victim}\n")
+    node.p.retry_pending()
+    assert _alive(victim), "housekeeping killed another claim's MPS daemon"
+    restarted = node.p.checkpoint().claims[a.uid].mps
+    assert restarted is not None and restarted.pid not in (None, mps_a.pid, victim)
+
+    # Again before the claim is unprepared: the teardown stops a's daemon only.
+    (Path(mps_a.pipe_dir) / PID_FILE).write_text(f"{victim}\n")
+    assert node.p.unprepare([a])[a.uid] == ""
+    assert _wait_dead(restarted.pid)
+    assert _alive(victim), "unprepare killed another claim's MPS daemon"
+    answer = _ask(binary, mps_b.pipe_dir, "get_default_active_thread_percentage")
+    assert answer.returncode == 0 and answer.stdout.split() == ["30.0"], answer
+    assert node.p.unprepare([b])[b.uid] == ""
+    assert _wait_dead(victim)
+
+
+def test_a_checkpoint_naming_another_claims_daemon_does_not_get_it_killed(
+    node: Node, tmp_path: Path
+) -> None:
+    """A checkpoint written by a plugin that believed the pid file may hold, for one claim, the
+    pid of another claim's daemon: that process is not the claim's (its environment names the
+    other pipe directory), so it is neither taken for the claim's daemon nor killed. The
+    claim's own daemon, which the record lost track of, is told to quit through the claim's
+    pipe and started again."""
+    a = node.claims.add("a", [mig(node.backend, 0, 19, 0)], config=mps_config())
+    b = node.claims.add("b", [mig(node.backend, 0, 19, 1)], config=mps_config())
+    assert node.p.prepare([a])[a.uid].error == ""
+    assert node.p.prepare([b])[b.uid].error == ""
+    rec_a = node.p.checkpoint().claims[a.uid]
+    mps_b = node.p.checkpoint().claims[b.uid].mps
+    assert rec_a.mps is not None and rec_a.mps.pid is not None
+    assert mps_b is not None and mps_b.pid is not None
+    own = rec_a.mps.pid
+    node.p.ledger.put(replace(rec_a, mps=replace(rec_a.mps, pid=mps_b.pid)))
+    node.p.close()
+    node.preparer = _preparer(node, tmp_path)
+    node.p.reconcile()  # start-up: a's recorded daemon is not a's, so a's is started again
+    assert _alive(mps_b.pid), "start-up killed another claim's MPS daemon"
+    restarted = node.p.checkpoint().claims[a.uid].mps
+    assert restarted is not None
+    assert node.p.unprepare([a])[a.uid] == ""
+    assert _alive(mps_b.pid), "unprepare killed another claim's MPS daemon"
+    assert _wait_dead(own)
+    assert restarted.pid not in (None, own, mps_b.pid) and _wait_dead(restarted.pid)
+    assert node.p.unprepare([b])[b.uid] == ""
+    assert _wait_dead(mps_b.pid)

@@ -7,6 +7,10 @@ drives it (``kubeletplugin.mps``) is the code that drives the real daemon on har
   daemon makes ``$CUDA_MPS_PIPE_DIRECTORY`` (default ``/tmp/nvidia-mps``), writes its PID to
   ``nvidia-cuda-mps-control.pid`` there and logs to ``control.log`` in
   ``$CUDA_MPS_LOG_DIRECTORY`` (default ``/var/log/nvidia-mps``), as the real one does.
+- ``nvidia-cuda-mps-control -f`` runs the same daemon in the foreground: the process started is
+  the daemon (its PID is the one its parent got from fork), it also logs to standard error, and
+  SIGTERM or SIGINT make it exit as ``quit`` does. This is how carve runs it (the PID comes
+  from fork, never from the pid file), and how a container runs it as its main process.
 - ``nvidia-cuda-mps-control`` without options is the client: it reads commands from standard
   input, one a line, hands each to the daemon of ``$CUDA_MPS_PIPE_DIRECTORY`` and prints the
   reply. Simulated commands: ``get_server_list`` (no MPS server ever runs here, so the list is
@@ -37,15 +41,18 @@ SCRIPT = r"""#!/bin/sh
 # @@MARKER@@: nvidia-cuda-mps-control stand-in.
 #
 # Written by carve's NVML simulator (driver/nvml/sim/mpscontrol.py). `-d` starts the control
-# daemon in the background; without options this is the client: commands on standard input,
-# replies on standard output. POSIX sh only.
+# daemon in the background, `-f` in the foreground; without options this is the client:
+# commands on standard input, replies on standard output. POSIX sh only.
 
 PIPE=${CUDA_MPS_PIPE_DIRECTORY:-/tmp/nvidia-mps}
 LOGDIR=${CUDA_MPS_LOG_DIRECTORY:-/var/log/nvidia-mps}
 END='@@END@@'
 
+FOREGROUND=
 log() {
-    printf '[%s] %s\n' "$(date '+%Y-%m-%d %H:%M:%S')" "$*" >>"$LOGDIR/control.log"
+    line="[$(date '+%Y-%m-%d %H:%M:%S')] $*"
+    printf '%s\n' "$line" >>"$LOGDIR/control.log"
+    if [ -n "$FOREGROUND" ]; then printf '%s\n' "$line" >&2; fi
 }
 
 answer() {
@@ -97,6 +104,10 @@ daemon_loop() {
         { answer $cmd; echo "$END"; } 1<>"$PIPE/$reply"
         case $cmd in quit | 'quit '*) break ;; esac
     done
+    stop_daemon
+}
+
+stop_daemon() {
     log "Control daemon exiting"
     rm -f "$PIPE/nvidia-cuda-mps-control.pid" "$PIPE/control"
     exit 0
@@ -112,17 +123,28 @@ running() {
 
 start_daemon() {
     mkdir -p "$PIPE" "$LOGDIR" || exit 1
-    if [ -f "$PIPE/nvidia-cuda-mps-control.pid" ] &&
-        running "$(cat "$PIPE/nvidia-cuda-mps-control.pid")"; then
+    # Its own PID is not another instance: in a container of its own the daemon is PID 1 again
+    # after one that was killed left its pid file behind.
+    other=$(cat "$PIPE/nvidia-cuda-mps-control.pid" 2>/dev/null)
+    if [ -n "$other" ] && [ "$other" != "$$" ] && running "$other"; then
         echo "An instance of this daemon is already running" >&2
         exit 1
     fi
-    rm -f "$PIPE/control"
-    mkfifo -m 600 "$PIPE/control" || exit 1
     # Held open from before `-d` returns: a FIFO that nobody holds drops what is written to
     # it, so a client quick enough to write before the daemon had opened it would wait for a
-    # reply forever. The daemon inherits this descriptor.
-    exec 3<>"$PIPE/control"
+    # reply forever. The daemon inherits this descriptor. Made under a name of its own and
+    # renamed over a stale one: a client that found the stale FIFO and opens `control` just
+    # after it was removed would make a plain file of that name (`1<>` creates).
+    mkfifo -m 600 "$PIPE/control.$$" || exit 1
+    exec 3<>"$PIPE/control.$$"
+    mv -f "$PIPE/control.$$" "$PIPE/control" || exit 1
+    if [ "$1" = foreground ]; then
+        FOREGROUND=1
+        echo $$ >"$PIPE/nvidia-cuda-mps-control.pid"
+        exec </dev/null
+        trap stop_daemon TERM INT
+        daemon_loop
+    fi
     # exec, not a redirection of the call: dash keeps copies of redirected descriptors, and a
     # copy of the caller's stdout would keep whoever started `-d` waiting for end of file.
     (
@@ -159,14 +181,11 @@ client() {
 }
 
 case ${1-} in
--d) start_daemon ;;
+-d) start_daemon background ;;
+-f) start_daemon foreground ;;
 '') client ;;
--f)
-    echo "nvidia-cuda-mps-control (carve NVML simulator): -f is not simulated" >&2
-    exit 2
-    ;;
 *)
-    echo "Usage: nvidia-cuda-mps-control [-d]" >&2
+    echo "Usage: nvidia-cuda-mps-control [-d | -f]" >&2
     exit 2
     ;;
 esac
