@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from kubeletplugin.foreign import ForeignTaints
     from kubeletplugin.gpuhealth import HealthMonitor
     from kubeletplugin.metrics import PluginMetrics
+    from kubeletplugin.mps import MpsControl
     from kubeletplugin.nodehardware import NodeHardware
     from kubeletplugin.precarve import PreCarve
     from kubeletplugin.prepare import Preparer
@@ -93,7 +94,6 @@ class NodePlugin:
         from kubeletplugin.claims import KubernetesClaimClient, KubernetesClaimEvents
         from kubeletplugin.foreign import ForeignPolicy
         from kubeletplugin.metrics import PluginMetrics
-        from kubeletplugin.mps import MpsControl, find_binary
         from kubeletplugin.nodeevents import KubernetesNodeEvents
         from kubeletplugin.nodehardware import open_backend
         from kubeletplugin.prepare import Preparer, PreparerSettings
@@ -122,10 +122,7 @@ class NodePlugin:
             common_nodes=self.node.common_device_nodes(),
             shared_edits=self.driver_files.spec_edits() if self.driver_files else None,
             dev_root=opts.dev_root,
-            mps=MpsControl(
-                find_binary(self.driver_files.root) if self.driver_files else None,
-                opts.plugins_dir / opts.driver_name / "mps",
-            ),
+            mps=self._mps_control(),
             events=KubernetesClaimEvents(api, driver=opts.driver_name, node=opts.node_name),
             node_events=self.node_events,
             offers_changed=self._republish,
@@ -135,6 +132,32 @@ class NodePlugin:
         self.publisher: SlicePublisher = self._publisher()
         self.server: PluginServer = self._server()
         self.ops: OpsServer | None = self._ops() if opts.http_address else None
+
+    def _mps_control(self) -> MpsControl:
+        """MPS daemons: in pods of their own with --mps-daemon-image, else children."""
+        from kubeletplugin.mps import MpsControl, find_binary
+        from kubeletplugin.mpspods import DaemonPods, PodSettings
+
+        opts = self.opts
+        pods = None
+        if opts.mps_daemon_image and opts.mps_daemon_namespace:
+            pods = DaemonPods(
+                self.api,
+                PodSettings(
+                    namespace=opts.mps_daemon_namespace,
+                    image=opts.mps_daemon_image,
+                    node_name=opts.node_name,
+                    driver_name=opts.driver_name,
+                    pull_policy=opts.mps_daemon_pull_policy,
+                    driver_root=opts.driver_root,
+                    dev_root=opts.dev_root,
+                ),
+            )
+        return MpsControl(
+            find_binary(self.driver_files.root) if self.driver_files else None,
+            opts.plugins_dir / opts.driver_name / "mps",
+            pods=pods,
+        )
 
     def _health_monitor(self) -> HealthMonitor:
         from driver.contract import Contract

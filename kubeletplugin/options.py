@@ -116,6 +116,30 @@ DEV_ROOT: Flag[Path] = Flag(
     example="/run/nvidia/driver",
 )
 
+MPS_DAEMON_IMAGE: Flag[str | None] = Flag(
+    "mps-daemon-image",
+    "run each claim's MPS control daemon in a pod of its own with this image (carve's), on "
+    "this node in --mps-daemon-namespace, so that it outlives the plugin's pod; empty: as a "
+    "child process of the plugin, which outlives the plugin only when it runs on the host",
+    "",
+    flags.optional_text,
+    example="ghcr.io/carve-dev/carve:0.2.0",
+)
+MPS_DAEMON_NAMESPACE: Flag[str | None] = Flag(
+    "mps-daemon-namespace",
+    "with --mps-daemon-image: the namespace of the MPS daemon pods (the plugin's own)",
+    "",
+    flags.optional_text,
+    example="carve-system",
+)
+MPS_DAEMON_IMAGE_PULL_POLICY: Flag[str] = Flag(
+    "mps-daemon-image-pull-policy",
+    "with --mps-daemon-image: the pods' imagePullPolicy",
+    "IfNotPresent",
+    flags.one_of("IfNotPresent", "Always", "Never"),
+    example="IfNotPresent",
+)
+
 
 def _xids(setting: str) -> Callable[[str], frozenset[int]]:
     return lambda text: parse_xids(text, setting)
@@ -205,6 +229,9 @@ COMMAND_LINE = flags.CommandLine(
         SIMULATE,
         DRIVER_ROOT,
         DEV_ROOT,
+        MPS_DAEMON_IMAGE,
+        MPS_DAEMON_NAMESPACE,
+        MPS_DAEMON_IMAGE_PULL_POLICY,
         FATAL_XIDS,
         IGNORED_XIDS,
         FATAL_TAINT_EFFECT,
@@ -249,6 +276,9 @@ class Options:
     binding_conditions: bool = False
     carve_failure_cooldown: float = 300.0
     warm: WarmSettings = field(default_factory=WarmSettings)
+    mps_daemon_image: str | None = None
+    mps_daemon_namespace: str | None = None
+    mps_daemon_pull_policy: str = "IfNotPresent"
 
 
 def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Options:
@@ -265,6 +295,11 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
         )
     except HealthConfigError as e:
         raise flags.UsageError(f"{PROG}: --fatal-xids / --ignored-xids: {e}") from e
+    if got[MPS_DAEMON_IMAGE] and not got[MPS_DAEMON_NAMESPACE]:
+        raise flags.UsageError(
+            f"{PROG}: --mps-daemon-image needs --mps-daemon-namespace (the plugin's own "
+            "namespace, e.g. --mps-daemon-namespace=carve-system)"
+        )
     return Options(
         node_name=got[NODE_NAME],
         driver_name=driver,
@@ -290,4 +325,7 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
         binding_conditions=got[BINDING_CONDITIONS],
         carve_failure_cooldown=got[CARVE_FAILURE_COOLDOWN],
         warm=WarmSettings(got[WARM_SLICES_TTL], got[WARM_SLICES_ACROSS_NAMESPACES]),
+        mps_daemon_image=got[MPS_DAEMON_IMAGE],
+        mps_daemon_namespace=got[MPS_DAEMON_NAMESPACE],
+        mps_daemon_pull_policy=got[MPS_DAEMON_IMAGE_PULL_POLICY],
     )

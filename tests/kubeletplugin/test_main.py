@@ -71,6 +71,20 @@ def test_carve_before_bind_is_off_unless_asked() -> None:
     assert (on.binding_conditions, on.carve_failure_cooldown) == (True, 60.0)
 
 
+def test_mps_daemons_run_in_pods_only_when_given_an_image_and_a_namespace() -> None:
+    o = parse_options(["--node-name=n"], {})
+    assert (o.mps_daemon_image, o.mps_daemon_namespace) == (None, None)
+    pods = parse_options(
+        ["--node-name=n", "--mps-daemon-image=carve:1"],
+        {
+            "CARVE_MPS_DAEMON_NAMESPACE": "carve-system",
+            "CARVE_MPS_DAEMON_IMAGE_PULL_POLICY": "Never",
+        },
+    )
+    assert (pods.mps_daemon_image, pods.mps_daemon_namespace) == ("carve:1", "carve-system")
+    assert pods.mps_daemon_pull_policy == "Never"
+
+
 def test_switches_take_a_bare_flag_or_a_value() -> None:
     assert parse_options(["--node-name=n", "--cleanup"], {}).cleanup
     assert not parse_options(["--node-name=n", "--cleanup=false"], {"CARVE_CLEANUP": "1"}).cleanup
@@ -119,6 +133,12 @@ def test_old_cdi_root_variable_still_works() -> None:
             ["--node-name", "n", "--carve-failure-cooldown", "a while"],
             {},
             r"--carve-failure-cooldown='a while': not a duration.*e\.g\. --carve-failure",
+        ),
+        (["--node-name", "n", "--mps-daemon-image", "carve:1"], {}, "--mps-daemon-namespace"),
+        (
+            ["--node-name", "n", "--mps-daemon-image-pull-policy", "Sometimes"],
+            {},
+            "IfNotPresent, Always, Never",
         ),
     ],
 )
