@@ -208,8 +208,9 @@ def test_the_default_names_are_the_contracts(helm: Helm) -> None:
     assert default.scheduling_gate in json.dumps(by_kind(docs, "MutatingAdmissionPolicy"))
     assert not by_kind(docs, "Namespace")  # helm install --create-namespace makes it
     assert not by_kind(docs, "ServiceMonitor")
-    policy = one(docs, "ValidatingAdmissionPolicy")
-    assert "system:serviceaccount:carve-system:carve-kubelet-plugin" in json.dumps(policy)
+    for policy in ("carve-kubelet-plugin-own-node-slices", "carve-kubelet-plugin-own-node-pods"):
+        text = json.dumps(one(docs, "ValidatingAdmissionPolicy", policy))
+        assert "system:serviceaccount:carve-system:carve-kubelet-plugin" in text
 
 
 def _env_of(docs: list[dict[str, Any]], workload: str, **field_refs: str) -> dict[str, str]:
@@ -257,7 +258,9 @@ def test_the_components_accept_the_settings_the_chart_gives_them(helm: Helm) -> 
     assert c_opts.lease.identity == "carve-controller-abc"
     assert (c_opts.http_address, c_opts.log_format, c_opts.log_level) == (":9090", "text", "DEBUG")
 
-    p_env = _env_of(docs, "DaemonSet", **{"spec.nodeName": "gpu-1"})
+    p_env = _env_of(
+        docs, "DaemonSet", **{"spec.nodeName": "gpu-1", "metadata.namespace": "carve-system"}
+    )
     p_args = _container(docs, "DaemonSet")["args"]
     p_opts = plugin_main.parse_options(p_args, p_env)
     assert p_opts.node_name == "gpu-1"
@@ -272,13 +275,20 @@ def test_the_components_accept_the_settings_the_chart_gives_them(helm: Helm) -> 
     assert p_opts.health.fatal_xids == {79} and p_opts.health_poll_period == 2.0
     assert p_opts.health.degraded_effect.value == "None"
     assert p_opts.health.fatal_effect.value == "NoExecute"  # the chart's default
+    # MPS daemons in pods of their own: carve's image, pulled as the plugin's, in its namespace.
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert p_opts.mps_daemon_image == f"ghcr.io/carve-dev/carve:{chart['appVersion']}"
+    assert p_opts.mps_daemon_image == _container(docs, "DaemonSet")["image"]
+    assert p_opts.mps_daemon_namespace == "carve-system"
+    assert p_opts.mps_daemon_pull_policy == "IfNotPresent"
 
 
 def test_defaults_parse_too(helm: Helm) -> None:
     docs = helm.template()
     c_env = _env_of(docs, "Deployment", **{"metadata.name": "c", "metadata.namespace": "n"})
     assert controller_main.parse_options([], c_env).lease is not None
-    p_opts = plugin_main.parse_options([], _env_of(docs, "DaemonSet", **{"spec.nodeName": "n"}))
+    p_env = _env_of(docs, "DaemonSet", **{"spec.nodeName": "n", "metadata.namespace": "ns"})
+    p_opts = plugin_main.parse_options([], p_env)
     assert p_opts.simulate is None and p_opts.driver_root == Path("/")
 
 

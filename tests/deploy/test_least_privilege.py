@@ -84,6 +84,9 @@ CAN_I: tuple[tuple[str, str, str, str, bool], ...] = (
     (PLUGIN, "create", "events.events.k8s.io", "", True),
     (PLUGIN, "get", "secrets", "", False),
     (PLUGIN, "list", "pods", "", False),
+    # MPS daemon pods only in its own namespace (CAN_I_OWN_NAMESPACE), never here.
+    (PLUGIN, "create", "pods", "", False),
+    (PLUGIN, "delete", "pods", "", False),
     (PLUGIN, "update", "nodes", "", False),
     (PLUGIN, "update", "deviceclasses.resource.k8s.io", "", False),
     # The controller: allocation (status + binding), gates and its condition, no secrets.
@@ -113,6 +116,21 @@ CAN_I: tuple[tuple[str, str, str, str, bool], ...] = (
     # Nobody else writes allocations.
     (SOMEONE, "update", "resourceclaims.resource.k8s.io/binding", "", False),
     (SOMEONE, "update", "resourceclaims.resource.k8s.io/status", "", False),
+)
+
+# The plugin in its own namespace: the MPS daemon pods (kubeletplugin/mpspods.py), which it
+# creates, reads and deletes by name; it never lists, changes or enters them. The admission
+# policy holds it to pods bound to its own node (test_a_plugin_may_run_daemon_pods_...).
+CAN_I_OWN_NAMESPACE: tuple[tuple[str, str, str, str, bool], ...] = (
+    (PLUGIN, "create", "pods", "", True),
+    (PLUGIN, "get", "pods", "", True),
+    (PLUGIN, "delete", "pods", "", True),
+    (PLUGIN, "list", "pods", "", False),
+    (PLUGIN, "watch", "pods", "", False),
+    (PLUGIN, "update", "pods", "", False),
+    (PLUGIN, "patch", "pods", "", False),
+    (PLUGIN, "create", "pods/exec", "", False),
+    (PLUGIN, "get", "secrets", "", False),
 )
 
 
@@ -151,14 +169,17 @@ def _chart_installed(
 
 
 def _can_i_mismatches(
-    kubeconfig: Path, table: Sequence[tuple[str, str, str, str, bool]]
+    kubeconfig: Path,
+    table: Sequence[tuple[str, str, str, str, bool]],
+    namespace: str = "default",
 ) -> list[str]:
-    """Each row of `table` asked with `kubectl auth can-i`; the rows answered otherwise."""
+    """Each row of `table` asked with `kubectl auth can-i` (in `namespace`); the rows answered
+    otherwise."""
     wrong = []
     for who, verb, what, name, expected in table:
         resource, _, subresource = what.partition("/")
         target = f"{resource}/{name}" if name else resource
-        args = ["auth", "can-i", verb, target, "--as", who, "-n", "default"]
+        args = ["auth", "can-i", verb, target, "--as", who, "-n", namespace]
         if subresource:
             args.append(f"--subresource={subresource}")
             target += f" ({subresource})"
@@ -181,6 +202,7 @@ def installed(k8s_cluster: LocalCluster, helm: Helm) -> Iterator[Path]:
 
 def test_each_service_account_holds_what_it_uses_and_no_more(installed: Path) -> None:
     wrong = _can_i_mismatches(installed, CAN_I)
+    wrong += _can_i_mismatches(installed, CAN_I_OWN_NAMESPACE, NAMESPACE)
     assert not wrong, "\n".join(wrong)
 
 
@@ -257,6 +279,51 @@ def test_a_plugin_may_write_only_its_own_nodes_slices(
         )
     finally:
         core.delete_namespaced_pod("plugin-stand-in", NAMESPACE, grace_period_seconds=0)
+
+
+def _daemon_pod(name: str, node: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "carve.local/none:0"}]},
+    }
+
+
+def test_a_plugin_may_run_daemon_pods_on_its_own_node_only(
+    installed: Path,
+    fake_node: Any,  # noqa: F811
+    k8s_api: Any,  # noqa: F811
+) -> None:
+    here, there = fake_node(), fake_node()
+    core = client.CoreV1Api(k8s_api)
+    stand_in = _daemon_pod("plugin-stand-in-pods", here)
+    stand_in["spec"]["serviceAccountName"] = "carve-kubelet-plugin"
+    core.create_namespaced_pod(NAMESPACE, stand_in)
+    elsewhere = "carve-mps-elsewhere"
+    core.create_namespaced_pod(NAMESPACE, _daemon_pod(elsewhere, there))  # by an admin
+    try:
+        api = api_client_for(installed)
+        cfg = api.configuration
+        cfg.api_key = {"authorization": f"Bearer {_token(core, 'plugin-stand-in-pods')}"}
+        cfg.cert_file = cfg.key_file = None
+        own = client.CoreV1Api(client.ApiClient(cfg))
+        own.create_namespaced_pod(NAMESPACE, _daemon_pod("carve-mps-here", here))
+        own.delete_namespaced_pod("carve-mps-here", NAMESPACE, grace_period_seconds=0)
+        for attempt in (
+            lambda: own.create_namespaced_pod(NAMESPACE, _daemon_pod("carve-mps-there", there)),
+            lambda: own.delete_namespaced_pod(elsewhere, NAMESPACE),
+        ):
+            with pytest.raises(client.ApiException) as refused:
+                attempt()
+            assert refused.value.status == 403
+            assert (
+                f"carve-kubelet-plugin on node {here} may only create and delete pods bound to "
+                f"its own node, not to '{there}'"
+            ) in str(refused.value.body)
+    finally:
+        for name in ("plugin-stand-in-pods", elsewhere):
+            core.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0)
 
 
 # -- with plugin.bindingConditions (carve before bind) ------------------------------------------
