@@ -129,7 +129,12 @@ class DaemonPods:
                         "imagePullPolicy": self._s.pull_policy,
                         "command": [str(binary), "-f"],
                         "env": [{"name": k, "value": v} for k, v in env.items() if k != "PATH"],
-                        "securityContext": {"privileged": True},
+                        # The image runs as a user of its own; the daemon makes its FIFOs
+                        # in directories the plugin (root) made.
+                        "securityContext": {"privileged": True, "runAsUser": 0},
+                        # What it said before it failed reaches the prepare's error, though
+                        # the pod is deleted with the claim's rollback.
+                        "terminationMessagePolicy": "FallbackToLogsOnError",
                         "volumeMounts": [
                             {"name": v, "mountPath": path, "readOnly": ro}
                             for v, path, ro in volumes
@@ -183,9 +188,10 @@ class DaemonPods:
         phase = (pod.get("status") or {}).get("phase")
         if phase in ("Failed", "Succeeded") or "terminated" in state:
             ended = state.get("terminated") or {}
+            said = " ".join(str(ended.get("message", "")).split())[-500:]
             return (
-                f"pod {d.pod} ended ({phase}): exit code {ended.get('exitCode', '?')}, "
-                f"{ended.get('reason', '')} {ended.get('message', '')}".strip()
+                f"pod {d.pod} ended: exit code {ended.get('exitCode', '?')} "
+                f"({ended.get('reason', phase)})" + (f": {said}" if said else "")
             )
         waiting = state.get("waiting") or {}
         if waiting.get("reason") in _CANNOT_START:

@@ -127,6 +127,7 @@ def test_a_claims_daemon_runs_in_a_pod_of_its_own_on_this_node(env: Env, tmp_pat
     (container,) = spec["containers"]
     assert container["name"] == CONTAINER and container["image"] == IMAGE
     assert container["command"] == [str(find_binary(tmp_path / "driver")), "-f"]
+    assert container["securityContext"] == {"privileged": True, "runAsUser": 0}
     env_vars = {e["name"]: e["value"] for e in container["env"]}
     assert env_vars["CUDA_MPS_PIPE_DIRECTORY"] == rec.pipe_dir
     mounted = {m["mountPath"] for m in container["volumeMounts"]}
