@@ -23,6 +23,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,11 @@ import pytest
 import yaml
 
 from devcluster.cluster import LocalCluster, api_client_for, run_kubectl
+from devcluster.waiting import wait_for
+from driver.config import API_VERSION, KIND_MIG_DEVICE_CONFIG
 from driver.contract import Contract
+from driver.nvml.sim.mpscontrol import CONTROL_LOG
+from kubeletplugin.mpspods import POD_PREFIX
 from nodesim.simnode import read_hardware
 from realnode.binaries import NodeBinariesUnavailableError, ensure_node_binaries
 from realnode.cluster import RealNodes
@@ -318,3 +323,197 @@ def test_the_install_page_runs_as_written(incluster: InCluster, tmp_path: Path) 
     # Uninstalled: no slice is left on the GPU, nothing of the release in the cluster.
     assert env.instances() == 0
     assert not env.get("all", "-n", NAMESPACE)["items"]
+
+
+# An MPS client that asks the claim's daemon twice a second, for as long as it runs: each line
+# says when it asked (host clock) and what came back.
+_MPS_CLIENT = """\
+while true; do
+  r=$(echo get_default_active_thread_percentage | nvidia-cuda-mps-control 2>&1)
+  echo "QUERY $(date +%s) [$r]"
+  sleep 0.5
+done
+"""
+
+
+def _mps_workload() -> str:
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "shared-mps"},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "slice",
+                        "exactly": {
+                            "deviceClassName": CONTRACT.mig_class,
+                            "selectors": [
+                                {
+                                    "cel": {
+                                        "expression": f'device.attributes["{CONTRACT.driver}"]'
+                                        '.profile == "1g.10gb"'
+                                    }
+                                }
+                            ],
+                        },
+                    }
+                ],
+                "config": [
+                    {
+                        "opaque": {
+                            "driver": CONTRACT.driver,
+                            "parameters": {
+                                "apiVersion": API_VERSION,
+                                "kind": KIND_MIG_DEVICE_CONFIG,
+                                "sharing": {
+                                    "strategy": "MPS",
+                                    "mpsConfig": {"defaultActiveThreadPercentage": 40},
+                                },
+                            },
+                        }
+                    }
+                ],
+            }
+        },
+    }
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "mps-client"},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": NODE},
+            "terminationGracePeriodSeconds": 1,
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": "shared-mps"}],
+            "containers": [
+                {
+                    "name": "worker",
+                    "image": TEST_IMAGE,
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["sh", "-c", _MPS_CLIENT],
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }
+            ],
+        },
+    }
+    return yaml.safe_dump_all([claim, pod])
+
+
+def _plugin_pod(env: InCluster) -> dict[str, Any]:
+    (pod,) = env.get("pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=carve-kubelet-plugin")[
+        "items"
+    ]
+    return dict(pod)
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    conditions = pod.get("status", {}).get("conditions", [])
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def _queries(env: InCluster) -> list[tuple[int, str]]:
+    """(when, reply) of each query the client has logged so far."""
+    out = []
+    for line in env.kubectl("logs", "mps-client", "-n", USER_NAMESPACE).splitlines():
+        if line.startswith("QUERY "):
+            when, _, reply = line.removeprefix("QUERY ").partition(" ")
+            out.append((int(when), reply))
+    return out
+
+
+def test_an_mps_daemon_outlives_the_plugin_pod(incluster: InCluster) -> None:
+    """Issue 32, point 5: the plugin's pod is deleted (as a crash, an eviction or a chart
+    upgrade replaces it) while a pod uses an MPS claim. The client keeps its daemon, the same
+    one, answering all along, and the new plugin adopts it instead of starting another."""
+    env = incluster
+    env.helm.run(
+        "install", "carve", str(CHART), "--namespace", NAMESPACE, "--create-namespace",
+        "-f", str(env.values_file), "--set", "plugin.cleanupOnExit=true",
+        "--set", "logging.format=json", "--wait",
+        "--timeout", "300s", kubeconfig=str(env.kubeconfig),
+    )  # fmt: skip
+    try:
+        env.kubectl(
+            "apply",
+            "-f",
+            "-",
+            input=json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Namespace",
+                    "metadata": {"name": USER_NAMESPACE, "labels": GATED},
+                }
+            ),
+        )
+        env.kubectl("apply", "-n", USER_NAMESPACE, "-f", "-", input=_mps_workload())
+        env.kubectl(
+            "wait", "-n", USER_NAMESPACE, "--for=condition=Ready", "pod/mps-client",
+            "--timeout=180s",
+        )  # fmt: skip
+        wait_for("the client's first answer", lambda: _queries(env), 60)
+        claim = env.get("resourceclaim", "shared-mps", "-n", USER_NAMESPACE)
+        uid = claim["metadata"]["uid"]
+        daemon_pod = f"{POD_PREFIX}{uid}"
+        before = env.get("pod", daemon_pod, "-n", NAMESPACE)
+        (status,) = before["status"]["containerStatuses"]
+        assert before["spec"]["nodeName"] == NODE and "running" in status["state"]
+        log = env.node.layout.plugins_dir / CONTRACT.driver / "mps" / uid / "log" / CONTROL_LOG
+        assert log.read_text().count("Starting control daemon") == 1
+
+        old = _plugin_pod(env)
+        deleted_at = time.time()
+        env.kubectl("delete", "pod", "-n", NAMESPACE, old["metadata"]["name"], "--wait=true")
+
+        def new_plugin_ready() -> dict[str, Any] | None:
+            pods = env.get(
+                "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=carve-kubelet-plugin"
+            )["items"]
+            fresh = [p for p in pods if p["metadata"]["uid"] != old["metadata"]["uid"]]
+            return fresh[0] if len(fresh) == 1 and _ready(fresh[0]) else None
+
+        new = wait_for("the new plugin pod to be Ready", new_plugin_ready, 180)
+        ready_at = time.time()
+        # The client asked all along, before, while no plugin ran, and after; every answer came
+        # from a daemon with the claim's setting.
+
+        def answers_after_ready() -> list[tuple[int, str]] | None:
+            queries = _queries(env)
+            return queries if queries[-1][0] > ready_at + 2 else None
+
+        queries = wait_for("answers after the new plugin is ready", answers_after_ready, 60)
+        since = [reply for when, reply in queries if when >= deleted_at]
+        assert since and all(reply == "[40.0]" for reply in since), since
+        # The same daemon: its pod and its container were never replaced, nothing restarted it.
+        after = env.get("pod", daemon_pod, "-n", NAMESPACE)
+        (status_after,) = after["status"]["containerStatuses"]
+        assert after["metadata"]["uid"] == before["metadata"]["uid"]
+        assert status_after["containerID"] == status["containerID"]
+        assert status_after["restartCount"] == 0 and "running" in status_after["state"]
+        assert log.read_text().count("Starting control daemon") == 1
+        events = env.get("events", "-n", USER_NAMESPACE)["items"]
+        assert not [e for e in events if e.get("reason", "").startswith("MPSDaemon")], events
+        # ... and the new plugin took it over.
+        logs = env.kubectl("logs", "-n", NAMESPACE, new["metadata"]["name"])
+        lines = [json.loads(line) for line in logs.splitlines() if line.startswith("{")]
+        adopted = [e for e in lines if e["msg"] == "MPS control daemon adopted"]
+        assert [(e["claimUID"], e["daemon"]) for e in adopted] == [
+            (uid, f"pod {NAMESPACE}/{daemon_pod}")
+        ], logs[-3000:]
+
+        # The pod and the claim go: the daemon's pod first, then the slice.
+        env.kubectl("delete", "-n", USER_NAMESPACE, "pod/mps-client", "resourceclaim/shared-mps")
+        wait_for(
+            "the daemon pod to go",
+            lambda: (
+                not env.kubectl(
+                    "get", "pod", daemon_pod, "-n", NAMESPACE, "--ignore-not-found", "-o", "name"
+                )
+            ),
+            120,
+        )
+        wait_for("the slice to be destroyed", lambda: env.instances() == 0, 120)
+    finally:
+        env.helm.run(
+            "uninstall", "carve", "--namespace", NAMESPACE, "--wait",
+            kubeconfig=str(env.kubeconfig), check=False,
+        )  # fmt: skip
