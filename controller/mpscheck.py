@@ -15,14 +15,14 @@ Two sources of MPS settings meet in a container:
 
 The rules:
 
-1. MPS serves MIG slices only: a whole-GPU request with MPS sharing, from the claim's config or
-   its class's, is refused; so are requests of one claim with different MPS settings (one
-   daemon serves a claim).
-2. A pinned-memory limit cannot be more than the slice's memory. For a claim being placed, the
-   largest limit that applies to a request (the daemon default or a client's) becomes a memory
-   floor: only devices with at least that much memory are candidates, so a ``firstAvailable``
-   or a selector naming several profiles gets one that can hold it. For a claim that is already
-   allocated (a shared claim, a second pod), a client limit above its slice's memory is refused.
+1. Requests of one claim with different MPS settings are refused: one daemon serves a claim,
+   whether on its MIG slices or on its whole GPUs (NVIDIA's driver shares whole GPUs so too).
+2. A pinned-memory limit cannot be more than the device's memory (the slice's, or the GPU's
+   for a whole GPU). For a claim being placed, the largest limit that applies to a request
+   (the daemon default or a client's) becomes a memory floor: only devices with at least that
+   much memory are candidates, so a ``firstAvailable`` or a selector naming several profiles
+   gets one that can hold it. For a claim that is already allocated (a shared claim, a second
+   pod), a client limit above its device's memory is refused.
 3. A container that sets a client variable must use, through ``resources.claims``, a carve
    request with MPS sharing: otherwise no daemon serves it and CUDA ignores the variable, which
    the user would not notice. Containers that use no carve claim are left alone.
@@ -43,10 +43,8 @@ from driver.config import (
     MpsConfig,
     OpaqueConfigEntry,
     SharingStrategy,
-    parse_parameters,
     resolve_config,
 )
-from driver.contract import Contract
 from driver.mpsclient import VARIABLES, ClientLimitError, ClientLimits, parse_client_env
 
 _MIB = 2**20
@@ -130,24 +128,6 @@ def allocated_mps(claim: Mapping[str, Any], driver: str) -> dict[str, MpsConfig]
     return out
 
 
-def check_whole_gpu(
-    spec: ClaimSpec, mps: Mapping[str, MpsConfig], classes: Mapping[str, DeviceClass], driver: str
-) -> None:
-    """Rule 1, naming where the MPS setting came from (the claim's config or the class's)."""
-    gpu_class = Contract(driver).gpu_class
-    for request in spec.requests:
-        for alt in request.alternatives:
-            if alt.result_name not in mps or alt.spec.device_class != gpu_class:
-                continue
-            origin = _origin(spec, classes.get(alt.spec.device_class), driver, alt.result_name)
-            raise MpsSettingError(
-                f"{origin}: MPS sharing is supported on MIG slices only, but request "
-                f"{alt.result_name!r} asks for a whole GPU (class {gpu_class}) and carve runs a "
-                "claim's MPS control daemon on its MIG devices; request a MIG slice, or use "
-                "strategy TimeSlicing"
-            )
-
-
 def check_one_daemon(spec: ClaimSpec, mps: Mapping[str, MpsConfig]) -> None:
     """One daemon serves a claim, so its requests cannot ask for different MPS settings.
 
@@ -165,26 +145,6 @@ def check_one_daemon(spec: ClaimSpec, mps: Mapping[str, MpsConfig]) -> None:
             "settings, but one MPS control daemon serves a claim; give them one mpsConfig (or "
             "use separate claims)"
         )
-
-
-def _origin(spec: ClaimSpec, cls: DeviceClass | None, driver: str, result: str) -> str:
-    """The last config entry that sets MPS for `result`: it is the one that decides."""
-    found = ""
-    for i, c in enumerate(cls.config if cls is not None else ()):
-        if c.opaque.driver == driver and _is_mps(c.opaque.parameters):
-            found = f"DeviceClass {cls.name if cls else ''} spec.config[{i}]"
-    for i, c in enumerate(spec.config):
-        applies = not c.requests or result in c.requests or result.partition("/")[0] in c.requests
-        if c.opaque.driver == driver and applies and _is_mps(c.opaque.parameters):
-            found = f"spec.devices.config[{i}]"
-    return found or "config"
-
-
-def _is_mps(parameters: Any) -> bool:
-    try:
-        return parse_parameters(parameters).sharing.strategy is SharingStrategy.MPS
-    except ConfigError:
-        return False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -254,7 +214,7 @@ def check_clients(
             elif (have := claim.memory.get(result)) is not None and pinned > have:
                 raise MpsSettingError(
                     f"{client.container}: CUDA_MPS_PINNED_DEVICE_MEM_LIMIT {pinned // _MIB}Mi is "
-                    f"more than the {have // _MIB}Mi of memory of the slice that ResourceClaim "
+                    f"more than the {have // _MIB}Mi of memory of the device that ResourceClaim "
                     f"{claim.name} (request {result}) holds; lower the limit"
                 )
     return floors
@@ -309,6 +269,6 @@ def floor_refusal(claim: str, result: str, floor: int, largest: Decimal) -> str:
     return (
         f"ResourceClaim {claim}, request {result}: an MPS pinned device memory limit of "
         f"{floor // _MIB}Mi applies to it (mpsConfig.defaultPinnedDeviceMemoryLimit or a "
-        f"container's CUDA_MPS_PINNED_DEVICE_MEM_LIMIT), but the largest slice it matches has "
+        f"container's CUDA_MPS_PINNED_DEVICE_MEM_LIMIT), but the largest device it matches has "
         f"{int(largest) // _MIB}Mi; lower the limit or ask for a larger profile"
     )

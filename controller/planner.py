@@ -34,7 +34,6 @@ from controller.mpscheck import (
     allocated_mps,
     check_clients,
     check_one_daemon,
-    check_whole_gpu,
     claim_floors,
     floor_refusal,
     pod_clients,
@@ -533,7 +532,6 @@ class EnginePlanner:
             try:
                 spec = parse_claim_spec(claim.get("spec") or {}, self.driver)
                 settings = spec_mps(spec, self._classes, self.driver)
-                check_whole_gpu(spec, settings, self._classes, self.driver)
                 check_one_daemon(spec, settings)
             except ClaimSpecError as exc:
                 return Unplaceable("InvalidClaim", f"ResourceClaim {ckey}: {exc}", permanent=True)

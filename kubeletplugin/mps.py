@@ -1,9 +1,10 @@
-"""MPS control daemons: one per claim with MPS sharing, on the claim's MIG slices.
+"""MPS control daemons: one per claim with MPS sharing, on the claim's MIG slices or GPUs.
 
 The plugin starts ``nvidia-cuda-mps-control -f`` from the driver root with
-``CUDA_VISIBLE_DEVICES`` naming the claim's MIG devices and its own pipe and log directories
-(``<base>/<claim UID>/pipe`` and ``/log``), then sends the claim's settings through the control
-client (``set_default_active_thread_percentage``, ``set_default_device_pinned_mem_limit``).
+``CUDA_VISIBLE_DEVICES`` naming the claim's MIG devices (or whole GPUs) and its own pipe and log
+directories (``<base>/<claim UID>/pipe`` and ``/log``), then sends the claim's settings through
+the control client (``set_default_active_thread_percentage``,
+``set_default_device_pinned_mem_limit``).
 Containers get the pipe directory mounted and ``CUDA_MPS_PIPE_DIRECTORY`` pointing at it, so
 every process of every pod that shares the claim talks to that one daemon.
 

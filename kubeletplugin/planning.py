@@ -103,7 +103,7 @@ def plan_devices(
             raise ClaimError("bad-config", f"invalid opaque config: {e}") from e
         mps = cfg.sharing.mps if cfg.sharing.strategy is SharingStrategy.MPS else None
         if mps is not None:
-            check_mps(r.device, profile, mps, available=mps_available)
+            check_mps(r.device, gpu, profile, mps, available=mps_available)
         plan.append(PlannedDevice(r, gpu, profile, placement, cfg.container_env(), mps))
     configs = {p.mps for p in plan if p.mps is not None}
     if len(configs) > 1:
@@ -160,21 +160,24 @@ def _locate(
     return gpu, profile, placement
 
 
-def check_mps(device: str, profile: ProfileSpec | None, mps: MpsConfig, *, available: bool) -> None:
-    """MPS settings the node cannot apply, refused before anything is carved."""
-    if profile is None:
-        raise ClaimError(
-            "mps-whole-gpu",
-            f"device {device}: MPS sharing is supported on MIG slices only, not on a whole "
-            "GPU (carve runs a claim's MPS control daemon on its MIG devices); request a MIG "
-            "slice, or use strategy TimeSlicing",
-        )
+def check_mps(
+    device: str, gpu: GpuInfo, profile: ProfileSpec | None, mps: MpsConfig, *, available: bool
+) -> None:
+    """MPS settings the node cannot apply, refused before anything is carved. A whole GPU
+    takes MPS as a slice does: its daemon serves the GPU, and a pinned-memory limit may be
+    at most what the device has (the GPU's memory, or the slice's)."""
     limit = mps.default_pinned_device_memory_limit_bytes
-    if limit is not None and limit > profile.memory_mib * 2**20:
+    if profile is None:
+        memory_mib = gpu.memory_mib
+        what = f"the memory of {gpu_label(gpu)} ({memory_mib}Mi)"
+    else:
+        memory_mib = profile.memory_mib
+        what = f"the {profile.name} slice's memory ({memory_mib}Mi)"
+    if limit is not None and limit > memory_mib * 2**20:
         raise ClaimError(
             "mps-config",
             f"device {device}: mpsConfig.defaultPinnedDeviceMemoryLimit {limit // 2**20}Mi "
-            f"is more than the {profile.name} slice's memory ({profile.memory_mib}Mi)",
+            f"is more than {what}",
         )
     if not available:
         raise ClaimError(

@@ -92,33 +92,43 @@ def _profile(c: Cluster, claim_name: str) -> str:
     return str(result["device"])
 
 
-# -- rule 1: MIG slices only, from the claim or from its class ------------------------------------
+# -- MPS on whole GPUs, from the claim or from its class (issue 31, point 4) -----------------------
 
 
-def test_mps_on_a_whole_gpu_from_the_claim_config_is_refused_naming_the_entry() -> None:
+def test_mps_on_a_whole_gpu_from_the_claim_config_is_placed() -> None:
+    """NVIDIA's driver shares a whole GPU through MPS (its gpu-test-mps examples); before,
+    carve refused it with InvalidMpsSettings ('MPS sharing is supported on MIG slices only')."""
     c = Cluster({"n1": ["H100-SXM5-80GB"]})
-    p = c.submit(_with_config(_whole_gpu_claim("whole"), _mps()))
+    c.submit(_with_config(_whole_gpu_claim("whole"), _mps(defaultActiveThreadPercentage=50)))
     c.rec.step()
-    message = _warning(c, p)
-    assert "spec.devices.config[0]: MPS sharing is supported on MIG slices only" in message
-    assert "request 'gpu' asks for a whole GPU (class gpu.carve.dev)" in message
-    assert c.allocation("whole") is None
+    assert _profile(c, "whole") == "gpu-0", c.recorder.events
 
 
-def test_mps_on_a_whole_gpu_from_the_class_config_is_refused_naming_the_class() -> None:
+def test_mps_on_a_whole_gpu_from_the_class_config_is_placed() -> None:
     c = Cluster({"n1": ["H100-SXM5-80GB"]})
     cls = device_class("gpu.carve.dev", "gpu")
     cls["spec"]["config"] = [{"opaque": _mps()}]
     cls["metadata"]["resourceVersion"] = "2"
     c.rec.enqueue(Kind.CLASS, EventType.MODIFIED, cls)
-    p = c.submit(_whole_gpu_claim("whole"))
+    c.submit(_whole_gpu_claim("whole"))
+    c.rec.step()
+    assert _profile(c, "whole") == "gpu-0", c.recorder.events
+
+
+def test_a_pinned_limit_above_a_whole_gpus_memory_says_so() -> None:
+    c = Cluster({"n1": ["H100-SXM5-80GB"]})
+    claim = _with_config(_whole_gpu_claim("big"), _mps(defaultPinnedDeviceMemoryLimit="100Gi"))
+    p = c.submit(claim)
     c.rec.step()
     message = _warning(c, p)
-    assert message.startswith(
-        "ResourceClaim ns/whole: DeviceClass gpu.carve.dev spec.config[0]: MPS sharing "
-        "is supported on MIG slices only"
-    ), message
-    assert c.allocation("whole") is None
+    assert "an MPS pinned device memory limit of 102400Mi" in message
+    assert "but the largest device it matches has 81559Mi" in message
+    assert c.allocation("big") is None
+    # One that fits the GPU: placed.
+    fits = _with_config(_whole_gpu_claim("fits"), _mps(defaultPinnedDeviceMemoryLimit="60Gi"))
+    c.submit(fits)
+    c.rec.step()
+    assert _profile(c, "fits") == "gpu-0", c.recorder.events
 
 
 def test_mps_for_the_slice_request_of_a_mixed_claim_is_placed() -> None:
@@ -183,7 +193,7 @@ def test_a_pinned_limit_above_every_matching_slice_says_so() -> None:
     assert "ResourceClaim ns/big, request gpu: an MPS pinned device memory limit of 20480Mi" in (
         message
     )
-    assert "but the largest slice it matches has 9" in message  # 1g.10gb: just under 10Gi
+    assert "but the largest device it matches has 9" in message  # 1g.10gb: just under 10Gi
     assert c.allocation("big") is None
 
 
@@ -254,7 +264,7 @@ def test_a_client_limit_above_an_allocated_shared_slice_is_refused() -> None:
     c.rec.step()
     message = _warning(c, second)
     assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT 16384Mi is more than the" in message
-    assert "slice that ResourceClaim shared (request gpu) holds" in message
+    assert "device that ResourceClaim shared (request gpu) holds" in message
     assert first != second
 
 

@@ -46,8 +46,8 @@ def test_pinned_limit_that_is_not_a_byte_quantity() -> None:
         parse_claim_spec(_claim(DRIVER, _params(defaultPinnedDeviceMemoryLimit="5 GB")), DRIVER)
 
 
-# MPS on a whole GPU (from the claim or its class) and a container's own limits are checked
-# with the model at hand: tests/controller/test_mpscheck.py.
+# A pinned limit against the device's memory (a slice's or a whole GPU's) and a container's own
+# limits are checked with the model at hand: tests/controller/test_mpscheck.py.
 
 
 def test_the_node_side_parser_gives_the_same_messages() -> None:

@@ -199,13 +199,66 @@ def test_bad_mps_settings_are_refused_before_carving(node: Node) -> None:
     )
     err = node.p.prepare([too_big])[too_big.uid].error
     assert "defaultPinnedDeviceMemoryLimit 20480Mi is more than the 1g.10gb slice's memory" in err
-    gpu = whole(0)
-    on_gpu = node.claims.add("gpu", [gpu], config=mps_config())
+    on_gpu = node.claims.add(
+        "gpu", [whole(0)], config=mps_config(defaultPinnedDeviceMemoryLimit="100Gi")
+    )
     err = node.p.prepare([on_gpu])[on_gpu.uid].error
-    assert "MPS sharing is supported on MIG slices only, not on a whole GPU" in err
+    assert "defaultPinnedDeviceMemoryLimit 102400Mi is more than the memory of gpu-0" in err
     uuid = node.backend.gpus()[0].uuid
-    assert not node.backend.mig_enabled(uuid) or not list(node.backend.instances(uuid))
+    assert node.backend.mig_enabled(uuid)  # refused before MIG mode went off
     assert node.p.checkpoint().claims == {}
+
+
+def test_a_whole_gpu_claim_gets_its_daemon_on_the_gpu_and_mig_mode_back_after_it(
+    node: Node, tmp_path: Path
+) -> None:
+    """Issue 31, point 4: MPS on a whole GPU, as NVIDIA's gpu-test-mps examples share one
+    (before, refused: 'MPS sharing is supported on MIG slices only'). The daemon serves the
+    GPU by its UUID once MIG mode is off, lives through a restart like a slice's, and is gone
+    before MIG mode goes back on (NVML refuses the change while a process holds the GPU)."""
+    uuid = node.backend.gpus()[0].uuid
+    ref = node.claims.add(
+        "whole",
+        [whole(0)],
+        config=mps_config(defaultActiveThreadPercentage=30, defaultPinnedDeviceMemoryLimit="40Gi"),
+    )
+    assert node.p.prepare([ref])[ref.uid].error == ""
+    assert not node.backend.mig_enabled(uuid)
+    rec = node.p.checkpoint().claims[ref.uid]
+    assert rec.state is ClaimState.PREPARE_COMPLETED and rec.devices[0].restore_mig
+    assert rec.mps is not None and rec.mps.pid is not None and _alive(rec.mps.pid)
+    assert rec.mps.visible_devices == (uuid,)
+    log = (Path(rec.mps.log_dir) / CONTROL_LOG).read_text()
+    assert f"CUDA_VISIBLE_DEVICES={uuid}" in log
+    assert "CMD set_default_active_thread_percentage 30" in log
+    assert "CMD set_default_device_pinned_mem_limit 0 40960M" in log
+    spec = cdi.load_spec(node.cdi_root / f"{DRIVER}-claim_{ref.uid}.json")
+    mounts = {m["containerPath"]: m["hostPath"] for m in spec["containerEdits"]["mounts"]}
+    assert mounts["/tmp/nvidia-mps"] == rec.mps.pipe_dir
+    (device,) = spec["devices"]
+    env = device["containerEdits"]["env"]
+    assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in env
+    assert f"NVIDIA_VISIBLE_DEVICES={uuid}" in env
+
+    # A restarted plugin adopts it, as it does a slice's.
+    node.p.close()
+    node.preparer = _preparer(node, tmp_path)
+    node.p.reconcile()
+    assert node.p.checkpoint().claims[ref.uid].mps == rec.mps and _alive(rec.mps.pid)
+
+    daemon_at_restore: list[bool] = []
+    enable = node.backend.enable_mig
+
+    def enable_mig(gpu_uuid: str) -> None:
+        assert rec.mps is not None and rec.mps.pid is not None
+        daemon_at_restore.append(_alive(rec.mps.pid))
+        enable(gpu_uuid)
+
+    node.backend.enable_mig = enable_mig  # type: ignore[method-assign]
+    assert node.p.unprepare([ref])[ref.uid] == ""
+    assert daemon_at_restore == [False]  # stopped first, then MIG mode back on
+    assert node.backend.mig_enabled(uuid)
+    assert ref.uid not in node.p.checkpoint().claims
 
 
 def test_without_the_binary_mps_claims_are_refused(node: Node, tmp_path: Path) -> None:

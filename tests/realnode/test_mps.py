@@ -171,7 +171,8 @@ def test_bad_mps_settings_are_refused_before_anything_is_carved(env: RealEnv) ->
     one_g = request("mig", [profile_is("1g.10gb")])
     claim("big", one_g, {"defaultPinnedDeviceMemoryLimit": "20Gi"})
     claim("plain", one_g, None)
-    claim("whole", {"name": "gpu", "exactly": {"deviceClassName": "gpu.carve.dev"}}, {})
+    whole_gpu = {"name": "gpu", "exactly": {"deviceClassName": "gpu.carve.dev"}}
+    claim("whole", whole_gpu, {"defaultPinnedDeviceMemoryLimit": "100Gi"})  # more than the GPU
     env.pod("big", {"mig": {"resourceClaimName": "big"}}, node=NODE_H)
     env.pod("plain", {"mig": {"resourceClaimName": "plain"}}, node=NODE_H,
             containers=[_client("main", CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="30")])  # fmt: skip
@@ -179,11 +180,11 @@ def test_bad_mps_settings_are_refused_before_anything_is_carved(env: RealEnv) ->
 
     big = _event(env, "big", "MpsLimitTooLarge")
     assert "an MPS pinned device memory limit of 20480Mi applies to it" in big, big
-    assert "the largest slice it matches has" in big
+    assert "the largest device it matches has" in big
     plain = _event(env, "plain", "InvalidMpsSettings")
     assert "no carve claim it uses (plain) has MPS sharing" in plain, plain
-    whole = _event(env, "whole", "InvalidMpsSettings")
-    assert "MPS sharing is supported on MIG slices only" in whole, whole
+    whole = _event(env, "whole", "MpsLimitTooLarge")
+    assert "an MPS pinned device memory limit of 102400Mi applies to it" in whole, whole
     # The claims say it too (kubectl describe resourceclaim), and nothing was carved.
     assert any(e["reason"] == "MpsLimitTooLarge" for e in env.events("ResourceClaim", "big"))
     for name in ("big", "plain", "whole"):
