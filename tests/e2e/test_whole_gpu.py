@@ -10,11 +10,14 @@ with none, the pod waits with an Event that says why and what to run.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from devcluster.waiting import wait_for
+from driver.config import API_VERSION, KIND_MIG_DEVICE_CONFIG
+from driver.nvml.sim.mpscontrol import CONTROL_LOG
 from nodesim.simnode import SimNode, read_hardware
 from tests.e2e.harness import E2E, cel, profile_is, request
 
@@ -49,10 +52,34 @@ def _event(e2e: E2E, pod: str, needle: str) -> str | None:
     return None
 
 
-def test_a_whole_h100_has_mig_mode_off_and_gets_it_back_after_the_pod(e2e: E2E) -> None:
-    node = e2e.node("h100", "H100-SXM5-80GB")
+def _mps(driver: str, **settings: object) -> Obj:
+    """Claim config: MPS sharing with these mpsConfig settings."""
+    return {
+        "opaque": {
+            "driver": driver,
+            "parameters": {
+                "apiVersion": API_VERSION,
+                "kind": KIND_MIG_DEVICE_CONFIG,
+                "sharing": {"strategy": "MPS", "mpsConfig": settings},
+            },
+        }
+    }
+
+
+def test_a_whole_h100_has_mig_mode_off_and_gets_it_back_after_the_pod(
+    e2e: E2E, tmp_path: Path
+) -> None:
+    """The whole GPU is shared through MPS, as NVIDIA's gpu-test-mps examples share one (issue
+    31, point 4): its daemon serves the GPU by UUID while MIG mode is off, and is gone before
+    MIG mode is back on."""
+    # A driver root the simulator fills, with the nvidia-cuda-mps-control stand-in.
+    node = e2e.node("h100", "H100-SXM5-80GB", plugin_args=(f"--driver-root={tmp_path}",))
     gpu_class = e2e.stack.contract.gpu_class
-    e2e.template("whole", [request("gpu", device_class=gpu_class)])
+    e2e.template(
+        "whole",
+        [request("gpu", device_class=gpu_class)],
+        config=[_mps(node.driver, defaultActiveThreadPercentage=50)],
+    )
     e2e.template("one-1g", [request("mig", [profile_is("1g.")])])
     assert _mig_modes(node) == [1]
     e2e.pod("whole", {"gpu": {"resourceClaimTemplateName": "whole"}})
@@ -60,7 +87,13 @@ def test_a_whole_h100_has_mig_mode_off_and_gets_it_back_after_the_pod(e2e: E2E) 
     assert _devices(e2e, "whole", "gpu") == ["gpu-0"]
     assert _mig_modes(node) == [0]  # the container got a GPU CUDA can use whole
     uuid = str(read_hardware(node.sim_config)["gpus"][0]["uuid"])
-    assert f"NVIDIA_VISIBLE_DEVICES={uuid}" in e2e.container_env("whole")
+    env = e2e.container_env("whole")
+    assert f"NVIDIA_VISIBLE_DEVICES={uuid}" in env
+    assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in env, env
+    claim_uid = e2e.claim_of("whole", "gpu")["metadata"]["uid"]
+    daemon = node.plugins_dir / node.driver / "mps" / claim_uid
+    log = (daemon / "log" / CONTROL_LOG).read_text()
+    assert f"CUDA_VISIBLE_DEVICES={uuid}" in log and "percentage 50" in log, log
     wait_for(
         "the node to withdraw gpu-0's MIG devices",
         lambda: _published(e2e, node) == {"gpu-0"},
@@ -83,6 +116,7 @@ def test_a_whole_h100_has_mig_mode_off_and_gets_it_back_after_the_pod(e2e: E2E) 
     e2e.delete_pod("whole")
     e2e.wait_gone("whole")
     wait_for("MIG mode back on", lambda: _mig_modes(node) == [1], timeout=30)
+    assert not daemon.exists()  # the daemon was stopped (and its directories went) first
     e2e.wait_phase("slice", "Running", timeout=60)  # MIG devices are back, and usable
     assert _devices(e2e, "slice", "mig")[0].startswith("gpu-0-mig-1g")
     assert len(node.hardware_view().instances) == 1
