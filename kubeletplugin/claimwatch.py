@@ -27,7 +27,7 @@ _PATH = "/apis/resource.k8s.io/v1/resourceclaims"
 
 
 class ClaimApi(Protocol):
-    """What the watch needs of `kubeletplugin.claims.KubeJson`."""
+    """What the watch needs of `process.kube.jsonclient.KubeJson`."""
 
     def request(
         self, method: str, path: str, *, query: Sequence[tuple[str, str]] = ()

@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from kubeletplugin.checkpoint import MpsDaemon
-from kubeletplugin.claims import ApiError, KubeJson
 from kubeletplugin.mps import MpsError
+from process.kube.errors import NotFoundError
+from process.kube.jsonclient import KubeJson
 
 POD_PREFIX = "carve-mps-"
 CONTAINER = "mps-control-daemon"
@@ -162,10 +163,8 @@ class DaemonPods:
         namespace, name = self._where(d)
         try:
             return self._api.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
-        except ApiError as e:
-            if e.status == 404:
-                return None
-            raise MpsError(f"reading pod {d.pod}: {e}") from e
+        except NotFoundError:
+            return None
         except Exception as e:
             raise MpsError(f"reading pod {d.pod}: {e}") from e
 
@@ -214,9 +213,8 @@ class DaemonPods:
                     "gracePeriodSeconds": int(grace),
                 },
             )
-        except ApiError as e:
-            if e.status != 404:
-                raise MpsError(f"deleting pod {d.pod}: {e}") from e
+        except NotFoundError:
+            pass  # already gone
         except Exception as e:
             raise MpsError(f"deleting pod {d.pod}: {e}") from e
         # Gone from the API only once the kubelet has stopped its container: before that the

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubeletplugin.claims import ApiError
+from process.kube.errors import api_error
 
 _POD = re.compile(r"^/api/v1/namespaces/([^/]+)/pods(?:/([^/]+))?$")
 
@@ -66,7 +66,7 @@ class FakeKubelet:
         key = (namespace, name or "")
         pod = self._current(key)
         if pod is None:
-            raise ApiError(404, f'pods "{name}" not found')
+            raise api_error(404, f'pods "{name}" not found')
         if method == "GET":
             return self._status(pod)
         if method == "DELETE":
@@ -82,7 +82,7 @@ class FakeKubelet:
     def _create(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
         name = body["metadata"]["name"]
         if self._current((namespace, name)) is not None:
-            raise ApiError(409, f'pods "{name}" already exists')
+            raise api_error(409, f'pods "{name}" already exists')
         (container,) = body["spec"]["containers"]
         process = None
         if container["image"] not in self.cannot_pull:

@@ -22,11 +22,12 @@ from driver.driverroot import discover
 from driver.nvml import sim
 from driver.nvml.sim.mpscontrol import CONTROL_LOG
 from kubeletplugin.checkpoint import CheckpointStore
-from kubeletplugin.claims import KubeJson, KubernetesClaimEvents
+from kubeletplugin.claims import KubernetesClaimEvents
 from kubeletplugin.mps import MpsControl, find_binary
 from kubeletplugin.mpspods import APP, CONTAINER, POD_PREFIX, DaemonPods, PodSettings
 from kubeletplugin.nodehardware import NodeHardware
 from kubeletplugin.prepare import Preparer, PreparerSettings
+from process.kube.jsonclient import KubeJson
 from tests.kubeletplugin.fake_kubelet import FakeKubelet
 from tests.kubeletplugin.node_harness import DRIVER, NODE, Node, mig, open_node
 from tests.kubeletplugin.test_prepare_mps import mps_config
