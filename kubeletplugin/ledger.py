@@ -33,13 +33,15 @@ class Ledger:
         self._store = store
         self._metrics = metrics
         self._gpus = gpus
-        self._cp = store.load()
+        self._checkpoint = store.load()
         # Claims left half-done by an earlier process: only their teardown may look for an
         # instance by its intent (one carved just before a crash, before its id was saved).
         self._inherited = {
-            uid for uid, r in self._cp.claims.items() if r.state is not ClaimState.PREPARE_COMPLETED
+            uid
+            for uid, r in self._checkpoint.claims.items()
+            if r.state is not ClaimState.PREPARE_COMPLETED
         }
-        self._cp_lock = threading.Lock()
+        self._checkpoint_lock = threading.Lock()
         self._locks_lock = threading.Lock()
         self._gpu_locks: dict[str, threading.Lock] = {}
         self._claim_locks: dict[str, threading.Lock] = {}
@@ -50,15 +52,15 @@ class Ledger:
         return self._store.recovered_from
 
     def checkpoint(self) -> Checkpoint:
-        with self._cp_lock:
-            return self._cp
+        with self._checkpoint_lock:
+            return self._checkpoint
 
     def save(self, change: Callable[[Checkpoint], Checkpoint]) -> Checkpoint:
         """Apply `change` to the current checkpoint, write it, then make it current."""
-        with self._cp_lock:
-            new = change(self._cp)
+        with self._checkpoint_lock:
+            new = change(self._checkpoint)
             self._store.save(new)
-            self._cp = new
+            self._checkpoint = new
             self._update_gauges(new)
             return new
 
@@ -68,20 +70,20 @@ class Ledger:
     def forget(self, uid: str) -> None:
         """Drop a claim's record once it is torn down."""
         self.save(lambda cp: cp.without_claim(uid))
-        with self._cp_lock:
+        with self._checkpoint_lock:
             self._inherited.discard(uid)
 
     def inherited(self, uid: str) -> bool:
         """Whether the claim's record was left unfinished by an earlier process."""
-        with self._cp_lock:
+        with self._checkpoint_lock:
             return uid in self._inherited
 
     def pending_intents(self, gpu_uuid: str) -> list[DeviceRecord]:
         """MIG devices on the GPU of inherited claims with no recorded instance: an instance
         matching one may be that claim's (carved just before a crash), so nobody else claims it
         before that claim's teardown decides."""
-        with self._cp_lock:
-            cp, uids = self._cp, set(self._inherited)
+        with self._checkpoint_lock:
+            cp, uids = self._checkpoint, set(self._inherited)
         return [
             d
             for uid in uids

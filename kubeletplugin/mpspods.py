@@ -79,12 +79,12 @@ class DaemonPods:
 
     def __init__(self, api: KubeJson, settings: PodSettings, *, gone_timeout: float = 60.0):
         self._api = api
-        self._s = settings
+        self._settings = settings
         self._gone_timeout = gone_timeout
         self.start_timeout: float | None = settings.start_timeout
 
     def intent(self, d: MpsDaemon, claim_uid: str) -> MpsDaemon:
-        return replace(d, pid=None, pod=f"{self._s.namespace}/{POD_PREFIX}{claim_uid}")
+        return replace(d, pid=None, pod=f"{self._settings.namespace}/{POD_PREFIX}{claim_uid}")
 
     def _where(self, d: MpsDaemon) -> tuple[str, str]:
         assert d.pod is not None, "a pod daemon's record names its pod"
@@ -96,10 +96,10 @@ class DaemonPods:
         namespace, name = self._where(d)
         claim_dir = str(Path(d.pipe_dir).parent)
         mounts = {claim_dir: False, "/dev": False}
-        if self._s.driver_root != Path("/"):
-            mounts[str(self._s.driver_root)] = True
-        if self._s.dev_root not in (Path("/"), self._s.driver_root):
-            mounts[str(self._s.dev_root)] = False
+        if self._settings.driver_root != Path("/"):
+            mounts[str(self._settings.driver_root)] = True
+        if self._settings.dev_root not in (Path("/"), self._settings.driver_root):
+            mounts[str(self._settings.dev_root)] = False
         volumes = [(f"host-{i}", path, ro) for i, (path, ro) in enumerate(mounts.items())]
         return {
             "apiVersion": "v1",
@@ -111,14 +111,14 @@ class DaemonPods:
                     "app.kubernetes.io/name": APP,
                     "app.kubernetes.io/component": "mps-control-daemon",
                     "app.kubernetes.io/managed-by": "carve-kubelet-plugin",
-                    f"{self._s.driver_name}/claim-uid": name.removeprefix(POD_PREFIX),
+                    f"{self._settings.driver_name}/claim-uid": name.removeprefix(POD_PREFIX),
                 },
-                "annotations": {f"{self._s.driver_name}/node": self._s.node_name},
+                "annotations": {f"{self._settings.driver_name}/node": self._settings.node_name},
             },
             "spec": {
-                "nodeName": self._s.node_name,
+                "nodeName": self._settings.node_name,
                 "restartPolicy": "Never",
-                "priorityClassName": self._s.priority_class,
+                "priorityClassName": self._settings.priority_class,
                 "tolerations": [{"operator": "Exists"}],
                 "automountServiceAccountToken": False,
                 "enableServiceLinks": False,
@@ -126,8 +126,8 @@ class DaemonPods:
                 "containers": [
                     {
                         "name": CONTAINER,
-                        "image": self._s.image,
-                        "imagePullPolicy": self._s.pull_policy,
+                        "image": self._settings.image,
+                        "imagePullPolicy": self._settings.pull_policy,
                         "command": [str(binary), "-f"],
                         "env": [{"name": k, "value": v} for k, v in env.items() if k != "PATH"],
                         # The image runs as a user of its own; the daemon makes its FIFOs
@@ -225,7 +225,7 @@ class DaemonPods:
             if time.monotonic() > deadline:
                 raise MpsError(
                     f"pod {d.pod} was deleted but is still there after {limit:.0f}s: the "
-                    f"kubelet of node {self._s.node_name} has not confirmed that its "
+                    f"kubelet of node {self._settings.node_name} has not confirmed that its "
                     "container stopped"
                 )
             time.sleep(self.poll_seconds)

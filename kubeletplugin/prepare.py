@@ -110,7 +110,7 @@ class Preparer:
         are on the host; every node gets it as its hostPath unless it is /. `offers_changed` is
         called when what the node can offer changes (a GPU taken or given back whole, a foreign
         instance found or gone), so that the ResourceSlices are republished at once."""
-        self._s = settings
+        self._settings = settings
         self._node = NodeIdentity(settings.driver_name, settings.node_name, settings.pool_name)
         offers_changed = offers_changed or (lambda: None)
         self._node_devices = NodeDevices(tuple(common_nodes), dev_root)
@@ -561,7 +561,7 @@ class Preparer:
                 continue
             if not d.is_mig:
                 continue
-            if may_park and self._s.warm.enabled and d.gi_id is not None and not d.adopted:
+            if may_park and self._settings.warm.enabled and d.gi_id is not None and not d.adopted:
                 parked = self.warm.park(record, i, ctx)
                 if parked is not None:
                     record = parked

@@ -97,7 +97,7 @@ class SlicePublisher:
         build: SliceBuilder,
         metrics: PluginMetrics | None = None,
     ) -> None:
-        self._s = settings
+        self._settings = settings
         self._api = api
         self._build = build
         self._metrics = metrics or PluginMetrics()
@@ -116,7 +116,7 @@ class SlicePublisher:
     # -- API helpers --------------------------------------------------------------------------
 
     def _selector(self) -> str:
-        return f"spec.nodeName={self._s.node_name},spec.driver={self._s.driver_name}"
+        return f"spec.nodeName={self._settings.node_name},spec.driver={self._settings.driver_name}"
 
     def existing(self) -> list[dict[str, Any]]:
         """This driver's slices on this node, as the apiserver has them."""
@@ -137,14 +137,14 @@ class SlicePublisher:
     def _node_owner(self) -> list[dict[str, Any]]:
         """Owner reference to the Node, so slices go away with the node object."""
         try:
-            node = self._api.request("GET", f"/api/v1/nodes/{self._s.node_name}")
+            node = self._api.request("GET", f"/api/v1/nodes/{self._settings.node_name}")
         except ApiError:
             return []
         return [
             {
                 "apiVersion": "v1",
                 "kind": "Node",
-                "name": self._s.node_name,
+                "name": self._settings.node_name,
                 "uid": node["metadata"]["uid"],
                 "controller": True,
             }
@@ -153,10 +153,10 @@ class SlicePublisher:
     # -- convergence --------------------------------------------------------------------------
 
     def _hash_key(self) -> str:
-        return f"{self._s.driver_name}/content-hash"
+        return f"{self._settings.driver_name}/content-hash"
 
     def _publisher_key(self) -> str:
-        return f"{self._s.driver_name}/publisher"
+        return f"{self._settings.driver_name}/publisher"
 
     def _foreign(self, current: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
         """Slices another process wrote: name -> that process, for a conflict only those we
@@ -183,7 +183,7 @@ class SlicePublisher:
             self.conflict = (
                 f"another carve kubelet plugin ({writers}) rewrote this node's ResourceSlices "
                 f"({', '.join(sorted(taken))}) that this one ({self.identity}) published: two "
-                f"machines run with the node name {self._s.node_name!r}; give each its own "
+                f"machines run with the node name {self._settings.node_name!r}; give each its own "
                 "(--node-name); this plugin stops publishing until the other's slices are gone"
             )
             log.error("ResourceSlice conflict", extra={"error": self.conflict})
@@ -299,7 +299,7 @@ class SlicePublisher:
     def _sync_with_backoff(self) -> None:
         retrying = Retrying(
             retry=retry_if_exception_type(Exception),
-            wait=wait_exponential_jitter(initial=0.5, max=self._s.max_backoff_seconds),
+            wait=wait_exponential_jitter(initial=0.5, max=self._settings.max_backoff_seconds),
             stop=stop_after_attempt(1_000_000),
             sleep=self._sleep_unless_stopped,
             reraise=True,
@@ -332,7 +332,7 @@ class SlicePublisher:
                 return
             except Exception:  # never let the loop die
                 log.exception("ResourceSlice sync loop error")
-            self._wake.wait(self._s.resync_seconds)
+            self._wake.wait(self._settings.resync_seconds)
             self._wake.clear()
 
     def start(self) -> None:
