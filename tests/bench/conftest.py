@@ -1,5 +1,6 @@
 """The dra-allocate binary for the replay tests, with the control-plane fixture's policy: skip
-where it cannot be had (no Go), fail where CARVE_REQUIRE_CLUSTER says it must be there."""
+where it cannot be had (no Go), fail where CARVE_REQUIRE_CLUSTER says it must be there; and
+the control plane that the benchmarks' `cluster` tests (test_request_cost, test_scale) share."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from devcluster import BinariesUnavailableError
+from devcluster.pytest_plugin import k8s_cluster  # noqa: F401  (fixture, used by name)
 from tests.support.real_allocator import binary
 
 

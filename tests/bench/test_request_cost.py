@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from devcluster.cluster import LocalCluster
-from devcluster.pytest_plugin import k8s_cluster  # noqa: F401  (fixture, used by name)
 from process.kubeconfig import load_api_client
 from tests.support.request_cost import ANNOTATION, CONFIG_MAP, NAMESPACE, measure, report
 
@@ -14,7 +13,7 @@ pytestmark = [pytest.mark.cluster]
 
 
 def test_every_way_sends_its_requests_and_the_patches_land(
-    k8s_cluster: LocalCluster,  # noqa: F811
+    k8s_cluster: LocalCluster,
 ) -> None:
     from kubernetes import client
 

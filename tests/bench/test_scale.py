@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from devcluster.cluster import LocalCluster
-from devcluster.pytest_plugin import k8s_cluster  # noqa: F401  (fixture, used by name)
 from tests.support.gpufleet import fleet_node, node_slices
 from tests.support.scale import ScaleBench, ScaleConfig, started_on_cpus
 
@@ -49,7 +48,7 @@ def test_a_process_started_on_cpus_keeps_them_and_the_starter_gets_its_own_back(
 
 
 def test_scale_machinery_places_and_releases_every_pod(
-    k8s_cluster: LocalCluster,  # noqa: F811
+    k8s_cluster: LocalCluster,
     tmp_path: Path,
 ) -> None:
     cfg = ScaleConfig(

@@ -22,11 +22,12 @@ from devcluster.pytest_plugin import (  # noqa: F401  (fixtures)
 from tests.controller.cluster.objects import GATE_LABEL, ensure_cluster_object, load_manifests
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def gate_policies(k8s_api: ApiClient) -> Iterator[None]:  # noqa: F811
     """The shipped gate policies, bound only to namespaces labelled GATE_LABEL=on.
 
-    Session-wide: the apiserver picks up a re-created policy of the same name only slowly.
+    For the suite's whole cluster: the apiserver picks up a re-created policy of the same name
+    only slowly.
     """
     adm = client.AdmissionregistrationV1Api(k8s_api)
     for obj in load_manifests("10-deviceclasses.yaml"):
