@@ -6,7 +6,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 PRODUCT := driver process kubeletplugin controller carvecli
 
-.PHONY: test lint typecheck unit demo demo-down venv clean k8s-bin node-bin cluster-up cluster-down
+.PHONY: test lint typecheck demo demo-down venv clean k8s-bin node-bin cluster-up cluster-down
+.PHONY: test-lanes test-serial test-unit test-cluster test-e2e test-realnode
 
 venv: $(STAMP)
 
@@ -24,8 +25,28 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy $(PRODUCT)
 
-unit: venv
-	$(BIN)/pytest -q
+# The tests as lanes (tests/support/lanes.py: what each holds, and its time budget). Each
+# target runs one lane with what it needs built; `make test` runs all four side by side.
+# Extra pytest arguments: `make test-e2e PYTEST_ARGS='-x -k churn'`.
+LANES = $(BIN)/python -m tests.support.lanes
+test-unit: venv k8s-bin helm-bin
+	$(LANES) unit -- $(PYTEST_ARGS)
+
+test-cluster: venv k8s-bin helm-bin kueue-bin image-prerequisites
+	$(LANES) cluster -- $(PYTEST_ARGS)
+
+test-e2e: venv k8s-bin
+	$(LANES) e2e -- $(PYTEST_ARGS)
+
+test-realnode: venv k8s-bin node-bin helm-bin image-prerequisites
+	$(LANES) realnode -- $(PYTEST_ARGS)
+
+test-lanes: venv
+	$(LANES) -- $(PYTEST_ARGS)
+
+# Every test, one after the other in one pytest (what `make test` ran before the lanes).
+test-serial: venv
+	$(BIN)/pytest -q $(PYTEST_ARGS)
 
 # Kubernetes v1.37.2 control plane (etcd, kube-apiserver, kube-scheduler,
 # kube-controller-manager) built from the Go module proxy into ~/.cache/carve (cold: ~6 min
@@ -93,8 +114,9 @@ cluster-up: venv k8s-bin
 cluster-down: venv
 	$(BIN)/python -m devcluster down
 
-# The one test command: lint, strict typing of the product packages, then every test suite.
-test: lint typecheck k8s-bin node-bin helm-bin kueue-bin image-prerequisites unit
+# The one test command: lint, strict typing of the product packages, then every test suite
+# (the four lanes, side by side).
+test: lint typecheck k8s-bin node-bin helm-bin kueue-bin image-prerequisites test-lanes
 
 # carve on a local v1.37 cluster with three GPU nodes, running deploy/examples/; it keeps
 # running for kubectl until `make demo-down`. NODES=auto runs real nodes (containerd + kubelet)

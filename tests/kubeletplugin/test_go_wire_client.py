@@ -59,7 +59,7 @@ def client() -> Path:
     binary = _cache_dir() / digest.hexdigest()[:16] / "kubeletclient"
     if not binary.exists():
         binary.parent.mkdir(parents=True, exist_ok=True)
-        tmp = binary.with_suffix(".tmp")
+        tmp = binary.with_suffix(f".tmp{os.getpid()}")  # two runs at once: each its own
         build = subprocess.run(
             [GO, "build", "-mod=readonly", "-buildvcs=false", "-o", str(tmp), "."],
             cwd=SOURCE,
