@@ -1,6 +1,6 @@
 """Pods asking through extended resources: the pure rules of `controller.extended_resources`,
 and the reconciler with the real placement engine pinning such pods (the in-memory writer of
-test_reconciler.py stands in for the apiserver; the real one is in
+tests/support/reconciler.py stands in for the apiserver; the real one is in
 tests/controller/cluster/test_extended_resources_cluster.py)."""
 
 from __future__ import annotations
@@ -28,12 +28,7 @@ from driver.contract import (
     IMPLICIT_EXTENDED_RESOURCE_PREFIX,
 )
 from driver.resourceslice import PublishedGpu, build_resource_slices
-from tests.controller.test_reconciler_engine import (
-    Cluster,
-    device_class,
-    node,
-    profile_claim,
-)
+from tests.support.engine_cluster import Cluster, device_class, node, profile_claim
 
 Obj = dict[str, Any]
 GATE = DEFAULT_CONTRACT.scheduling_gate

@@ -217,7 +217,7 @@ def test_gpus_that_withhold_a_kind_of_device_are_explained() -> None:
 
 def test_a_whole_gpu_request_goes_only_where_one_is_offered_and_says_why_not() -> None:
     from controller.placement import NoPlacement
-    from tests.controller.test_placement import claim, engine_for, exact, place, placed
+    from tests.support.placement import claim, engine_for, exact, place, placed
 
     whole = exact("gpu", cls="gpu.carve.dev")
     model = _published("n1", ("A100-SXM4-40GB", True, False), ("A100-SXM4-40GB", True, False))

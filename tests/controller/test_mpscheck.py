@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from controller.claims import parse_claim_spec
 from controller.mpscheck import with_floors
 from controller.objects import EventType, Kind
-from tests.controller.test_reconciler_engine import DRIVER, Cluster, device_class, profile_claim
+from tests.support.engine_cluster import DRIVER, Cluster, device_class, profile_claim
 
 Obj = dict[str, Any]
 GIB = 2**30

@@ -28,8 +28,8 @@ from controller.reconciler import Reconciler
 from controller.tolerations import Toleration
 from driver.contract import DEFAULT_CONTRACT
 from process.flags import UsageError
-from tests.controller.test_reconciler import ListRecorder, MemoryWriter, pod
-from tests.controller.test_reconciler_engine import device_class, node, profile_claim, slices
+from tests.support.engine_cluster import device_class, node, profile_claim, slices
+from tests.support.reconciler import ListRecorder, MemoryWriter, pod
 
 Obj = dict[str, Any]
 A100 = "A100-SXM4-40GB"

@@ -9,8 +9,6 @@ from hypothesis import strategies as st
 from controller.claims import (
     AllocationMode,
     Alternative,
-    ClaimKey,
-    ClaimSpec,
     ConstraintKind,
     DeviceClass,
     DeviceConstraint,
@@ -20,7 +18,6 @@ from controller.claims import (
 from controller.model import WHOLE_GPU, ClusterModel
 from controller.nodefit import NodeInfo, PodNeeds, Resources, Taint, TaintEffect, check_node
 from controller.placement import (
-    ClaimToPlace,
     NoPlacement,
     NoPlacementReason,
     Placement,
@@ -29,7 +26,6 @@ from controller.placement import (
     Policy,
 )
 from controller.tolerations import Toleration
-from driver.catalog import gpu_model
 from driver.geometry import geometry_for
 from tests.support.cluster_builders import (
     CLASSES,
@@ -38,38 +34,19 @@ from tests.support.cluster_builders import (
     node_info,
     profile_claim,
 )
-
-A100 = gpu_model("A100-SXM4-80GB")
-H100 = gpu_model("H100-SXM5-80GB")
-A100_40 = gpu_model("A100-SXM4-40GB")
-NEEDS = PodNeeds(Resources(1000, 2**30, 1))
-PROFILE = 'device.attributes["mig.carve.dev"].profile == "{}"'
-
-
-def engine_for(model: ClusterModel, policy: Policy = Policy.BEST_FIT) -> PlacementEngine:
-    return PlacementEngine(model, CLASSES, policy=policy)
-
-
-def place(engine: PlacementEngine, pod: str, *claims: ClaimToPlace) -> Placement | NoPlacement:
-    return engine.place(PlacementRequest(pod, NEEDS, claims))
-
-
-def placed(result: Placement | NoPlacement) -> Placement:
-    assert isinstance(result, Placement), result
-    return result
-
-
-def claim(name: str, *requests: DeviceRequest, constraints=()) -> ClaimToPlace:  # type: ignore[no-untyped-def]
-    return ClaimToPlace(
-        ClaimKey("ns", name, f"uid-{name}"), ClaimSpec(requests, tuple(constraints))
-    )
-
-
-def exact(
-    name: str, profile: str | None = None, count: int = 1, cls: str = "mig.carve.dev"
-) -> DeviceRequest:
-    selectors = (PROFILE.format(profile),) if profile else ()
-    return DeviceRequest(name, (Alternative(name, ExactRequest(cls, selectors, count=count)),))
+from tests.support.placement import (
+    A100,
+    A100_40,
+    H100,
+    NEEDS,
+    PROFILE,
+    claim,
+    engine_for,
+    exact,
+    first_available,
+    place,
+    placed,
+)
 
 
 def replay(model: ClusterModel) -> None:
@@ -200,18 +177,6 @@ def test_match_attribute_across_requests_of_a_claim() -> None:
         )
     )
     assert len({c.gpu_uuid for c in result.choices}) == 1
-
-
-def first_available(*profiles: str) -> DeviceRequest:
-    return DeviceRequest(
-        "gpu",
-        tuple(
-            Alternative(
-                f"gpu/{p.replace('.', '-')}", ExactRequest("mig.carve.dev", (PROFILE.format(p),))
-            )
-            for p in profiles
-        ),
-    )
 
 
 def test_first_available_prefers_the_first_subrequest_that_fits() -> None:

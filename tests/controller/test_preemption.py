@@ -29,8 +29,8 @@ from controller.preemption.search import (
     victim_cost,
 )
 from controller.status import build_allocation_status
-from tests.controller.test_reconciler import pod
-from tests.controller.test_reconciler_engine import device_class, profile_claim, slices
+from tests.support.engine_cluster import device_class, profile_claim, slices
+from tests.support.reconciler import pod
 
 # -- the toy oracle -----------------------------------------------------------------------------
 

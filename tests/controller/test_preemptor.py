@@ -1,8 +1,9 @@
 """Preemption through the reconciler, with the real placement engine behind it.
 
-The writer is test_reconciler.py's in-memory store; the evictor below plays the Eviction API
-(a refusal list stands for PodDisruptionBudgets) and marks evicted pods terminating; the test
-then plays kube-controller-manager and the kubelet by deleting the evicted pods.
+The writer is the in-memory store of tests/support/reconciler.py; the evictor below plays the
+Eviction API (a refusal list stands for PodDisruptionBudgets) and marks evicted pods
+terminating; the test then plays kube-controller-manager and the kubelet by deleting the
+evicted pods.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from controller.planner import EnginePlanner
 from controller.preemption.eviction import EvictionOutcome, EvictionResult
 from controller.preemption.preemptor import Preemptor
 from controller.reconciler import Reconciler
-from tests.controller.test_reconciler import pod
-from tests.controller.test_reconciler_engine import Cluster, profile_claim
+from tests.support.engine_cluster import Cluster, profile_claim
+from tests.support.reconciler import pod
 
 Obj = dict[str, Any]
 NOW = dt.datetime(2026, 1, 1, 1, 0, tzinfo=dt.UTC)
@@ -68,7 +69,7 @@ class PreemptingCluster(Cluster):
         for k in Kind:
             self.rec.mark_synced(k)
         # Replay what the base class fed its own reconciler.
-        from tests.controller.test_reconciler_engine import device_class, node, slices
+        from tests.support.engine_cluster import device_class, node, slices
 
         self.rec.enqueue(Kind.CLASS, EventType.ADDED, device_class("mig.carve.dev", "mig"))
         self.rec.enqueue(Kind.CLASS, EventType.ADDED, device_class("gpu.carve.dev", "gpu"))

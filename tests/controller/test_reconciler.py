@@ -2,31 +2,25 @@
 
 The placement engine is replaced by a deliberately trivial planner (first free device on the
 first node that fits all requests) so that these tests exercise only the reconciler's logic.
-The writer is an in-memory object store with resourceVersions; `KubeClaimWriter` itself is tested
-in test_status.py and against the real apiserver in tests/controller/cluster/.
+The writer is an in-memory object store with resourceVersions (both in
+tests/support/reconciler.py); `KubeClaimWriter` itself is tested in test_status.py and against
+the real apiserver in tests/controller/cluster/.
 """
 
 from __future__ import annotations
 
-import copy
 import datetime as dt
 import itertools
 import json
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.config import ReconcilerConfig
-from controller.extended_resources import pinned_affinity
 from controller.objects import (
     CarveClasses,
-    ClaimAllocation,
     EventType,
     Kind,
-    Plan,
     Unplaceable,
     has_finalizer,
     has_gate,
@@ -34,301 +28,24 @@ from controller.objects import (
 )
 from controller.reconciler import Reconciler
 from controller.release import ReleaseKind, release_action
-from controller.status import WriteSkippedError, build_allocation_status
+from controller.status import WriteSkippedError
 from controller.work import WorkKind, pod_work
-from driver.allocation import AllocatedDevice
 from driver.contract import DEFAULT_CONTRACT, Contract
-
-ALLOCATION_FINALIZER = DEFAULT_CONTRACT.allocation_finalizer
-SCHEDULING_GATE = DEFAULT_CONTRACT.scheduling_gate
-
-Obj = dict[str, Any]
-NODE_FINALIZER = "mig.carve.dev/node-a"
-_uid = itertools.count(1)
-
-
-def _meta(name: str, ns: str | None = "ns", **extra: Any) -> Obj:
-    meta: Obj = {"name": name, "uid": f"uid-{next(_uid)}", "resourceVersion": "1"}
-    if ns is not None:
-        meta["namespace"] = ns
-    meta.update(extra)
-    return meta
-
-
-def claim(name: str, count: int = 1, cls: str = "mig.carve.dev", **meta: Any) -> Obj:
-    return {
-        "metadata": _meta(name, **meta),
-        "spec": {
-            "devices": {
-                "requests": [{"name": "gpu", "exactly": {"deviceClassName": cls, "count": count}}]
-            }
-        },
-        "status": {},
-    }
-
-
-def pod(
-    name: str,
-    claims: Sequence[str],
-    *,
-    priority: int = 0,
-    created: str = "2026-01-01T00:00:00Z",
-    gated: bool = True,
-) -> Obj:
-    spec: Obj = {
-        "resourceClaims": [{"name": f"c{i}", "resourceClaimName": c} for i, c in enumerate(claims)],
-        "priority": priority,
-    }
-    if gated:
-        spec["schedulingGates"] = [{"name": SCHEDULING_GATE}]
-    return {
-        "metadata": _meta(name, creationTimestamp=created),
-        "spec": spec,
-        "status": {"phase": "Pending"},
-    }
-
-
-def node_slice(node: str, devices: int) -> Obj:
-    return {
-        "metadata": _meta(f"{node}-slice", ns=None),
-        "spec": {
-            "driver": "mig.carve.dev",
-            "nodeName": node,
-            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-            "devices": [{"name": f"dev-{i}"} for i in range(devices)],
-        },
-    }
-
-
-def device_class(name: str = "mig.carve.dev") -> Obj:
-    return {"metadata": _meta(name, ns=None), "spec": {}}
-
-
-class FirstFitPlanner:
-    """Test stand-in for the placement engine: devices are interchangeable slots per node."""
-
-    def __init__(self) -> None:
-        self.slices: dict[str, Obj] = {}
-        self.claims: dict[str, Obj] = {}
-        self.plans = 0
-        self.committed_pods: list[str] = []
-        self.verdict: Unplaceable | None = None  # when set, every plan is refused with it
-
-    def observe(self, kind: Kind, obj: Obj) -> None:
-        key = f"{obj['metadata'].get('namespace')}/{obj['metadata']['name']}"
-        if kind is Kind.SLICE:
-            self.slices[key] = obj
-        elif kind is Kind.CLAIM:
-            self.claims[key] = obj
-
-    def forget(self, kind: Kind, obj: Obj) -> None:
-        key = f"{obj['metadata'].get('namespace')}/{obj['metadata']['name']}"
-        (self.slices if kind is Kind.SLICE else self.claims).pop(key, None)
-
-    def committed(self, pod: Obj, plan: Plan) -> None:
-        self.committed_pods.append(pod["metadata"]["name"])
-
-    def withdrawn(self, pod: Obj) -> None:
-        self.committed_pods.remove(pod["metadata"]["name"])
-
-    def used(self) -> set[tuple[str, str]]:
-        out = set()
-        for c in self.claims.values():
-            alloc = c.get("status", {}).get("allocation") or {}
-            for r in alloc.get("devices", {}).get("results", []):
-                out.add((r["pool"], r["device"]))
-        return out
-
-    def check_allocated(self, pod: Obj, claims: Sequence[Obj]) -> Unplaceable | None:
-        return None
-
-    def plan(
-        self,
-        pod: Obj,
-        claims: Sequence[Obj],
-        classes: Mapping[str, Obj],
-        told: Unplaceable | None = None,
-    ) -> Plan | Unplaceable:
-        self.plans += 1
-        if self.verdict is not None:
-            return self.verdict
-        used = self.used()
-        want = {
-            c["metadata"]["name"]: c["spec"]["devices"]["requests"][0]["exactly"]["count"]
-            for c in claims
-            if not c.get("status", {}).get("allocation")
-        }
-        for s in sorted(self.slices.values(), key=lambda s: s["spec"]["nodeName"]):
-            node = s["spec"]["nodeName"]
-            free = [d["name"] for d in s["spec"]["devices"] if (node, d["name"]) not in used]
-            if len(free) < sum(want.values()):
-                continue
-            allocs = []
-            for c in claims:
-                n = want.get(c["metadata"]["name"], 0)
-                if not n:
-                    continue
-                picked, free = free[:n], free[n:]
-                allocs.append(
-                    ClaimAllocation(
-                        c["metadata"]["namespace"],
-                        c["metadata"]["name"],
-                        c["metadata"]["uid"],
-                        node,
-                        tuple(
-                            AllocatedDevice("gpu", "mig.carve.dev", node, d, profile="1g.10gb")
-                            for d in picked
-                        ),
-                    )
-                )
-            return Plan(node, tuple(allocs))
-        return Unplaceable("NoCapacity", f"no node has {sum(want.values())} free devices")
-
-
-class MemoryWriter:
-    """In-memory object store with resourceVersions; optional injected failures per call."""
-
-    def __init__(self) -> None:
-        self.objects: dict[str, Obj] = {}
-        self.calls: list[tuple[str, str]] = []
-        self.fail: dict[tuple[str, str], Exception] = {}
-        self.conditions: dict[str, tuple[bool, str, str]] = {}
-        self._rv = itertools.count(100)
-
-    def put(self, obj: Obj) -> Obj:
-        obj = copy.deepcopy(obj)
-        obj["metadata"]["resourceVersion"] = str(next(self._rv))
-        self.objects[obj["metadata"]["name"]] = obj
-        return copy.deepcopy(obj)
-
-    def _call(self, op: str, obj: Obj) -> Obj:
-        name = obj["metadata"]["name"]
-        self.calls.append((op, name))
-        if (op, name) in self.fail:
-            raise self.fail.pop((op, name))
-        return copy.deepcopy(self.objects.get(name, obj))
-
-    def add_finalizer(self, claim: Obj) -> Obj:
-        cur = self._call("add_finalizer", claim)
-        cur["metadata"].setdefault("finalizers", []).append(ALLOCATION_FINALIZER)
-        return self.put(cur)
-
-    def write_allocation(
-        self, claim: Obj, allocation: ClaimAllocation, classes: Mapping[str, Obj]
-    ) -> Obj:
-        cur = self._call("write_allocation", claim)
-        cur["status"]["allocation"] = build_allocation_status(
-            cur, allocation, classes, dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
-        )
-        return self.put(cur)
-
-    def clear_allocation(self, claim: Obj) -> Obj:
-        cur = self._call("clear_allocation", claim)
-        cur["status"].pop("allocation", None)
-        cur["status"].pop("devices", None)  # as the real writer clears it
-        return self.put(cur)
-
-    def remove_finalizer(self, claim: Obj) -> Obj:
-        cur = self._call("remove_finalizer", claim)
-        cur["metadata"]["finalizers"] = [
-            f for f in cur["metadata"].get("finalizers", []) if f != ALLOCATION_FINALIZER
-        ]
-        return self.put(cur)
-
-    def remove_node_finalizer(self, claim: Obj, finalizer: str) -> Obj:
-        cur = self._call("remove_node_finalizer", claim)
-        cur["metadata"]["finalizers"] = [
-            f for f in cur["metadata"].get("finalizers", []) if f != finalizer
-        ]
-        return self.put(cur)
-
-    def remove_gate(self, pod: Obj) -> Obj:
-        cur = self._call("remove_gate", pod)
-        cur["spec"]["schedulingGates"] = [
-            g for g in cur["spec"].get("schedulingGates", []) if g["name"] != SCHEDULING_GATE
-        ]
-        return self.put(cur)
-
-    def pin_and_ungate(self, pod: Obj, node: str) -> Obj:
-        cur = self._call("pin_and_ungate", pod)
-        cur["spec"]["affinity"] = pinned_affinity(cur, node)
-        cur["spec"]["schedulingGates"] = [
-            g for g in cur["spec"].get("schedulingGates", []) if g["name"] != SCHEDULING_GATE
-        ]
-        return self.put(cur)
-
-    def set_pod_condition(self, pod: Obj, status: bool, reason: str, message: str) -> None:
-        self.conditions[pod["metadata"]["name"]] = (status, reason, message)
-
-
-class ListRecorder:
-    def __init__(self) -> None:
-        self.events: list[tuple[str, str, str, str]] = []
-
-    def event(self, obj: Obj, kind: Kind, type_: str, reason: str, message: str) -> None:
-        self.events.append((obj["metadata"]["name"], type_, reason, message))
-
-
-class Harness:
-    def __init__(
-        self,
-        *,
-        nodes: Mapping[str, int] = {"n1": 2},
-        release_beside: Callable[[str, Callable[[], None]], bool] | None = None,
-        commit_beside: Callable[[str, Callable[[], None]], bool] | None = None,
-        metrics: Any = None,
-        writer: MemoryWriter | None = None,
-        **cfg: Any,
-    ) -> None:
-        self.planner = FirstFitPlanner()
-        self.writer = writer or MemoryWriter()
-        self.recorder = ListRecorder()
-        self.now = [1000.0]
-        self.wall = [dt.datetime(2026, 1, 1, 0, 0, 10, tzinfo=dt.UTC)]
-        self.rec = Reconciler(
-            self.planner,
-            self.writer,
-            self.recorder,
-            config=ReconcilerConfig(**cfg),
-            clock=lambda: self.now[0],
-            wall_clock=lambda: self.wall[0],
-            release_beside=release_beside,
-            commit_beside=commit_beside,
-            metrics=metrics,
-        )
-        for k in Kind:
-            self.rec.mark_synced(k)
-        self.add(Kind.CLASS, device_class())
-        for node, n in nodes.items():
-            self.add(Kind.SLICE, node_slice(node, n))
-
-    def add(self, kind: Kind, obj: Obj) -> Obj:
-        if kind in (Kind.POD, Kind.CLAIM):
-            obj = self.writer.put(obj)
-        self.rec.enqueue(kind, EventType.ADDED, obj)
-        return obj
-
-    def update(self, kind: Kind, obj: Obj) -> Obj:
-        obj = self.writer.put(obj)
-        self.rec.enqueue(kind, EventType.MODIFIED, obj)
-        return obj
-
-    def current(self, name: str) -> Obj:
-        return copy.deepcopy(self.writer.objects[name])
-
-    def step(self) -> None:
-        self.rec.step()
-
-    def allocated_devices(self) -> list[tuple[str, str]]:
-        out = []
-        for o in self.writer.objects.values():
-            alloc = o.get("status", {}).get("allocation")
-            if alloc:
-                out += [(r["pool"], r["device"]) for r in alloc["devices"]["results"]]
-        return out
-
-
-# ------------------------------------------------------------------------------------------------
+from tests.support.reconciler import (
+    ALLOCATION_FINALIZER,
+    NODE_FINALIZER,
+    SCHEDULING_GATE,
+    FirstFitPlanner,
+    Harness,
+    ListRecorder,
+    MemoryWriter,
+    Obj,
+    claim,
+    count_classifications,
+    device_class,
+    node_slice,
+    pod,
+)
 
 
 def test_queue_orders_by_priority_then_age() -> None:
@@ -875,21 +592,6 @@ def test_missing_generated_claim_is_reported_only_when_it_lasts() -> None:
     (ev,) = [e for e in h.recorder.events if e[0] == "p"]
     assert ev[2] == "ClaimsNotReady"
     assert "kube-controller-manager" in ev[3]
-
-
-def count_classifications(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Names of the pods `pod_work` classifies from now on, in order."""
-    import controller.reconciler as reconciler_module
-
-    seen: list[str] = []
-    real = reconciler_module.pod_work
-
-    def counting(p: Obj, *args: Any) -> Any:
-        seen.append(p["metadata"]["name"])
-        return real(p, *args)
-
-    monkeypatch.setattr(reconciler_module, "pod_work", counting)
-    return seen
 
 
 def test_a_pass_looks_only_at_pods_that_can_need_the_controller(

@@ -15,20 +15,19 @@ import threading
 
 import pytest
 
-from controller.objects import EventType, Kind
+from controller.objects import EventType, Kind, has_finalizer
 from controller.writepool import WritePool
 from process.kube import Obj
-from tests.controller.test_reconciler import (
+from tests.support.engine_cluster import node
+from tests.support.reconciler import (
     ALLOCATION_FINALIZER,
     SCHEDULING_GATE,
     Harness,
+    HeldWrites,
     MemoryWriter,
     claim,
-    has_finalizer,
     pod,
 )
-from tests.controller.test_reconciler_engine import node
-from tests.controller.test_reconciler_release_beside import HeldWrites
 
 
 def _harness(

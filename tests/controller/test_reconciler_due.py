@@ -1,7 +1,7 @@
 """A pass visits only the pods that changed, were woken, or whose time came (controller.podqueue).
 
-Uses the in-memory harness of test_reconciler.py. The risk of visiting less is a pod nobody
-wakes: the property test below checks, after any sequence of changes, that every kept
+Uses the in-memory harness of tests/support/reconciler.py. The risk of visiting less is a pod
+nobody wakes: the property test below checks, after any sequence of changes, that every kept
 classification is what `pod_work` says now and that every placeable pod is tried once its
 retry time has come.
 """
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from controller.objects import EventType, Kind, Unplaceable, key_of
 from controller.work import PodWork, WorkKind, pod_work
-from tests.controller.test_reconciler import Harness, claim, count_classifications, pod
+from tests.support.reconciler import Harness, claim, count_classifications, pod
 
 Obj = dict[str, Any]
 

@@ -1,123 +1,29 @@
 """The reconciler with the real placement engine behind `EnginePlanner`.
 
 ResourceSlices are built by `driver.resourceslice` exactly as the kubelet plugin publishes them,
-nodes and pods are API-shaped dicts; only the writer is the in-memory store of
-test_reconciler.py. Checks that what the engine decides reaches the claims correctly, that bad
-claims get specific messages while others are placed, and that no memory slice is ever given
-twice across arrivals and releases.
+nodes and pods are API-shaped dicts (tests/support/engine_cluster.py); only the writer is the
+in-memory store of tests/support/reconciler.py. Checks that what the engine decides reaches the
+claims correctly, that bad claims get specific messages while others are placed, and that no
+memory slice is ever given twice across arrivals and releases.
 """
 
 from __future__ import annotations
-
-import datetime as dt
-import itertools
-from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controller.objects import EventType, Kind, has_gate
 from controller.planner import EnginePlanner
-from controller.reconciler import Reconciler
-from driver.catalog import gpu_model
 from driver.contract import DEFAULT_CONTRACT
-from driver.resourceslice import PublishedGpu, build_resource_slices
-from tests.controller.test_reconciler import ListRecorder, MemoryWriter, claim, pod
-
-SCHEDULING_GATE = DEFAULT_CONTRACT.scheduling_gate
-
-Obj = dict[str, Any]
-DRIVER = "mig.carve.dev"
-
-
-def node(name: str, cpu: str = "16") -> Obj:
-    return {
-        "metadata": {"name": name, "uid": f"node-{name}", "resourceVersion": "1"},
-        "spec": {},
-        "status": {
-            "allocatable": {"cpu": cpu, "memory": "64Gi", "pods": "110"},
-            "conditions": [{"type": "Ready", "status": "True"}],
-        },
-    }
-
-
-def slices(node_name: str, models: list[str], **build: Any) -> list[Obj]:
-    gpus = [
-        PublishedGpu(
-            minor=i,
-            uuid=f"GPU-{node_name}-{i}",
-            model=gpu_model(m),
-            pci_bus_id=f"0000:{i + 7:02x}:00.0",
-            driver_version="580.105.08",
-        )
-        for i, m in enumerate(models)
-    ]
-    out = build_resource_slices(
-        driver=DRIVER, node_name=node_name, pool_generation=1, gpus=gpus, **build
-    )
-    for s in out:
-        s["metadata"].update(uid=s["metadata"]["name"], resourceVersion="1")
-    return out
-
-
-def device_class(name: str, kind: str) -> Obj:
-    expr = f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "{kind}"'
-    return {
-        "metadata": {"name": name, "uid": name, "resourceVersion": "1"},
-        "spec": {"selectors": [{"cel": {"expression": expr}}]},
-    }
-
-
-def profile_claim(name: str, profile: str, count: int = 1) -> Obj:
-    c = claim(name, count=count)
-    c["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [
-        {"cel": {"expression": f'device.attributes["{DRIVER}"].profile == "{profile}"'}}
-    ]
-    return c
-
-
-class Cluster:
-    def __init__(
-        self, nodes: dict[str, list[str]], planner: EnginePlanner | None = None, **build: Any
-    ) -> None:
-        self.planner = planner or EnginePlanner(DRIVER)
-        self.writer = MemoryWriter()
-        self.recorder = ListRecorder()
-        self.rec = Reconciler(
-            self.planner,
-            self.writer,
-            self.recorder,
-            wall_clock=lambda: dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
-        )
-        for k in Kind:
-            self.rec.mark_synced(k)
-        self.rec.enqueue(Kind.CLASS, EventType.ADDED, device_class("mig.carve.dev", "mig"))
-        self.rec.enqueue(Kind.CLASS, EventType.ADDED, device_class("gpu.carve.dev", "gpu"))
-        for n, models in nodes.items():
-            self.rec.enqueue(Kind.NODE, EventType.ADDED, node(n))
-            for s in slices(n, models, **build):
-                self.rec.enqueue(Kind.SLICE, EventType.ADDED, s)
-        self._seq = itertools.count()
-
-    def submit(self, c: Obj, prio: int = 0) -> str:
-        i = next(self._seq)
-        name = f"p{i}-{c['metadata']['name']}"
-        self.rec.enqueue(Kind.CLAIM, EventType.ADDED, self.writer.put(c))
-        p = pod(name, [c["metadata"]["name"]], priority=prio, created=f"2026-01-01T00:{i:02d}:00Z")
-        self.rec.enqueue(Kind.POD, EventType.ADDED, self.writer.put(p))
-        return name
-
-    def finish(self, pod_name: str) -> None:
-        p = self.writer.objects[pod_name]
-        p["status"]["phase"] = "Succeeded"
-        self.rec.enqueue(Kind.POD, EventType.MODIFIED, self.writer.put(p))
-
-    def allocation(self, claim_name: str) -> Obj | None:
-        alloc: Obj | None = self.writer.objects[claim_name]["status"].get("allocation")
-        return alloc
-
-    def events_of(self, name: str) -> list[tuple[str, str, str, str]]:
-        return [e for e in self.recorder.events if e[0] == name]
+from tests.support.engine_cluster import (
+    DRIVER,
+    SCHEDULING_GATE,
+    Cluster,
+    Obj,
+    profile_claim,
+    slices,
+)
+from tests.support.reconciler import claim
 
 
 def test_pods_are_placed_on_published_devices_with_node_selector() -> None:

@@ -1,7 +1,7 @@
 """Another scheduling gate (Kueue's admission gate) holds a pod: carve waits, says so once.
 
-Uses the in-memory harness of test_reconciler.py; the same rule against the real apiserver and
-the real Kueue is in tests/controller/cluster/test_kueue_cluster.py.
+Uses the in-memory harness of tests/support/reconciler.py; the same rule against the real
+apiserver and the real Kueue is in tests/controller/cluster/test_kueue_cluster.py.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 from controller.objects import CarveClasses, Kind, has_gate, other_gates
 from controller.work import GATED_ELSEWHERE, WorkKind, pod_work
-from tests.controller.test_reconciler import SCHEDULING_GATE, Harness, claim, pod
+from tests.support.reconciler import SCHEDULING_GATE, Harness, claim, pod
 
 Obj = dict[str, Any]
 KUEUE_GATE = "kueue.x-k8s.io/admission"

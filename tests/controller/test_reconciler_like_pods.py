@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from controller.objects import EventType, Kind
 from controller.planner import EnginePlanner, _Shape
-from tests.controller.test_reconciler_engine import DRIVER, Cluster, device_class, profile_claim
+from tests.support.engine_cluster import DRIVER, Cluster, device_class, profile_claim
 
 _ONE_GPU = {"n1": ["H100-SXM5-80GB"]}  # room for two 3g.40gb
 

@@ -102,7 +102,7 @@ def test_metrics_are_exported() -> None:
 def test_a_decision_is_timed_in_wall_and_thread_cpu_time() -> None:
     """A planner that waits (as a thread does for the CPU or the GIL) shows in the wall-time
     histogram and not in the CPU one: the two tell a busy machine from a slow engine."""
-    from tests.controller.test_reconciler import Harness, claim, pod
+    from tests.support.reconciler import Harness, claim, pod
 
     m = ControllerMetrics()
     h = Harness(metrics=m)

@@ -11,34 +11,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from controller.objects import EventType, Kind
-from tests.controller.test_reconciler import (
-    ALLOCATION_FINALIZER,
-    Harness,
-    claim,
-    has_finalizer,
-    pod,
-)
-from tests.controller.test_reconciler_engine import node
-
-
-class HeldWrites:
-    """A stand-in for the release workers that runs writes only when told to."""
-
-    def __init__(self, *, accept: bool = True) -> None:
-        self.accept = accept
-        self.held: list[tuple[str, Callable[[], None]]] = []
-
-    def offer(self, key: str, write: Callable[[], None]) -> bool:
-        if not self.accept:
-            return False
-        self.held.append((key, write))
-        return True
-
-    def run_all(self) -> None:
-        held, self.held = self.held, []
-        for _, write in held:
-            write()
+from controller.objects import EventType, Kind, has_finalizer
+from tests.support.engine_cluster import node
+from tests.support.reconciler import ALLOCATION_FINALIZER, Harness, HeldWrites, claim, pod
 
 
 class ThreadedWrites:

@@ -13,8 +13,8 @@ from controller.placement import NoPlacement
 from controller.tolerations import DeviceTaint, Toleration, blocking
 from driver.catalog import gpu_model
 from driver.resourceslice import PublishedGpu, build_resource_slices
-from tests.controller.test_placement import claim, engine_for, place, placed
 from tests.support.cluster_builders import node_info
+from tests.support.placement import claim, engine_for, place, placed
 
 DRIVER = "mig.carve.dev"
 KEY = "mig.carve.dev/gpu-unhealthy"

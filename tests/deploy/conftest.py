@@ -1,82 +1,20 @@
-"""The Helm chart deploy/helm/carve, tested with the real helm (hack/helm/build.sh) and, for
+"""The Helm chart deploy/helm/carve, tested with the real helm (tests/support/helm.py) and, for
 the `cluster` tests, against the real control plane (one cluster for this package).
 
 `helm` is skipped, with the reason, when there is no Go toolchain to build helm with; with
-CARVE_REQUIRE_CLUSTER set (CI) a missing helm fails instead. Each helm call gets its own
-config, cache and data directories, so nothing is read from or written to ~/.config/helm.
+CARVE_REQUIRE_CLUSTER set (CI) a missing helm fails instead.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 
 from devcluster.pytest_plugin import k8s_cluster  # noqa: F401  (fixture, used by name)
-
-REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "deploy" / "helm" / "carve"
-HELM_BUILD = REPO / "hack" / "helm" / "build.sh"
-
-
-@dataclass(frozen=True)
-class Helm:
-    binary: Path
-    home: Path
-
-    def run(
-        self, *args: str, check: bool = True, kubeconfig: str | None = None
-    ) -> subprocess.CompletedProcess[str]:
-        env = {
-            **os.environ,
-            "HELM_CONFIG_HOME": str(self.home / "config"),
-            "HELM_CACHE_HOME": str(self.home / "cache"),
-            "HELM_DATA_HOME": str(self.home / "data"),
-        }
-        env.pop("KUBECONFIG", None)
-        if kubeconfig is not None:
-            env["KUBECONFIG"] = kubeconfig
-        done = subprocess.run(
-            [str(self.binary), *args],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=180,
-            check=False,
-        )
-        if check and done.returncode != 0:
-            raise AssertionError(
-                f"helm {' '.join(args)} exited {done.returncode}:\n{done.stderr}{done.stdout}"
-            )
-        return done
-
-    def template(self, *sets: str, namespace: str = "carve-system") -> list[dict[str, Any]]:
-        """The chart's objects with `--set` values."""
-        args = ["template", "carve", str(CHART), "--namespace", namespace]
-        for s in sets:
-            args += ["--set", s]
-        return [d for d in yaml.safe_load_all(self.run(*args).stdout) if d]
-
-
-def helm_binary() -> Path:
-    go_dirs = os.pathsep.join(("/usr/local/go/bin", os.environ.get("PATH", "")))
-    env = {**os.environ, "PATH": go_dirs}
-    done = subprocess.run(
-        ["bash", str(HELM_BUILD)], capture_output=True, text=True, env=env, check=False
-    )
-    if done.returncode == 0:
-        return Path(done.stdout.strip()) / "helm"
-    reason = f"helm unavailable (hack/helm/build.sh exit {done.returncode}): {done.stderr[-800:]}"
-    if done.returncode == 2 and not os.environ.get("CARVE_REQUIRE_CLUSTER"):
-        pytest.skip(reason)
-    raise RuntimeError(reason)
+from tests.support.helm import Helm, helm_binary
 
 
 @pytest.fixture(scope="session")
@@ -84,13 +22,3 @@ def helm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Helm]:
     configured = os.environ.get("CARVE_HELM")
     binary = Path(configured) if configured else helm_binary()
     yield Helm(binary, tmp_path_factory.mktemp("helm-home"))
-
-
-def by_kind(docs: Sequence[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [d for d in docs if d["kind"] == kind]
-
-
-def one(docs: Sequence[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
-    found = [d for d in by_kind(docs, kind) if name is None or d["metadata"]["name"] == name]
-    assert len(found) == 1, f"{kind} {name}: {json.dumps([d['metadata'] for d in found])}"
-    return found[0]

@@ -21,7 +21,7 @@ import kubeletplugin.main as plugin_main
 from driver.catalog import CATALOG
 from driver.contract import DEFAULT_MIG_RESOURCE_PREFIX, Contract
 from nodesim.stack import INSTALL_MANIFESTS, MANIFESTS, render_manifest
-from tests.deploy.conftest import CHART, REPO, Helm, by_kind, one
+from tests.support.helm import CHART, REPO, Helm, by_kind, one
 
 RENAMED = Contract("mig.example.com")
 CLUSTER_SCOPED = {

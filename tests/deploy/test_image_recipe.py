@@ -9,7 +9,7 @@ import re
 import tomllib
 from types import ModuleType
 
-from tests.deploy.conftest import REPO
+from tests.support.helm import REPO
 
 DOCKERFILE = (REPO / "deploy" / "Dockerfile").read_text()
 

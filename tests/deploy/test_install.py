@@ -24,7 +24,7 @@ from devcluster.waiting import wait_for
 from driver.contract import Contract
 from nodesim.stack import MANIFESTS, gates_pod
 from process.kube.jsonclient import KubeJson
-from tests.deploy.conftest import CHART, Helm
+from tests.support.helm import CHART, Helm
 
 pytestmark = pytest.mark.cluster
 

@@ -24,7 +24,7 @@ from devcluster.pytest_plugin import (  # noqa: F401  (fixtures, used by name)
     node_heartbeater,
 )
 from driver.contract import Contract
-from tests.deploy.conftest import CHART, Helm
+from tests.support.helm import CHART, Helm
 
 pytestmark = pytest.mark.cluster
 

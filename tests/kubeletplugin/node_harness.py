@@ -262,3 +262,21 @@ def open_node(
     sim.configure(sim_config(root, gpus, **options))
     backend = NvmlBackend(sim, proc_root=sim.sim_proc_root()).open()
     return Node(root, backend, FakeClaims(), policy)
+
+
+def mps_config(**mps: Any) -> list[dict[str, Any]]:
+    """A claim's config asking for MPS sharing with these `mpsConfig` settings."""
+    return [
+        {
+            "source": "FromClaim",
+            "requests": [],
+            "opaque": {
+                "driver": DRIVER,
+                "parameters": {
+                    "apiVersion": "mig.carve.dev/v1alpha1",
+                    "kind": "MigDeviceConfig",
+                    "sharing": {"strategy": "MPS", "mpsConfig": mps},
+                },
+            },
+        }
+    ]

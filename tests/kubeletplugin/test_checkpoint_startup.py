@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from kubeletplugin.checkpoint import FILE_NAME, READ_VERSIONS
-from tests.kubeletplugin.test_main import DRIVER, PluginProcess, _unreachable_kubeconfig
+from tests.support.plugin_process import DRIVER, PluginProcess, unreachable_kubeconfig
 
 
 def test_plugin_refuses_to_start_on_a_checkpoint_from_a_newer_release(tmp_path: Path) -> None:
@@ -20,7 +20,7 @@ def test_plugin_refuses_to_start_on_a_checkpoint_from_a_newer_release(tmp_path: 
     raw = json.dumps({"version": future, "claims": {"u1": {"state": "Carved"}}}).encode()
     checkpoint.write_bytes(raw)
 
-    p = PluginProcess(tmp_path, "node-x", _unreachable_kubeconfig(tmp_path / "kc"))
+    p = PluginProcess(tmp_path, "node-x", unreachable_kubeconfig(tmp_path / "kc"))
     try:
         rc = p.proc.wait(timeout=60)
     finally:

@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -23,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from devcluster.waiting import wait_for
 from driver import cdi
@@ -32,10 +28,13 @@ from kubeletplugin.options import parse_options
 from kubeletplugin.ports import ClaimRef
 from nodesim.kubelet import KubeletSim
 from process.flags import UsageError
-
-REPO = Path(__file__).resolve().parents[2]
-DRIVER = "mig.carve.dev"
-PLUGIN = str(Path(sys.executable).with_name("carve-kubelet-plugin"))
+from tests.support.plugin_process import (
+    DRIVER,
+    PLUGIN,
+    REPO,
+    PluginProcess,
+    unreachable_kubeconfig,
+)
 
 
 def test_every_flag_has_an_env_equivalent() -> None:
@@ -158,12 +157,6 @@ def test_a_bad_value_exits_2_naming_the_flag() -> None:
     assert "e.g. --resync-period=30s" in out.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _get(url: str) -> tuple[int, str]:
     try:
         with urllib.request.urlopen(url, timeout=5) as r:
@@ -172,89 +165,8 @@ def _get(url: str) -> tuple[int, str]:
         return e.code, e.read().decode()
 
 
-class PluginProcess:
-    """The real carve-kubelet-plugin on a simulated node; `start()` again after a crash."""
-
-    def __init__(
-        self,
-        root: Path,
-        node: str,
-        kubeconfig: Path,
-        *extra: str,
-        gpus: tuple[Any, ...] = ("H100-SXM5-80GB", {"model": "A100-SXM4-40GB"}),
-    ) -> None:
-        self.root = root
-        self.node = node
-        self.kubeconfig = kubeconfig
-        self.extra = extra
-        self.sim_config = root / "sim.yaml"
-        root.mkdir(parents=True, exist_ok=True)
-        self.sim_config.write_text(
-            yaml.safe_dump(
-                {"state": str(root / "sim-state.json"), "uuid_seed": str(root),
-                 "gpus": list(gpus)}
-            )
-        )  # fmt: skip
-        self.registry = root / "registry"
-        self.kubelet = KubeletSim(self.registry)
-        self.start()
-
-    def start(self, env: dict[str, str] | None = None) -> None:
-        self.port = _free_port()
-        self.log = open(self.root / "plugin.log", "a")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [
-                PLUGIN,
-                "--node-name", self.node,
-                "--kubeconfig", str(self.kubeconfig),
-                "--simulate", str(self.sim_config),
-                "--registry-dir", str(self.registry),
-                "--plugins-dir", str(self.root / "plugins"),
-                "--cdi-root", str(self.root / "cdi"),
-                "--http-address", f"127.0.0.1:{self.port}",
-                "--resync-period", "1s",
-                *self.extra,
-            ],
-            stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO,
-            env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
-        )  # fmt: skip
-
-    def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
-
-    def logs(self) -> str:
-        return (self.root / "plugin.log").read_text()
-
-    def stop(self) -> int:
-        self.kubelet.close()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = self.proc.wait(timeout=30)
-        finally:
-            self.log.close()
-        return rc
-
-
-def _unreachable_kubeconfig(path: Path) -> Path:
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1",
-                                                      "insecure-skip-tls-verify": True}}],
-                "users": [{"name": "u", "user": {"token": "x"}}],
-                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-                "current-context": "x",
-            }
-        )
-    )  # fmt: skip
-    return path
-
-
 def test_process_without_apiserver_serves_and_fails_claims_cleanly(tmp_path: Path) -> None:
-    p = PluginProcess(tmp_path, "node-x", _unreachable_kubeconfig(tmp_path / "kc"))
+    p = PluginProcess(tmp_path, "node-x", unreachable_kubeconfig(tmp_path / "kc"))
     try:
         plugin = p.kubelet.wait_for_plugin(DRIVER, timeout=30)
         assert _get(p.url("/healthz")) == (200, "ok\n")

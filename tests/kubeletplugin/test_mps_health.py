@@ -24,8 +24,15 @@ from kubeletplugin.nodehardware import NodeHardware
 from kubeletplugin.prepare import Preparer, PreparerSettings
 from process.kube.errors import api_error
 from process.kube.jsonclient import KubeJson
-from tests.kubeletplugin.node_harness import DRIVER, NODE, FakeKubeJson, Node, mig, open_node
-from tests.kubeletplugin.test_prepare_mps import mps_config
+from tests.kubeletplugin.node_harness import (
+    DRIVER,
+    NODE,
+    FakeKubeJson,
+    Node,
+    mig,
+    mps_config,
+    open_node,
+)
 
 H100 = "H100-SXM5-80GB"
 EVENTS_PATH = "/apis/events.k8s.io/v1/namespaces/default/events"

@@ -13,7 +13,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -26,26 +25,9 @@ from kubeletplugin.checkpoint import CheckpointStore, ClaimState
 from kubeletplugin.mps import PID_FILE, MpsControl, _alive, find_binary
 from kubeletplugin.nodehardware import NodeHardware
 from kubeletplugin.prepare import Preparer, PreparerSettings
-from tests.kubeletplugin.node_harness import DRIVER, NODE, Node, mig, open_node, whole
+from tests.kubeletplugin.node_harness import DRIVER, NODE, Node, mig, mps_config, open_node, whole
 
 H100 = "H100-SXM5-80GB"
-
-
-def mps_config(**mps: Any) -> list[dict[str, Any]]:
-    return [
-        {
-            "source": "FromClaim",
-            "requests": [],
-            "opaque": {
-                "driver": DRIVER,
-                "parameters": {
-                    "apiVersion": "mig.carve.dev/v1alpha1",
-                    "kind": "MigDeviceConfig",
-                    "sharing": {"strategy": "MPS", "mpsConfig": mps},
-                },
-            },
-        }
-    ]
 
 
 def _preparer(n: Node, tmp_path: Path, *, mps_binary: bool = True) -> Preparer:

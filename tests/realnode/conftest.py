@@ -21,11 +21,15 @@ from realnode.binaries import NodeBinariesUnavailableError, ensure_node_binaries
 from realnode.cluster import RealNodes
 from realnode.node import RealNodeSpec
 from tests.e2e.harness import environment_for
-from tests.realnode.harness import REAL_GROUP, REAL_GROUP_LABEL, REAL_NAMESPACES, RealEnv
+from tests.realnode.harness import (
+    NODE_A,
+    NODE_H,
+    REAL_GROUP,
+    REAL_GROUP_LABEL,
+    REAL_NAMESPACES,
+    RealEnv,
+)
 
-# One GPU each, so that a test knows where its slice lands; two models, two nodes.
-NODE_A = "rn-a100"
-NODE_H = "rn-h100"
 _SPECS = (
     RealNodeSpec(NODE_A, ("A100-SXM4-40GB",), labels={REAL_GROUP_LABEL: REAL_GROUP}),
     RealNodeSpec(NODE_H, ("H100-SXM5-80GB",), labels={REAL_GROUP_LABEL: REAL_GROUP}),

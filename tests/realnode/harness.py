@@ -24,6 +24,10 @@ Obj = dict[str, Any]
 REAL_GROUP_LABEL = "realnode.carve.dev/suite"
 REAL_GROUP = "on"
 REAL_NAMESPACES = {"realnode.carve.dev/gated": "on"}
+# The package's two nodes (conftest.py): one GPU each, so that a test knows where its slice
+# lands; two models, two nodes.
+NODE_A = "rn-a100"
+NODE_H = "rn-h100"
 
 # What each test container prints: its GPU environment, the device nodes it was given, the
 # driver files mounted into it, and what the nvidia-smi stand-in says. Markers make it parseable.

@@ -18,8 +18,7 @@ import yaml
 
 from devcluster.cluster import run_kubectl
 from realnode.images import TEST_IMAGE
-from tests.realnode.conftest import NODE_H
-from tests.realnode.harness import REAL_GROUP, REAL_GROUP_LABEL, RealEnv
+from tests.realnode.harness import NODE_H, REAL_GROUP, REAL_GROUP_LABEL, RealEnv
 from tests.support.guide import Step, expected_in, read_page, run_step
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guide"

@@ -43,8 +43,8 @@ from realnode.binaries import NodeBinariesUnavailableError, ensure_node_binaries
 from realnode.cluster import RealNodes
 from realnode.images import TEST_IMAGE, ImageArchive, default_cache
 from realnode.node import RealNode, RealNodeSpec, free_ports
-from tests.deploy.conftest import CHART, REPO, Helm, helm_binary
 from tests.support.guide import Step, expected_in, read_page, run_step
+from tests.support.helm import CHART, REPO, Helm, helm_binary
 
 pytestmark = pytest.mark.realnode
 

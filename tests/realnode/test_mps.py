@@ -13,8 +13,7 @@ import yaml
 from devcluster.waiting import wait_for
 from kubeletplugin.mps import PID_FILE
 from tests.e2e.harness import profile_is, request
-from tests.realnode.conftest import NODE_H
-from tests.realnode.harness import RealEnv
+from tests.realnode.harness import NODE_H, RealEnv
 
 _MPS_CONFIG = {
     "opaque": {

@@ -12,8 +12,7 @@ from driver.nvml.backend import NvmlBackend
 from driver.nvml.sim.hardware import NVIDIA_CAPS_MAJOR
 from realnode.node import RealNode
 from tests.e2e.harness import profile_is, request
-from tests.realnode.conftest import NODE_A, NODE_H
-from tests.realnode.harness import RealEnv, parse_report, smi_uuids
+from tests.realnode.harness import NODE_A, NODE_H, RealEnv, parse_report, smi_uuids
 
 _ONE_1G = [request("mig", [profile_is("1g.5gb")])]  # on the A100 node
 _ONE_1G_H = [request("mig", [profile_is("1g.10gb")])]  # on the H100 node

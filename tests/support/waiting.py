@@ -13,8 +13,8 @@ from typing import Any
 from controller.objects import EventType, Kind, is_allocated
 from controller.planner import EnginePlanner
 from controller.reconciler import Reconciler
-from tests.controller.test_reconciler import ListRecorder, MemoryWriter, pod
 from tests.support.decisions import fleet_objects
+from tests.support.reconciler import ListRecorder, MemoryWriter, pod
 from tests.support.scale import PROFILES, claim_template
 
 Obj = dict[str, Any]

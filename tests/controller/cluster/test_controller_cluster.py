@@ -8,11 +8,7 @@ binding; a test marks a pod Succeeded through pods/status to play the kubelet's 
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +16,6 @@ import pytest
 from kubernetes import client
 from kubernetes.client import ApiClient
 
-from controller.objects import Kind
-from controller.planner import EnginePlanner
 from devcluster.cluster import LocalCluster
 from devcluster.waiting import wait_for
 from tests.controller.cluster.objects import (
@@ -29,149 +23,18 @@ from tests.controller.cluster.objects import (
     allocated_devices,
     claims_of,
     create_pod_when_policy_ready,
-    delete_node_slices,
     ensure_cluster_object,
     events_for,
     load_manifests,
     pod,
     pods_of,
     profile_template,
-    publish_node_gpus,
     raw,
     template,
 )
+from tests.support.controller_cluster import ControllerProcess, assert_consistent, bound_pods
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
-
-Obj = dict[str, Any]
-
-
-class ControllerProcess:
-    """`carve-controller` started as its console script, with logs kept for post-mortems."""
-
-    def __init__(
-        self, kubeconfig: Path, lease_ns: str, log: Path, identity: str, extra: list[str]
-    ) -> None:
-        self.args = [
-            str(Path(sys.executable).parent / "carve-controller"),
-            "--kubeconfig",
-            str(kubeconfig),
-            "--lease-namespace",
-            lease_ns,
-            "--identity",
-            identity,
-            "--http-address",
-            "",
-            "--log-format",
-            "text",
-            "--lease-duration",
-            "4s",
-            "--renew-deadline",
-            "3s",
-            "--retry-period",
-            "1s",
-            "--retry-interval",
-            "2s",
-            *extra,
-        ]
-        self.log = log
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> ControllerProcess:
-        out = self.log.open("ab")
-        self.proc = subprocess.Popen(self.args, stdout=out, stderr=subprocess.STDOUT)
-        return self
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-
-@pytest.fixture
-def carve(
-    k8s_cluster: LocalCluster, k8s_api: ApiClient, namespace: str, tmp_path: Path
-) -> Iterator[Callable[..., ControllerProcess]]:
-    for obj in load_manifests("10-deviceclasses.yaml"):
-        ensure_cluster_object(k8s_api, obj)
-    started: list[ControllerProcess] = []
-
-    def start(identity: str = "carve-a", *extra: str) -> ControllerProcess:
-        p = ControllerProcess(
-            k8s_cluster.info.kubeconfig,
-            namespace,
-            tmp_path / f"{identity}.log",
-            identity,
-            list(extra),
-        ).start()
-        started.append(p)
-        return p
-
-    yield start
-    for p in started:
-        p.stop()
-    for p in started:
-        if os.environ.get("CARVE_SHOW_CONTROLLER_LOG"):
-            print(p.log.read_text())
-
-
-@pytest.fixture
-def gpu_nodes(
-    k8s_api: ApiClient, fake_node: Callable[..., str]
-) -> Iterator[Callable[[list[str]], str]]:
-    made: list[str] = []
-
-    def make(models: list[str]) -> str:
-        name = fake_node()
-        publish_node_gpus(k8s_api, name, models)
-        made.append(name)
-        return name
-
-    yield make
-    for n in made:
-        delete_node_slices(k8s_api, n)
-
-
-def _node_of(claim: Obj) -> str:
-    alloc = claim["status"]["allocation"]
-    return str(alloc["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"][0])
-
-
-def _assert_consistent(api: ApiClient, ns: str) -> None:
-    """No device twice, no overlapping memory slices on any GPU, pods bound where allocated."""
-    claims = claims_of(api, ns)
-    devices = allocated_devices(claims)
-    assert len(devices) == len(set(devices)), f"double allocation: {sorted(devices)}"
-    planner = EnginePlanner()
-    for s in raw(client.ResourceV1Api(api).list_resource_slice(_preload_content=False))["items"]:
-        planner.observe(Kind.SLICE, s)
-    planner.flush()
-    per_gpu: dict[str, list[tuple[int, int]]] = {}
-    for pool, device in devices:
-        hit = planner.model.device(pool, device)
-        assert hit is not None, f"{pool}/{device} is not published"
-        per_gpu.setdefault(hit[0].uuid, []).append((hit[1].profile_id, hit[1].start))
-    for uuid, instances in per_gpu.items():
-        planner.model.gpus[uuid].geometry.state_of(instances)
-    by_name = {c["metadata"]["name"]: c for c in claims}
-    for p in pods_of(api, ns):
-        node = p["spec"].get("nodeName")
-        for st in (p.get("status") or {}).get("resourceClaimStatuses") or []:
-            c = by_name.get(st.get("resourceClaimName"))
-            if node and c is not None and (c.get("status") or {}).get("allocation"):
-                assert _node_of(c) == node
-
-
-def _bound(api: ApiClient, ns: str) -> list[Obj]:
-    return [p for p in pods_of(api, ns) if p["spec"].get("nodeName")]
 
 
 def test_gated_pods_are_placed_and_bound_and_overflow_waits_with_reason(
@@ -183,10 +46,10 @@ def test_gated_pods_are_placed_and_bound_and_overflow_waits_with_reason(
     carve("carve-a")
     for i in range(5):
         core.create_namespaced_pod(namespace, pod(f"p{i}", "t3g"))
-    bound = wait_for("4 pods bound", lambda: len(_bound(k8s_api, namespace)) == 4, timeout=60)
+    bound = wait_for("4 pods bound", lambda: len(bound_pods(k8s_api, namespace)) == 4, timeout=60)
     assert bound
-    assert {p["spec"]["nodeName"] for p in _bound(k8s_api, namespace)} == nodes
-    _assert_consistent(k8s_api, namespace)
+    assert {p["spec"]["nodeName"] for p in bound_pods(k8s_api, namespace)} == nodes
+    assert_consistent(k8s_api, namespace)
     waiting = [p for p in pods_of(k8s_api, namespace) if not p["spec"].get("nodeName")]
     assert len(waiting) == 1
     name = waiting[0]["metadata"]["name"]
@@ -222,18 +85,18 @@ def test_release_after_pod_completion_frees_the_placement(
     carve("carve-a")
     core.create_namespaced_pod(namespace, pod("first", "t7g"))
     core.create_namespaced_pod(namespace, pod("second", "t7g"))
-    wait_for("first bound", lambda: [p for p in _bound(k8s_api, namespace)], timeout=60)
-    (done,) = _bound(k8s_api, namespace)
+    wait_for("first bound", lambda: [p for p in bound_pods(k8s_api, namespace)], timeout=60)
+    (done,) = bound_pods(k8s_api, namespace)
     done_name = done["metadata"]["name"]
     # Play the kubelet: the pod ran to completion.
     core.patch_namespaced_pod_status(done_name, namespace, {"status": {"phase": "Succeeded"}})
     other = "second" if done_name == "first" else "first"
 
     def other_bound() -> bool:
-        return any(p["metadata"]["name"] == other for p in _bound(k8s_api, namespace))
+        return any(p["metadata"]["name"] == other for p in bound_pods(k8s_api, namespace))
 
     wait_for("the waiting pod to get the released GPU", other_bound, timeout=60)
-    _assert_consistent(k8s_api, namespace)
+    assert_consistent(k8s_api, namespace)
     # KCM deletes the generated claim of a finished pod; our finalizer must not keep it.
     leftovers = [
         c for c in claims_of(k8s_api, namespace) if c["metadata"]["name"].startswith(done_name)
@@ -263,8 +126,8 @@ def test_killed_leader_fails_over_without_double_allocation(
     leader = lease["spec"]["holderIdentity"]
     replicas[leader].kill()
     # The standby replica takes over once the dead leader's lease expires, mid-stream.
-    wait_for("all 12 pods bound", lambda: len(_bound(k8s_api, namespace)) == 12, timeout=90)
-    _assert_consistent(k8s_api, namespace)
+    wait_for("all 12 pods bound", lambda: len(bound_pods(k8s_api, namespace)) == 12, timeout=90)
+    assert_consistent(k8s_api, namespace)
     lease = raw(coord.read_namespaced_lease("carve-controller", namespace, _preload_content=False))
     assert lease["spec"]["holderIdentity"] != leader
     assert lease["spec"]["leaseTransitions"] >= 1
@@ -290,7 +153,7 @@ def test_bad_claims_get_clear_events_while_others_are_placed(
     carve("carve-a")
     wait_for(
         "the good pod bound",
-        lambda: any(p["metadata"]["name"] == "good-pod" for p in _bound(k8s_api, namespace)),
+        lambda: any(p["metadata"]["name"] == "good-pod" for p in bound_pods(k8s_api, namespace)),
         timeout=60,
     )
     notes = {}
@@ -307,7 +170,7 @@ def test_bad_claims_get_clear_events_while_others_are_placed(
     for name in bad:
         p = raw(core.read_namespaced_pod(f"bad-{name}", namespace, _preload_content=False))
         assert p["spec"].get("schedulingGates"), f"bad-{name} lost its gate"
-    _assert_consistent(k8s_api, namespace)
+    assert_consistent(k8s_api, namespace)
     print({k: v for k, v in notes.items()})
 
 
@@ -347,12 +210,12 @@ def test_conflict_storm_on_claims_and_pods_still_places_everything_once(
     t.start()
     try:
         carve("carve-a")
-        wait_for("all 7 pods bound", lambda: len(_bound(k8s_api, namespace)) == 7, timeout=90)
+        wait_for("all 7 pods bound", lambda: len(bound_pods(k8s_api, namespace)) == 7, timeout=90)
     finally:
         stop.set()
         t.join(10)
     assert bumps[0] > 20
-    _assert_consistent(k8s_api, namespace)
+    assert_consistent(k8s_api, namespace)
 
 
 def test_native_fallback_hands_unplaceable_pods_to_kube_scheduler(
@@ -412,11 +275,11 @@ def test_pods_gated_by_the_shipped_policy_are_placed(
     assert [g["name"] for g in created["spec"]["schedulingGates"]] == ["mig.carve.dev/placement"]
     bound = wait_for(
         "the admitted pod bound",
-        lambda: [p for p in _bound(k8s_api, namespace) if p["metadata"]["name"] == "admitted"],
+        lambda: [p for p in bound_pods(k8s_api, namespace) if p["metadata"]["name"] == "admitted"],
         timeout=60,
     )
     assert bound[0]["spec"]["nodeName"] == node
-    _assert_consistent(k8s_api, namespace)
+    assert_consistent(k8s_api, namespace)
 
 
 def test_controller_runs_with_only_the_shipped_rbac(
@@ -461,7 +324,7 @@ def test_controller_runs_with_only_the_shipped_rbac(
         kubeconfig, "carve-system", log, "carve-rbac", ["--lease-name", f"rbac-{namespace}"[:60]]
     ).start()
     try:
-        bound = wait_for("the pod bound", lambda: _bound(k8s_api, namespace), timeout=60)
+        bound = wait_for("the pod bound", lambda: bound_pods(k8s_api, namespace), timeout=60)
         assert bound[0]["spec"]["nodeName"] == node
         wait_for(
             "the Placed event",
@@ -512,4 +375,4 @@ def test_scheduler_postfilter_deallocation_is_replanned_then_left_to_scheduler(
     )
     (claim,) = claims_of(k8s_api, namespace)
     assert "mig.carve.dev/allocation" not in (claim["metadata"].get("finalizers") or [])
-    _assert_consistent(k8s_api, namespace)
+    assert_consistent(k8s_api, namespace)

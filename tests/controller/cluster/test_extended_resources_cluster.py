@@ -29,10 +29,6 @@ from tests.controller.cluster.objects import (
     raw,
 )
 from tests.controller.cluster.objects import pod as claim_pod
-from tests.controller.cluster.test_controller_cluster import (  # noqa: F401  (fixtures)
-    carve,
-    gpu_nodes,
-)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -84,8 +80,8 @@ def gate_namespace(api: ApiClient, ns: str) -> None:
 def test_the_scheduler_discards_an_extended_resource_claim_allocated_by_someone_else(
     k8s_api: ApiClient,
     namespace: str,
-    gpu_nodes: Callable[[list[str]], str],  # noqa: F811
-    carve: Any,  # noqa: F811  (not started: it installs the DeviceClasses)
+    gpu_nodes: Callable[[list[str]], str],
+    carve: Any,
 ) -> None:
     """The proof that kube-scheduler leaves an external allocator no room on this path.
 
@@ -215,8 +211,8 @@ def _bound_node(api: ApiClient, ns: str, name: str) -> str | None:
 def test_limits_pod_gets_carves_best_fit_where_native_first_fit_spreads(
     k8s_api: ApiClient,
     namespace: str,
-    gpu_nodes: Callable[[list[str]], str],  # noqa: F811
-    carve: Any,  # noqa: F811
+    gpu_nodes: Callable[[list[str]], str],
+    carve: Any,
     gate_policies: None,
 ) -> None:
     """Two nodes with one H100 each; `busy` already holds a 3g.40gb (and CPU). Left to itself,
@@ -348,8 +344,8 @@ def _pods(api: ApiClient, ns: str) -> list[Obj]:
 def test_asks_carve_cannot_place_get_a_reason_on_the_pod_and_a_pair_is_placed(
     k8s_api: ApiClient,
     namespace: str,
-    gpu_nodes: Callable[[list[str]], str],  # noqa: F811
-    carve: Any,  # noqa: F811
+    gpu_nodes: Callable[[list[str]], str],
+    carve: Any,
     gate_policies: None,
 ) -> None:
     node = gpu_nodes([H100])

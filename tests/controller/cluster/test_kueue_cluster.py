@@ -33,12 +33,7 @@ from tests.controller.cluster.objects import (
     raw,
     template,
 )
-from tests.controller.cluster.test_controller_cluster import (  # noqa: F401  (fixtures)
-    _assert_consistent,
-    _bound,
-    carve,
-    gpu_nodes,
-)
+from tests.support.controller_cluster import assert_consistent, bound_pods
 from tests.support.guide import read_page
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -117,8 +112,8 @@ def _play_kubelet(api: ApiClient, ns: str, name: str, phase: str) -> None:
 def test_a_pod_held_by_another_gate_is_not_carved_until_that_gate_goes(
     k8s_api: ApiClient,
     namespace: str,
-    gpu_nodes: Callable[[list[str]], str],  # noqa: F811
-    carve: Any,  # noqa: F811
+    gpu_nodes: Callable[[list[str]], str],
+    carve: Any,
     profile_class: str,
 ) -> None:
     node = gpu_nodes(["A100-SXM4-40GB"])
@@ -152,13 +147,13 @@ def test_a_pod_held_by_another_gate_is_not_carved_until_that_gate_goes(
     core.replace_namespaced_pod("held", namespace, current)
     bound = wait_for(
         "the released pod placed and bound",
-        lambda: [p for p in _bound(k8s_api, namespace) if p["metadata"]["name"] == "held"],
+        lambda: [p for p in bound_pods(k8s_api, namespace) if p["metadata"]["name"] == "held"],
         timeout=60,
     )
     assert bound[0]["spec"]["nodeName"] == node
     claim = _claim_of(k8s_api, namespace, "held")
     assert claim is not None and claim["status"]["allocation"]
-    _assert_consistent(k8s_api, namespace)
+    assert_consistent(k8s_api, namespace)
 
 
 # -- the real Kueue -------------------------------------------------------------------------
@@ -206,8 +201,8 @@ def test_kueue_quota_admits_two_pods_carve_carves_them_the_third_waits_in_kueue(
     *,
     k8s_api: ApiClient,
     namespace: str,
-    gpu_nodes: Callable[[list[str]], str],  # noqa: F811
-    carve: Any,  # noqa: F811
+    gpu_nodes: Callable[[list[str]], str],
+    carve: Any,
     profile_class: str,
     gate_policies: None,
     kueue: kq.KueueProcess,
@@ -240,11 +235,11 @@ def test_kueue_quota_admits_two_pods_carve_carves_them_the_third_waits_in_kueue(
 
     first = wait_for(
         "two pods admitted by Kueue, carved and bound",
-        lambda: (b := _bound(k8s_api, namespace)) and len(b) >= 2 and b,
+        lambda: (b := bound_pods(k8s_api, namespace)) and len(b) >= 2 and b,
         timeout=90,
     )
     time.sleep(6)  # several of carve's passes (--retry-interval 2s) and Kueue's
-    bound = {p["metadata"]["name"] for p in _bound(k8s_api, namespace)}
+    bound = {p["metadata"]["name"] for p in bound_pods(k8s_api, namespace)}
     assert len(first) == 2 and len(bound) == 2, bound
     (waiting,) = set(names) - bound
     wl = kq.workloads(k8s_api, namespace)
@@ -260,13 +255,13 @@ def test_kueue_quota_admits_two_pods_carve_carves_them_the_third_waits_in_kueue(
         assert claim is not None and claim["status"]["allocation"], name
         assert "Placed" in _reasons(k8s_api, namespace, name)
         _play_kubelet(k8s_api, namespace, name, "Running")
-    _assert_consistent(k8s_api, namespace)
+    assert_consistent(k8s_api, namespace)
 
     done = sorted(bound)[0]
     _play_kubelet(k8s_api, namespace, done, "Succeeded")
     wait_for(
         f"{waiting} admitted by Kueue once {done} finished, then carved and bound",
-        lambda: any(p["metadata"]["name"] == waiting for p in _bound(k8s_api, namespace)),
+        lambda: any(p["metadata"]["name"] == waiting for p in bound_pods(k8s_api, namespace)),
         timeout=90,
     )
     claim = _claim_of(k8s_api, namespace, waiting)
@@ -276,4 +271,4 @@ def test_kueue_quota_admits_two_pods_carve_carves_them_the_third_waits_in_kueue(
     wl = kq.workloads(k8s_api, namespace)
     active = [w for w in wl if kq.is_admitted(w) and not kq.has_condition(w, "Finished")]
     assert len(active) == 2, [w.get("status") for w in wl]
-    _assert_consistent(k8s_api, namespace)
+    assert_consistent(k8s_api, namespace)

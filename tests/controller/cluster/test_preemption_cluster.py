@@ -36,12 +36,7 @@ from tests.controller.cluster.objects import (
     profile_template,
     raw,
 )
-from tests.controller.cluster.test_controller_cluster import (  # noqa: F401  (fixtures)
-    ControllerProcess,
-    _assert_consistent,
-    carve,
-    gpu_nodes,
-)
+from tests.support.controller_cluster import ControllerProcess, assert_consistent
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -244,8 +239,8 @@ def _reasons(api: ApiClient, ns: str, name: str) -> list[str]:
 def test_the_cheapest_victim_is_evicted_and_its_placement_goes_to_the_preemptor(
     k8s_api: ApiClient,
     namespace: str,
-    gpu_nodes: Callable[[list[str]], str],  # noqa: F811
-    carve: Any,  # noqa: F811
+    gpu_nodes: Callable[[list[str]], str],
+    carve: Any,
 ) -> None:
     gpu_nodes(["A100-SXM4-40GB", "A100-SXM4-40GB"])
     carve("carve-a")
@@ -315,7 +310,7 @@ def test_the_cheapest_victim_is_evicted_and_its_placement_goes_to_the_preemptor(
     new = wait_for("the victim's replacement waiting", replacement, timeout=60)
     assert new["spec"].get("schedulingGates")
     assert new["metadata"]["name"] not in _slices_of(k8s_api, namespace)
-    _assert_consistent(k8s_api, namespace)
+    assert_consistent(k8s_api, namespace)
     print(f"preemptor created -> bound {bound_s:.2f}s, -> Running {running_s:.2f}s (1 victim)")
 
 
@@ -324,7 +319,7 @@ def test_a_pdb_refusal_waits_with_a_reason_then_another_set_is_evicted(
     k8s_cluster: LocalCluster,
     k8s_api: ApiClient,
     namespace: str,
-    gpu_nodes: Callable[[list[str]], str],  # noqa: F811
+    gpu_nodes: Callable[[list[str]], str],
     tmp_path: Path,
 ) -> None:
     """With only the shipped RBAC, so that evictions and PDB reads are proven granted."""
@@ -408,5 +403,5 @@ def _pdb_case(k8s_api: ApiClient, namespace: str) -> None:
     assert all(g.startswith("small-") for g in gone)
     small_gpu = before[next(iter(gone))][0]
     assert after["urgent"] == (small_gpu, before[big][1], 0)
-    _assert_consistent(k8s_api, namespace)
+    assert_consistent(k8s_api, namespace)
     print(f"with a PDB refusal first: preemptor created -> bound {bound_s:.2f}s (4 victims)")

@@ -11,17 +11,8 @@ import pytest
 from controller.claims import Alternative, DeviceClass, DeviceRequest, ExactRequest
 from controller.model import ClusterModel
 from controller.placement import NoPlacement, NoPlacementReason, PlacementEngine, PlacementRequest
-from tests.controller.test_placement import (
-    A100,
-    H100,
-    NEEDS,
-    PROFILE,
-    claim,
-    engine_for,
-    place,
-    placed,
-)
 from tests.support.cluster_builders import CLASSES, build_cluster, build_gpu, node_info
+from tests.support.placement import A100, H100, NEEDS, PROFILE, claim, engine_for, place, placed
 
 ATTR = 'device.attributes["mig.carve.dev"]'
 

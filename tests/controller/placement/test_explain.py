@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from controller.model import ClusterModel
 from controller.placement import NoPlacement, NoPlacementReason, PlacementEngine
-from tests.controller.test_placement import (
+from tests.support.cluster_builders import build_cluster, profile_claim
+from tests.support.placement import (
     A100_40,
     NEEDS,
     claim,
@@ -15,7 +16,6 @@ from tests.controller.test_placement import (
     place,
     placed,
 )
-from tests.support.cluster_builders import build_cluster, profile_claim
 
 NO_3G = "no A100-SXM4-40GB GPU has a free 3g.20gb placement; 1 would after 1g.5gb pods finish"
 NO_7G = "no A100-SXM4-40GB GPU has a free 7g.40gb placement; 1 would after 1g.5gb pods finish"

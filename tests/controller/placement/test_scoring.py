@@ -12,8 +12,8 @@ from controller.placement.scoring import (
     PackingPolicy,
     packing_policy,
 )
-from tests.controller.test_placement import A100
 from tests.support.cluster_builders import build_cluster
+from tests.support.placement import A100
 
 
 def test_policy_values_map_to_their_implementations() -> None:

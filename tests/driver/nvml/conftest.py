@@ -10,8 +10,7 @@ import pytest
 
 from driver.nvml import sim
 from driver.nvml.backend import NvmlBackend
-
-SimFactory = Callable[..., Any]
+from tests.support.nvml import SimFactory
 
 
 @pytest.fixture

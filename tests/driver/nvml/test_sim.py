@@ -12,18 +12,12 @@ import pynvml
 import pytest
 
 from driver.nvml.sim.config import SimConfigError
-from tests.driver.nvml.conftest import SimFactory
+from tests.support.nvml import SimFactory, code_of, full_ci, gi_id_of, make_gi
 
 A100 = "A100-SXM4-40GB"
 H100 = "H100-SXM5-80GB"
 A30 = "A30-24GB"
 RTX = "RTX-PRO-6000-Blackwell"
-
-
-def _code(fn: Any, *args: Any) -> int:
-    with pytest.raises(pynvml.NVMLError) as info:
-        fn(*args)
-    return int(info.value.value)
 
 
 def _placements(nv: Any, dev: Any, profile_id: int) -> list[tuple[int, int]]:
@@ -32,22 +26,6 @@ def _placements(nv: Any, dev: Any, profile_id: int) -> list[tuple[int, int]]:
     arr = (pynvml.c_nvmlGpuInstancePlacement_t * count.value)()
     nv.nvmlDeviceGetGpuInstancePossiblePlacements(dev, profile_id, arr, ctypes.byref(count))
     return [(p.start, p.size) for p in arr]
-
-
-def _create(nv: Any, dev: Any, profile_id: int, start: int, size: int) -> Any:
-    pl = pynvml.c_nvmlGpuInstancePlacement_t()
-    pl.start, pl.size = start, size
-    return nv.nvmlDeviceCreateGpuInstanceWithPlacement(dev, profile_id, ctypes.byref(pl))
-
-
-def _gi_id(nv: Any, gi: Any) -> int:
-    return int(nv.nvmlGpuInstanceGetInfo(gi).id)
-
-
-def _full_ci(nv: Any, gi: Any, slices: int) -> Any:
-    index = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4}[slices]
-    info = nv.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, index, 0)
-    return nv.nvmlGpuInstanceCreateComputeInstance(gi, info.id)
 
 
 # --- shapes and enumeration ---------------------------------------------------------------------
@@ -73,7 +51,7 @@ def test_uses_pynvml_types_and_error_classes(make_sim: SimFactory) -> None:
 def test_calls_before_init_are_uninitialized(make_sim: SimFactory) -> None:
     nv = make_sim([A100])
     nv.nvmlShutdown()
-    assert _code(nv.nvmlDeviceGetCount) == pynvml.NVML_ERROR_UNINITIALIZED
+    assert code_of(nv.nvmlDeviceGetCount) == pynvml.NVML_ERROR_UNINITIALIZED
     nv.nvmlInit()
     assert nv.nvmlDeviceGetCount() == 1
 
@@ -90,8 +68,8 @@ def test_profile_index_enumeration_contract(make_sim: SimFactory) -> None:
     # reference §2: index -> id on A100
     assert found == {0: 19, 7: 20, 9: 15, 1: 14, 2: 9, 3: 5, 4: 0}
     bad = pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT
-    assert _code(nv.nvmlDeviceGetGpuInstanceProfileInfo, dev, bad) == 2
-    assert _code(nv.nvmlDeviceGetGpuInstanceProfileInfo, dev, 0xA) == 3  # GFX absent on A100
+    assert code_of(nv.nvmlDeviceGetGpuInstanceProfileInfo, dev, bad) == 2
+    assert code_of(nv.nvmlDeviceGetGpuInstanceProfileInfo, dev, 0xA) == 3  # GFX absent on A100
 
 
 @pytest.mark.parametrize(
@@ -117,7 +95,7 @@ def test_placements_two_call_protocol_reports_short_buffer(make_sim: SimFactory)
     dev = nv.nvmlDeviceGetHandleByIndex(0)
     count = ctypes.c_uint(1)
     arr = (pynvml.c_nvmlGpuInstancePlacement_t * 1)()
-    code = _code(nv.nvmlDeviceGetGpuInstancePossiblePlacements, dev, 19, arr, ctypes.byref(count))
+    code = code_of(nv.nvmlDeviceGetGpuInstancePossiblePlacements, dev, 19, arr, ctypes.byref(count))
     assert code == pynvml.NVML_ERROR_INSUFFICIENT_SIZE
     assert count.value == 7
 
@@ -128,11 +106,11 @@ def test_placements_two_call_protocol_reports_short_buffer(make_sim: SimFactory)
 def test_overlap_and_unlisted_placements(make_sim: SimFactory) -> None:
     nv = make_sim([A100])
     dev = nv.nvmlDeviceGetHandleByIndex(0)
-    _create(nv, dev, 9, 4, 4)
-    assert _code(_create, nv, dev, 14, 4, 2) == pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
-    assert _code(_create, nv, dev, 9, 2, 4) == pynvml.NVML_ERROR_INVALID_ARGUMENT
-    assert _code(_create, nv, dev, 9, 0, 3) == pynvml.NVML_ERROR_INVALID_ARGUMENT
-    assert _code(_create, nv, dev, 1234, 0, 1) == pynvml.NVML_ERROR_INVALID_ARGUMENT
+    make_gi(nv, dev, 9, 4, 4)
+    assert code_of(make_gi, nv, dev, 14, 4, 2) == pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
+    assert code_of(make_gi, nv, dev, 9, 2, 4) == pynvml.NVML_ERROR_INVALID_ARGUMENT
+    assert code_of(make_gi, nv, dev, 9, 0, 3) == pynvml.NVML_ERROR_INVALID_ARGUMENT
+    assert code_of(make_gi, nv, dev, 1234, 0, 1) == pynvml.NVML_ERROR_INVALID_ARGUMENT
 
 
 def test_remaining_capacity_after_a_3g_matches_capture(make_sim: SimFactory) -> None:
@@ -140,7 +118,7 @@ def test_remaining_capacity_after_a_3g_matches_capture(make_sim: SimFactory) -> 
     dev = nv.nvmlDeviceGetHandleByIndex(0)
     cap = nv.nvmlDeviceGetGpuInstanceRemainingCapacity
     assert (cap(dev, 19), cap(dev, 14), cap(dev, 9), cap(dev, 0)) == (7, 3, 2, 1)
-    _create(nv, dev, 9, 4, 4)
+    make_gi(nv, dev, 9, 4, 4)
     # reference §5.7: after one A100 3g at 4:4 -> 1g 4/7, 2g 2/3, 3g 1/2
     assert (cap(dev, 19), cap(dev, 14), cap(dev, 9), cap(dev, 0)) == (4, 2, 1, 0)
 
@@ -148,41 +126,41 @@ def test_remaining_capacity_after_a_3g_matches_capture(make_sim: SimFactory) -> 
 def test_only_one_plus_me_because_one_ofa(make_sim: SimFactory) -> None:
     nv = make_sim([H100])
     dev = nv.nvmlDeviceGetHandleByIndex(0)
-    _create(nv, dev, 20, 0, 1)
-    assert _code(_create, nv, dev, 20, 1, 1) == pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
+    make_gi(nv, dev, 20, 0, 1)
+    assert code_of(make_gi, nv, dev, 20, 1, 1) == pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
     assert nv.nvmlDeviceGetGpuInstanceRemainingCapacity(dev, 20) == 0
-    _create(nv, dev, 19, 1, 1)  # a plain 1g still fits beside it
+    make_gi(nv, dev, 19, 1, 1)  # a plain 1g still fits beside it
 
 
 def test_a30_media_profiles_share_the_single_jpeg(make_sim: SimFactory) -> None:
     nv = make_sim([A30])
     dev = nv.nvmlDeviceGetHandleByIndex(0)
-    _create(nv, dev, 21, 0, 1)  # 1g.6gb+me
-    assert _code(_create, nv, dev, 6, 2, 2) == pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
+    make_gi(nv, dev, 21, 0, 1)  # 1g.6gb+me
+    assert code_of(make_gi, nv, dev, 6, 2, 2) == pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
 
 
 def test_me_all_admits_only_no_me_profiles(make_sim: SimFactory) -> None:
     nv = make_sim([RTX])
     dev = nv.nvmlDeviceGetHandleByIndex(0)
-    _create(nv, dev, 65, 0, 3)  # 1g.24gb+me.all
-    assert _code(_create, nv, dev, 14, 3, 3) == pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
-    assert _code(_create, nv, dev, 47, 3, 3) == pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
-    _create(nv, dev, 67, 3, 3)  # 1g.24gb-me
-    _create(nv, dev, 66, 6, 6)  # 2g.48gb-me
+    make_gi(nv, dev, 65, 0, 3)  # 1g.24gb+me.all
+    assert code_of(make_gi, nv, dev, 14, 3, 3) == pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
+    assert code_of(make_gi, nv, dev, 47, 3, 3) == pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
+    make_gi(nv, dev, 67, 3, 3)  # 1g.24gb-me
+    make_gi(nv, dev, 66, 6, 6)  # 2g.48gb-me
 
 
 def test_me_all_refused_beside_a_media_instance(make_sim: SimFactory) -> None:
     nv = make_sim([RTX])
     dev = nv.nvmlDeviceGetHandleByIndex(0)
-    _create(nv, dev, 14, 0, 3)
-    assert _code(_create, nv, dev, 65, 3, 3) == pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
+    make_gi(nv, dev, 14, 0, 3)
+    assert code_of(make_gi, nv, dev, 65, 3, 3) == pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
 
 
 def test_per_profile_instance_cap(make_sim: SimFactory) -> None:
     nv = make_sim([A100])
     dev = nv.nvmlDeviceGetHandleByIndex(0)
     for start in (0, 2, 4, 6):
-        _create(nv, dev, 15, start, 2)
+        make_gi(nv, dev, 15, start, 2)
     assert nv.nvmlDeviceGetGpuInstanceRemainingCapacity(dev, 15) == 0
 
 
@@ -195,13 +173,13 @@ def test_gi_ids_are_swizz_ids_under_the_gpu_layout(make_sim: SimFactory) -> None
     )
     ident, swapped = nv.nvmlDeviceGetHandleByIndex(0), nv.nvmlDeviceGetHandleByIndex(1)
     # UG-G examples (identity) and an A100 capture (half-swapped), reference §6
-    assert _gi_id(nv, _create(nv, ident, 9, 4, 4)) == 2
-    assert _gi_id(nv, _create(nv, ident, 14, 2, 2)) == 4
-    assert _gi_id(nv, _create(nv, ident, 19, 0, 1)) == 7
-    assert _gi_id(nv, _create(nv, swapped, 9, 4, 4)) == 1
-    assert _gi_id(nv, _create(nv, swapped, 19, 0, 1)) == 11
-    assert _gi_id(nv, _create(nv, swapped, 19, 1, 1)) == 12
-    assert _gi_id(nv, _create(nv, swapped, 14, 2, 2)) == 6
+    assert gi_id_of(nv, make_gi(nv, ident, 9, 4, 4)) == 2
+    assert gi_id_of(nv, make_gi(nv, ident, 14, 2, 2)) == 4
+    assert gi_id_of(nv, make_gi(nv, ident, 19, 0, 1)) == 7
+    assert gi_id_of(nv, make_gi(nv, swapped, 9, 4, 4)) == 1
+    assert gi_id_of(nv, make_gi(nv, swapped, 19, 0, 1)) == 11
+    assert gi_id_of(nv, make_gi(nv, swapped, 19, 1, 1)) == 12
+    assert gi_id_of(nv, make_gi(nv, swapped, 14, 2, 2)) == 6
 
 
 def test_auto_placement_reproduces_the_user_guide_failure(make_sim: SimFactory) -> None:
@@ -212,13 +190,13 @@ def test_auto_placement_reproduces_the_user_guide_failure(make_sim: SimFactory) 
     third = nv.nvmlGpuInstanceGetInfo(nv.nvmlDeviceCreateGpuInstance(dev, 14))
     assert [(i.id, i.placement.start) for i in (first, second, third)] == [(13, 6), (11, 4), (3, 0)]
     # `-cgi 19,19,14,9`: neither 3g placement is free any more
-    assert _code(nv.nvmlDeviceCreateGpuInstance, dev, 9) == 23
+    assert code_of(nv.nvmlDeviceCreateGpuInstance, dev, 9) == 23
 
 
 def test_auto_placement_on_a30_counts_up(make_sim: SimFactory) -> None:
     nv = make_sim([{"model": A30, "gi_id_layout": "identity"}])
     dev = nv.nvmlDeviceGetHandleByIndex(0)
-    ids = [_gi_id(nv, nv.nvmlDeviceCreateGpuInstance(dev, 14)) for _ in range(2)]
+    ids = [gi_id_of(nv, nv.nvmlDeviceCreateGpuInstance(dev, 14)) for _ in range(2)]
     assert ids == [3, 4]
 
 
@@ -228,7 +206,7 @@ def test_auto_placement_on_a30_counts_up(make_sim: SimFactory) -> None:
 def test_compute_instance_profiles_per_gi_size(make_sim: SimFactory) -> None:
     nv = make_sim([A100])
     dev = nv.nvmlDeviceGetHandleByIndex(0)
-    gi = _create(nv, dev, 0, 0, 8)  # 7g
+    gi = make_gi(nv, dev, 0, 0, 8)  # 7g
     sizes = {}
     for index in range(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
         try:
@@ -238,59 +216,59 @@ def test_compute_instance_profiles_per_gi_size(make_sim: SimFactory) -> None:
         sizes[index] = (info.id, info.sliceCount)
     assert sizes == {0: (0, 1), 1: (1, 2), 2: (2, 3), 3: (3, 4), 4: (4, 7)}
     bad_count = pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT
-    assert _code(nv.nvmlGpuInstanceGetComputeInstanceProfileInfo, gi, bad_count, 0) == 2
-    assert _code(nv.nvmlGpuInstanceGetComputeInstanceProfileInfo, gi, 0, 1) == 2
+    assert code_of(nv.nvmlGpuInstanceGetComputeInstanceProfileInfo, gi, bad_count, 0) == 2
+    assert code_of(nv.nvmlGpuInstanceGetComputeInstanceProfileInfo, gi, 0, 1) == 2
 
 
 def test_destroy_order_in_use_not_found_and_stale_handles(make_sim: SimFactory) -> None:
     nv = make_sim([A100])
     dev = nv.nvmlDeviceGetHandleByIndex(0)
-    gi = _create(nv, dev, 14, 0, 2)
-    ci = _full_ci(nv, gi, 2)
+    gi = make_gi(nv, dev, 14, 0, 2)
+    ci = full_ci(nv, gi, 2)
     ci_info = nv.nvmlComputeInstanceGetInfo(ci)
     assert ci_info.id == 0
-    assert _code(nv.nvmlGpuInstanceDestroy, gi) == pynvml.NVML_ERROR_IN_USE
-    gi_id = _gi_id(nv, gi)
-    assert _gi_id(nv, nv.nvmlDeviceGetGpuInstanceById(dev, gi_id)) == gi_id
+    assert code_of(nv.nvmlGpuInstanceDestroy, gi) == pynvml.NVML_ERROR_IN_USE
+    gi_id = gi_id_of(nv, gi)
+    assert gi_id_of(nv, nv.nvmlDeviceGetGpuInstanceById(dev, gi_id)) == gi_id
     nv.nvmlComputeInstanceDestroy(ci)
     nv.nvmlGpuInstanceDestroy(gi)
-    assert _code(nv.nvmlDeviceGetGpuInstanceById, dev, gi_id) == pynvml.NVML_ERROR_NOT_FOUND
-    assert _code(nv.nvmlGpuInstanceGetInfo, gi) == pynvml.NVML_ERROR_INVALID_ARGUMENT
-    assert _code(nv.nvmlComputeInstanceDestroy, ci) == pynvml.NVML_ERROR_INVALID_ARGUMENT
+    assert code_of(nv.nvmlDeviceGetGpuInstanceById, dev, gi_id) == pynvml.NVML_ERROR_NOT_FOUND
+    assert code_of(nv.nvmlGpuInstanceGetInfo, gi) == pynvml.NVML_ERROR_INVALID_ARGUMENT
+    assert code_of(nv.nvmlComputeInstanceDestroy, ci) == pynvml.NVML_ERROR_INVALID_ARGUMENT
     # a new instance under the same id does not revive the old handle
-    again = _create(nv, dev, 14, 0, 2)
-    assert _gi_id(nv, again) == gi_id
-    assert _code(nv.nvmlGpuInstanceGetInfo, gi) == pynvml.NVML_ERROR_INVALID_ARGUMENT
+    again = make_gi(nv, dev, 14, 0, 2)
+    assert gi_id_of(nv, again) == gi_id
+    assert code_of(nv.nvmlGpuInstanceGetInfo, gi) == pynvml.NVML_ERROR_INVALID_ARGUMENT
 
 
 def test_busy_compute_instance_cannot_be_destroyed(make_sim: SimFactory) -> None:
     nv = make_sim([A100])
     dev = nv.nvmlDeviceGetHandleByIndex(0)
-    gi = _create(nv, dev, 19, 3, 1)
-    ci = _full_ci(nv, gi, 1)
-    nv.sim_set_busy(0, _gi_id(nv, gi), 0)
-    assert _code(nv.nvmlComputeInstanceDestroy, ci) == pynvml.NVML_ERROR_IN_USE
+    gi = make_gi(nv, dev, 19, 3, 1)
+    ci = full_ci(nv, gi, 1)
+    nv.sim_set_busy(0, gi_id_of(nv, gi), 0)
+    assert code_of(nv.nvmlComputeInstanceDestroy, ci) == pynvml.NVML_ERROR_IN_USE
 
 
 def test_mig_device_handles_and_uuids(make_sim: SimFactory) -> None:
     nv = make_sim([A100])
     dev = nv.nvmlDeviceGetHandleByIndex(0)
     assert nv.nvmlDeviceGetMaxMigDeviceCount(dev) == 7
-    assert _code(nv.nvmlDeviceGetMigDeviceHandleByIndex, dev, 0) == pynvml.NVML_ERROR_NOT_FOUND
-    gi_b = _create(nv, dev, 14, 4, 2)
-    gi_a = _create(nv, dev, 19, 0, 1)
-    _full_ci(nv, gi_a, 1)
-    _full_ci(nv, gi_b, 2)
+    assert code_of(nv.nvmlDeviceGetMigDeviceHandleByIndex, dev, 0) == pynvml.NVML_ERROR_NOT_FOUND
+    gi_b = make_gi(nv, dev, 14, 4, 2)
+    gi_a = make_gi(nv, dev, 19, 0, 1)
+    full_ci(nv, gi_a, 1)
+    full_ci(nv, gi_b, 2)
     ci_info = nv.nvmlComputeInstanceGetInfo(nv.nvmlGpuInstanceGetComputeInstanceById(gi_a, 0))
     # the compute instance names its parent GPU, not the MIG device
     assert nv.nvmlDeviceIsMigDeviceHandle(ci_info.device).value == 0
     assert nv.nvmlDeviceGetUUID(ci_info.device) == nv.nvmlDeviceGetUUID(dev)
     migs = [nv.nvmlDeviceGetMigDeviceHandleByIndex(dev, i) for i in range(2)]
-    assert _code(nv.nvmlDeviceGetMigDeviceHandleByIndex, dev, 2) == pynvml.NVML_ERROR_NOT_FOUND
-    assert _code(nv.nvmlDeviceGetMigDeviceHandleByIndex, dev, 7) == 2
+    assert code_of(nv.nvmlDeviceGetMigDeviceHandleByIndex, dev, 2) == pynvml.NVML_ERROR_NOT_FOUND
+    assert code_of(nv.nvmlDeviceGetMigDeviceHandleByIndex, dev, 7) == 2
     pairs = [(nv.nvmlDeviceGetGpuInstanceId(m), nv.nvmlDeviceGetComputeInstanceId(m)) for m in migs]
     assert pairs == sorted(pairs)  # dense, ordered by (GI id, CI id)
-    assert {p[0] for p in pairs} == {_gi_id(nv, gi_a), _gi_id(nv, gi_b)}
+    assert {p[0] for p in pairs} == {gi_id_of(nv, gi_a), gi_id_of(nv, gi_b)}
     for m in migs:
         assert nv.nvmlDeviceIsMigDeviceHandle(m).value == 1
         uuid = nv.nvmlDeviceGetUUID(m)
@@ -299,7 +277,7 @@ def test_mig_device_handles_and_uuids(make_sim: SimFactory) -> None:
             nv.nvmlDeviceGetUUID(dev)
         )
         assert nv.nvmlDeviceGetUUID(nv.nvmlDeviceGetHandleByUUID(uuid)) == uuid
-    assert _code(nv.nvmlDeviceGetGpuInstanceId, dev) == pynvml.NVML_ERROR_NOT_SUPPORTED
+    assert code_of(nv.nvmlDeviceGetGpuInstanceId, dev) == pynvml.NVML_ERROR_NOT_SUPPORTED
 
 
 @pytest.mark.parametrize(("stable", "same"), [(True, True), (False, False)])
@@ -308,8 +286,8 @@ def test_mig_uuid_stability_knob(make_sim: SimFactory, stable: bool, same: bool)
     dev = nv.nvmlDeviceGetHandleByIndex(0)
     uuids = []
     for _ in range(2):
-        gi = _create(nv, dev, 19, 0, 1)
-        ci = _full_ci(nv, gi, 1)
+        gi = make_gi(nv, dev, 19, 0, 1)
+        ci = full_ci(nv, gi, 1)
         uuids.append(nv.nvmlDeviceGetUUID(nv.nvmlDeviceGetMigDeviceHandleByIndex(dev, 0)))
         nv.nvmlComputeInstanceDestroy(ci)
         nv.nvmlGpuInstanceDestroy(gi)
@@ -324,7 +302,7 @@ def test_placement_passed_by_value_is_a_programming_error(make_sim: SimFactory) 
     with pytest.raises(TypeError, match="byref"):
         nv.nvmlDeviceCreateGpuInstanceWithPlacement(dev, 19, pl)
     gi = nv.nvmlDeviceCreateGpuInstanceWithPlacement(dev, 19, ctypes.pointer(pl))
-    assert _gi_id(nv, gi) in range(7, 15)
+    assert gi_id_of(nv, gi) in range(7, 15)
 
 
 # --- MIG mode and privileges ---------------------------------------------------------------------
@@ -334,14 +312,14 @@ def test_ampere_mig_mode_waits_for_a_reset(make_sim: SimFactory) -> None:
     nv = make_sim([{"model": A100, "mig": False}])
     dev = nv.nvmlDeviceGetHandleByIndex(0)
     assert nv.nvmlDeviceGetMigMode(dev) == [0, 0]
-    assert _code(_create, nv, dev, 19, 0, 1) == pynvml.NVML_ERROR_NOT_SUPPORTED
+    assert code_of(make_gi, nv, dev, 19, 0, 1) == pynvml.NVML_ERROR_NOT_SUPPORTED
     assert nv.nvmlDeviceGetMaxMigDeviceCount(dev) == 0
     status = nv.nvmlDeviceSetMigMode(dev, pynvml.NVML_DEVICE_MIG_ENABLE)
     assert status == pynvml.NVML_ERROR_RESET_REQUIRED
     assert nv.nvmlDeviceGetMigMode(dev) == [0, 1]
     nv.sim_reset_gpu(0)
     assert nv.nvmlDeviceGetMigMode(dev) == [1, 1]
-    _create(nv, dev, 19, 0, 1)
+    make_gi(nv, dev, 19, 0, 1)
     status = nv.nvmlDeviceSetMigMode(dev, pynvml.NVML_DEVICE_MIG_DISABLE)
     assert status == pynvml.NVML_ERROR_IN_USE  # refused while instances exist
     assert nv.nvmlDeviceGetMigMode(dev) == [1, 1]
@@ -373,7 +351,7 @@ def test_mig_mode_change_is_refused_in_activation_status_while_the_gpu_is_held(
     processes hold the GPU; nothing changes, and it works once they are gone."""
     nv = make_sim([H100, {"model": A100, "mig": False}])
     hopper, ampere = nv.nvmlDeviceGetHandleByIndex(0), nv.nvmlDeviceGetHandleByIndex(1)
-    gi = _create(nv, hopper, 19, 0, 1)
+    gi = make_gi(nv, hopper, 19, 0, 1)
     assert nv.nvmlDeviceSetMigMode(hopper, pynvml.NVML_DEVICE_MIG_DISABLE) == (
         pynvml.NVML_ERROR_IN_USE
     )
@@ -415,16 +393,16 @@ def test_privileges(make_sim: SimFactory) -> None:
     nv = make_sim([H100], options={"privileged": False, "root": False})
     dev = nv.nvmlDeviceGetHandleByIndex(0)
     assert nv.nvmlDeviceGetGpuInstanceProfileInfo(dev, 0).id == 19  # no privilege needed
-    assert _code(_placements, nv, dev, 19) == pynvml.NVML_ERROR_NO_PERMISSION
-    assert _code(_create, nv, dev, 19, 0, 1) == pynvml.NVML_ERROR_NO_PERMISSION
-    assert _code(nv.nvmlDeviceSetMigMode, dev, 0) == pynvml.NVML_ERROR_NO_PERMISSION
+    assert code_of(_placements, nv, dev, 19) == pynvml.NVML_ERROR_NO_PERMISSION
+    assert code_of(make_gi, nv, dev, 19, 0, 1) == pynvml.NVML_ERROR_NO_PERMISSION
+    assert code_of(nv.nvmlDeviceSetMigMode, dev, 0) == pynvml.NVML_ERROR_NO_PERMISSION
 
 
 def test_gpu_without_mig(make_sim: SimFactory) -> None:
     nv = make_sim([{"model": H100, "mig_capable": False, "mig": False}])
     dev = nv.nvmlDeviceGetHandleByIndex(0)
-    assert _code(nv.nvmlDeviceGetMigMode, dev) == pynvml.NVML_ERROR_NOT_SUPPORTED
-    assert _code(nv.nvmlDeviceGetGpuInstanceProfileInfo, dev, 0) == 3
+    assert code_of(nv.nvmlDeviceGetMigMode, dev) == pynvml.NVML_ERROR_NOT_SUPPORTED
+    assert code_of(nv.nvmlDeviceGetGpuInstanceProfileInfo, dev, 0) == 3
 
 
 # --- device data, proc files, config, latency, faults --------------------------------------------
@@ -449,13 +427,13 @@ def test_brand_is_nvml_brand_nvidia_unless_configured(make_sim: SimFactory) -> N
     nv = make_sim([A100, H100])
     a, h = nv.nvmlDeviceGetHandleByIndex(0), nv.nvmlDeviceGetHandleByIndex(1)
     assert nv.nvmlDeviceGetBrand(a) == nv.nvmlDeviceGetBrand(h) == pynvml.NVML_BRAND_NVIDIA
-    gi = _create(nv, a, 19, 0, 1)
-    _full_ci(nv, gi, 1)
+    gi = make_gi(nv, a, 19, 0, 1)
+    full_ci(nv, gi, 1)
     mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(a, 0)
     assert nv.nvmlDeviceGetBrand(mig) == pynvml.NVML_BRAND_NVIDIA
-    assert _code(nv.nvmlDeviceGetBrand, gi) == pynvml.NVML_ERROR_INVALID_ARGUMENT  # a GI handle
+    assert code_of(nv.nvmlDeviceGetBrand, gi) == pynvml.NVML_ERROR_INVALID_ARGUMENT  # a GI handle
     nv.nvmlShutdown()
-    assert _code(nv.nvmlDeviceGetBrand, a) == pynvml.NVML_ERROR_UNINITIALIZED
+    assert code_of(nv.nvmlDeviceGetBrand, a) == pynvml.NVML_ERROR_UNINITIALIZED
     older = make_sim([A100], options={"brand": "TESLA"})
     assert older.nvmlDeviceGetBrand(older.nvmlDeviceGetHandleByIndex(0)) == pynvml.NVML_BRAND_TESLA
     with pytest.raises(SimConfigError, match=r"options\.brand 'ACME'"):
@@ -480,11 +458,11 @@ def test_addressing_mode_is_the_value_pynvml_returns(
 def test_addressing_mode_unsupported_or_missing_gives_nvmls_codes(make_sim: SimFactory) -> None:
     nv = make_sim([A100], options={"addressing_mode": "unsupported"})
     dev = nv.nvmlDeviceGetHandleByIndex(0)
-    assert _code(nv.nvmlDeviceGetAddressingMode, dev) == pynvml.NVML_ERROR_NOT_SUPPORTED
+    assert code_of(nv.nvmlDeviceGetAddressingMode, dev) == pynvml.NVML_ERROR_NOT_SUPPORTED
     # a driver without the symbol: pynvml raises FUNCTION_NOT_FOUND before calling anything
     nv = make_sim([A100], faults=[{"op": "DeviceGetAddressingMode", "error": "FUNCTION_NOT_FOUND"}])
     dev = nv.nvmlDeviceGetHandleByIndex(0)
-    assert _code(nv.nvmlDeviceGetAddressingMode, dev) == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
+    assert code_of(nv.nvmlDeviceGetAddressingMode, dev) == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
     assert nv.nvmlDeviceGetAddressingMode(dev) == pynvml.NVML_DEVICE_ADDRESSING_MODE_HMM
     with pytest.raises(SimConfigError, match=r"options\.addressing_mode must be"):
         make_sim([A100], options={"addressing_mode": "CXL"})
@@ -494,7 +472,7 @@ def test_cuda_driver_version_is_nvmls_integer(make_sim: SimFactory) -> None:
     nv = make_sim([A100])
     assert nv.nvmlSystemGetCudaDriverVersion() == 13000  # CUDA 13.0, the 580 driver's
     nv.nvmlShutdown()
-    assert _code(nv.nvmlSystemGetCudaDriverVersion) == pynvml.NVML_ERROR_UNINITIALIZED
+    assert code_of(nv.nvmlSystemGetCudaDriverVersion) == pynvml.NVML_ERROR_UNINITIALIZED
     nv = make_sim([A100], options={"cuda_driver_version": 12080})
     assert nv.nvmlSystemGetCudaDriverVersion() == 12080
 
@@ -524,8 +502,8 @@ def test_fake_proc_tracks_instances(make_sim: SimFactory) -> None:
     assert "nvidia-caps" in (root / "devices").read_text()
     minors = (root / "driver/nvidia-caps/mig-minors").read_text().splitlines()
     assert minors[-1] == "gpu31/gi14/ci7/access 4322"
-    gi = _create(nv, dev, 9, 4, 4)
-    ci = _full_ci(nv, gi, 3)
+    gi = make_gi(nv, dev, 9, 4, 4)
+    ci = full_ci(nv, gi, 3)
     caps = root / "driver/nvidia/capabilities/gpu2/mig/gi2"
     assert (caps / "access").read_text().startswith(f"DeviceFileMinor: {3 + 135 * 2 + 9 * 2}\n")
     assert (caps / "ci0/access").exists()
@@ -556,7 +534,7 @@ def test_latency_is_applied_per_operation(make_sim: SimFactory) -> None:
     nv = make_sim([A100], options={"latency": {"DeviceCreateGpuInstanceWithPlacement": 0.2}})
     dev = nv.nvmlDeviceGetHandleByIndex(0)
     began = time.monotonic()
-    _create(nv, dev, 19, 0, 1)
+    make_gi(nv, dev, 19, 0, 1)
     assert time.monotonic() - began >= 0.2
 
 
@@ -571,9 +549,9 @@ def test_injected_error_fires_the_given_number_of_times(make_sim: SimFactory) ->
     nv = make_sim([A100])
     dev = nv.nvmlDeviceGetHandleByIndex(0)
     nv.sim_inject_fault("CreateGpuInstanceWithPlacement", error="IN_USE", times=2)
-    assert _code(_create, nv, dev, 19, 0, 1) == pynvml.NVML_ERROR_IN_USE
-    assert _code(_create, nv, dev, 19, 0, 1) == pynvml.NVML_ERROR_IN_USE
-    _create(nv, dev, 19, 0, 1)
+    assert code_of(make_gi, nv, dev, 19, 0, 1) == pynvml.NVML_ERROR_IN_USE
+    assert code_of(make_gi, nv, dev, 19, 0, 1) == pynvml.NVML_ERROR_IN_USE
+    make_gi(nv, dev, 19, 0, 1)
     assert nv.sim_snapshot()["faults"] == []
 
 
@@ -581,7 +559,7 @@ def test_after_fault_commits_the_change_but_loses_the_reply(make_sim: SimFactory
     nv = make_sim([A100])
     dev = nv.nvmlDeviceGetHandleByIndex(0)
     nv.sim_inject_fault("CreateGpuInstanceWithPlacement", error=999, when="after")
-    assert _code(_create, nv, dev, 19, 0, 1) == pynvml.NVML_ERROR_UNKNOWN
+    assert code_of(make_gi, nv, dev, 19, 0, 1) == pynvml.NVML_ERROR_UNKNOWN
     assert [gi["start"] for gi in nv.sim_snapshot()["gpus"][0]["gis"]] == [0]
 
 
@@ -593,13 +571,13 @@ def test_fault_tag_limits_the_fault_to_tagged_processes(
     nv.sim_inject_fault("DeviceGetMigMode", error="GPU_IS_LOST", tag="plugin")
     assert nv.nvmlDeviceGetMigMode(dev) == [1, 1]
     monkeypatch.setenv("CARVE_SIM_FAULT_TAG", "plugin")
-    assert _code(nv.nvmlDeviceGetMigMode, dev) == pynvml.NVML_ERROR_GPU_IS_LOST
+    assert code_of(nv.nvmlDeviceGetMigMode, dev) == pynvml.NVML_ERROR_GPU_IS_LOST
 
 
 def test_compute_instance_capacity_inside_a_7g(make_sim: SimFactory) -> None:
     nv = make_sim([A100])
     dev = nv.nvmlDeviceGetHandleByIndex(0)
-    gi = _create(nv, dev, 0, 0, 8)
+    gi = make_gi(nv, dev, 0, 0, 8)
     cap = nv.nvmlGpuInstanceGetComputeInstanceRemainingCapacity
     assert (cap(gi, 0), cap(gi, 2), cap(gi, 4)) == (7, 2, 1)
     nv.nvmlGpuInstanceCreateComputeInstance(gi, 2)  # 3c: compute slices 0-2
@@ -615,7 +593,7 @@ def test_reset_is_refused_while_instances_exist(make_sim: SimFactory) -> None:
     assert nv.nvmlDeviceGetMigMode(dev) == [0, 0]
     nv.nvmlDeviceSetMigMode(dev, 1)
     nv.sim_reset_gpu(0)
-    _create(nv, dev, 19, 0, 1)
+    make_gi(nv, dev, 19, 0, 1)
     with pytest.raises(pynvml.NVMLError_InUse):
         nv.sim_reset_gpu(0)
 
@@ -669,20 +647,20 @@ def test_a_gpu_off_the_bus_answers_gpu_is_lost_until_a_reset(
     nv = make_sim([A100, A100])
     lost, other = nv.nvmlDeviceGetHandleByIndex(0), nv.nvmlDeviceGetHandleByIndex(1)
     uuid = nv.nvmlDeviceGetUUID(lost)
-    gi = _create(nv, lost, 19, 0, 1)
-    _full_ci(nv, gi, 1)
+    gi = make_gi(nv, lost, 19, 0, 1)
+    full_ci(nv, gi, 1)
     if how == "xid-79":
         nv.sim_inject_xid(0, 79)
     else:
         nv.sim_lose_gpu(0)
     is_lost = pynvml.NVML_ERROR_GPU_IS_LOST
-    assert _code(nv.nvmlDeviceGetUUID, lost) == is_lost
-    assert _code(nv.nvmlDeviceGetMigMode, lost) == is_lost
-    assert _code(nv.nvmlDeviceGetHandleByUUID, uuid) == is_lost
-    assert _code(nv.nvmlGpuInstanceGetInfo, gi) == is_lost
-    assert _code(_create, nv, lost, 19, 1, 1) == is_lost
+    assert code_of(nv.nvmlDeviceGetUUID, lost) == is_lost
+    assert code_of(nv.nvmlDeviceGetMigMode, lost) == is_lost
+    assert code_of(nv.nvmlDeviceGetHandleByUUID, uuid) == is_lost
+    assert code_of(nv.nvmlGpuInstanceGetInfo, gi) == is_lost
+    assert code_of(make_gi, nv, lost, 19, 1, 1) == is_lost
     assert nv.nvmlDeviceGetMigMode(other) == [1, 1]  # the other GPU is untouched
-    _create(nv, other, 19, 0, 1)
+    make_gi(nv, other, 19, 0, 1)
     nv.sim_reset_gpu(0)  # a lost GPU's instances do not hold the reset back
     assert nv.nvmlDeviceGetUUID(lost) == uuid
     count = ctypes.c_uint()

@@ -23,7 +23,7 @@ from driver.nvml import sim
 from driver.nvml.backend import NvmlBackend
 from driver.nvml.sim import driverfiles
 from driver.nvml.sim.config import SimConfigError
-from tests.driver.nvml.conftest import SimFactory
+from tests.support.nvml import SimFactory
 
 A100, H100 = "A100-SXM4-40GB", "H100-SXM5-80GB"
 VERSION = "555.42.06"

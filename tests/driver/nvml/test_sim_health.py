@@ -11,7 +11,7 @@ import pytest
 
 from driver.nvml import sim
 from driver.nvml.sim.config import SimConfigError
-from tests.driver.nvml.conftest import SimFactory
+from tests.support.nvml import SimFactory
 
 H100 = "H100-SXM5-80GB"
 A100 = "A100-SXM4-40GB"

@@ -16,8 +16,7 @@ import pytest
 from driver.nvml import sim
 from driver.nvml.backend import NvmlBackend
 from driver.nvml.errors import NotFound
-from tests.driver.nvml.conftest import SimFactory
-from tests.driver.nvml.test_sim import _code, _create, _full_ci, _gi_id
+from tests.support.nvml import SimFactory, code_of, full_ci, gi_id_of, make_gi
 
 H100 = "H100-SXM5-80GB"
 
@@ -36,10 +35,10 @@ def _mig_handle(nv: Any, dev: Any, gi_id: int) -> Any:
 def test_processes_are_reported_per_mig_device_and_for_the_gpu(make_sim: SimFactory) -> None:
     nv = make_sim([H100])
     dev = nv.nvmlDeviceGetHandleByIndex(0)
-    gi_a, gi_b = _create(nv, dev, 19, 0, 1), _create(nv, dev, 19, 1, 1)
-    _full_ci(nv, gi_a, 1)
-    _full_ci(nv, gi_b, 1)
-    a, b = _gi_id(nv, gi_a), _gi_id(nv, gi_b)
+    gi_a, gi_b = make_gi(nv, dev, 19, 0, 1), make_gi(nv, dev, 19, 1, 1)
+    full_ci(nv, gi_a, 1)
+    full_ci(nv, gi_b, 1)
+    a, b = gi_id_of(nv, gi_a), gi_id_of(nv, gi_b)
     mig_a, mig_b = _mig_handle(nv, dev, a), _mig_handle(nv, dev, b)
     assert nv.nvmlDeviceGetComputeRunningProcesses(mig_a) == []
     nv.sim_set_processes(0, a, 0, [4242, 17])
@@ -58,15 +57,17 @@ def test_processes_are_reported_per_mig_device_and_for_the_gpu(make_sim: SimFact
 def test_processes_make_destroy_in_use_and_a_stale_handle_is_invalid(make_sim: SimFactory) -> None:
     nv = make_sim([H100])
     dev = nv.nvmlDeviceGetHandleByIndex(0)
-    gi = _create(nv, dev, 19, 3, 1)
-    ci = _full_ci(nv, gi, 1)
-    gi_id = _gi_id(nv, gi)
+    gi = make_gi(nv, dev, 19, 3, 1)
+    ci = full_ci(nv, gi, 1)
+    gi_id = gi_id_of(nv, gi)
     mig = _mig_handle(nv, dev, gi_id)
     nv.sim_set_processes(0, gi_id, 0, [99])
-    assert _code(nv.nvmlComputeInstanceDestroy, ci) == pynvml.NVML_ERROR_IN_USE
+    assert code_of(nv.nvmlComputeInstanceDestroy, ci) == pynvml.NVML_ERROR_IN_USE
     nv.sim_set_processes(0, gi_id, 0, [])
     nv.nvmlComputeInstanceDestroy(ci)
-    assert _code(nv.nvmlDeviceGetComputeRunningProcesses, mig) == pynvml.NVML_ERROR_INVALID_ARGUMENT
+    assert (
+        code_of(nv.nvmlDeviceGetComputeRunningProcesses, mig) == pynvml.NVML_ERROR_INVALID_ARGUMENT
+    )
 
 
 def test_backend_running_processes(make_backend: Callable[..., NvmlBackend]) -> None:
