@@ -3,7 +3,8 @@
 Fake nodes publish ResourceSlices built by driver.resourceslice (as the kubelet plugin does);
 pods reference ResourceClaimTemplates, so KCM creates the claims; the controller allocates and
 ungates; kube-scheduler binds to the allocated node. No kubelet runs, so pods stay Pending after
-binding; a test marks a pod Succeeded through pods/status to play the kubelet's part in release.
+binding. (Release after a pod ends is proven in process, tests/controller/test_reconciler.py,
+and end to end with a node that confirms, tests/e2e/test_scenarios.py.)
 """
 
 from __future__ import annotations
@@ -74,36 +75,6 @@ def test_gated_pods_are_placed_and_bound_and_overflow_waits_with_reason(
     )
     placed = events_for(k8s_api, namespace, claim["metadata"]["name"])
     assert placed and placed[0]["reason"] == "Allocated"
-
-
-def test_release_after_pod_completion_frees_the_placement(
-    k8s_api: ApiClient, namespace: str, gpu_nodes: Callable[[list[str]], str], carve: Any
-) -> None:
-    gpu_nodes(["A100-SXM4-40GB"])
-    res, core = client.ResourceV1Api(k8s_api), client.CoreV1Api(k8s_api)
-    res.create_namespaced_resource_claim_template(namespace, profile_template("t7g", "7g.40gb"))
-    carve("carve-a")
-    core.create_namespaced_pod(namespace, pod("first", "t7g"))
-    core.create_namespaced_pod(namespace, pod("second", "t7g"))
-    wait_for("first bound", lambda: [p for p in bound_pods(k8s_api, namespace)], timeout=60)
-    (done,) = bound_pods(k8s_api, namespace)
-    done_name = done["metadata"]["name"]
-    # Play the kubelet: the pod ran to completion.
-    core.patch_namespaced_pod_status(done_name, namespace, {"status": {"phase": "Succeeded"}})
-    other = "second" if done_name == "first" else "first"
-
-    def other_bound() -> bool:
-        return any(p["metadata"]["name"] == other for p in bound_pods(k8s_api, namespace))
-
-    wait_for("the waiting pod to get the released GPU", other_bound, timeout=60)
-    assert_consistent(k8s_api, namespace)
-    # KCM deletes the generated claim of a finished pod; our finalizer must not keep it.
-    leftovers = [
-        c for c in claims_of(k8s_api, namespace) if c["metadata"]["name"].startswith(done_name)
-    ]
-    for c in leftovers:
-        assert not (c.get("status") or {}).get("allocation")
-        assert "mig.carve.dev/allocation" not in (c["metadata"].get("finalizers") or [])
 
 
 def test_killed_leader_fails_over_without_double_allocation(
