@@ -5,7 +5,6 @@ tests/controller/cluster/test_extended_resources_cluster.py)."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -341,7 +340,8 @@ def test_a_node_with_a_pinned_pod_takes_no_other_decision_until_the_schedulers_c
     None
 ):
     """Otherwise carve could allocate the device the scheduler is about to take."""
-    c = Cluster({"a": ["H100-SXM5-80GB"]})
+    now = [1000.0]
+    c = Cluster({"a": ["H100-SXM5-80GB"]}, clock=lambda: now[0])
     _with_profile_classes(c, "3g.40gb")
     p = limits_pod("limits", {"nvidia.com/mig-3g.40gb": "1"})
     c.rec.enqueue(Kind.POD, EventType.ADDED, c.writer.put(p))
@@ -360,7 +360,7 @@ def test_a_node_with_a_pinned_pod_takes_no_other_decision_until_the_schedulers_c
     )
     pool = next(iter(c.rec.stores[Kind.SLICE].values()))["spec"]["pool"]["name"]
     c.rec.enqueue(Kind.CLAIM, EventType.ADDED, c.writer.put(_scheduler_claim(p, pool, taken)))
-    time.sleep(0.6)  # the held decision's retry delay
+    now[0] += 0.6  # the held decision's retry delay
     c.rec.step()
     alloc = c.allocation("next")
     assert alloc, c.events_of(follower)

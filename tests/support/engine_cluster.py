@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import time
+from collections.abc import Callable
 from typing import Any
 
 from controller.objects import EventType, Kind
@@ -69,8 +71,15 @@ def profile_claim(name: str, profile: str, count: int = 1) -> Obj:
 
 
 class Cluster:
+    """`clock`: the reconciler's monotonic clock, e.g. a fake one a test advances."""
+
     def __init__(
-        self, nodes: dict[str, list[str]], planner: EnginePlanner | None = None, **build: Any
+        self,
+        nodes: dict[str, list[str]],
+        planner: EnginePlanner | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        **build: Any,
     ) -> None:
         self.planner = planner or EnginePlanner(DRIVER)
         self.writer = MemoryWriter()
@@ -79,6 +88,7 @@ class Cluster:
             self.planner,
             self.writer,
             self.recorder,
+            clock=clock,
             wall_clock=lambda: dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
         )
         for k in Kind:
