@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 import urllib.error
@@ -448,6 +449,12 @@ def test_two_machines_with_one_node_name_end_in_a_node_event_not_a_fight(
         except urllib.error.URLError:  # not serving yet
             return 0, ""
 
+    def syncs(p: PluginProcess) -> float:
+        """The plugin's finished ResourceSlice passes (one per resync, ours at 1s)."""
+        text = _get(p.url("/metrics"))[1]
+        found = re.search(r'^carve_resourceslice_sync_total\{result="ok"\} (\S+)$', text, re.M)
+        return float(found.group(1)) if found else 0.0
+
     kube = KubeJson(api)
 
     def models() -> set[str]:
@@ -490,7 +497,9 @@ def test_two_machines_with_one_node_name_end_in_a_node_event_not_a_fight(
 
         (event,) = wait_for("a ResourceSliceConflict event on the Node", conflict_events)
         assert event["type"] == "Warning" and node in event["note"], event
-        time.sleep(3)  # three resyncs of the first: it keeps off the slices
+        # Three more passes of the first, each of which found the conflict: it keeps off.
+        seen = syncs(first)
+        wait_for("three resyncs of the first", lambda: syncs(first) >= seen + 3, timeout=60)
         assert models() == {a30}, models()
         assert len(conflict_events()) == 1  # said once, not every resync
 

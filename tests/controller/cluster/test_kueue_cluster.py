@@ -105,6 +105,19 @@ def _reasons(api: ApiClient, ns: str, name: str) -> list[str]:
     return [e["reason"] for e in events_for(api, ns, name)]
 
 
+def _refused_by_kueue(api: ApiClient, ns: str, pod: str) -> bool:
+    """Kueue tried to admit the pod's workload and found no quota: QuotaReserved False with
+    reason Pending (kueue v0.17, pkg/scheduler: UnsetQuotaReservationWithCondition)."""
+    for w in kq.workloads(api, ns):
+        if pod in {o["name"] for o in w["metadata"].get("ownerReferences") or []}:
+            conditions = (w.get("status") or {}).get("conditions") or []
+            return any(
+                (c["type"], c["status"], c["reason"]) == ("QuotaReserved", "False", "Pending")
+                for c in conditions
+            )
+    return False
+
+
 def _play_kubelet(api: ApiClient, ns: str, name: str, phase: str) -> None:
     client.CoreV1Api(api).patch_namespaced_pod_status(name, ns, {"status": {"phase": phase}})
 
@@ -122,25 +135,33 @@ def test_a_pod_held_by_another_gate_is_not_carved_until_that_gate_goes(
     body = pod("held", "t")
     body["spec"]["schedulingGates"].append({"name": "example.com/hold"})
     core.create_namespaced_pod(namespace, body)
-    carve("carve-a")  # --retry-interval 2s: several passes happen while the pod is held
+    # The pod and its claim are complete before carve starts, so nothing about them changes
+    # after carve's first look, and carve looks again only at a change: no retry timer runs
+    # for a pod held by another gate (controller/reconciler.py, `_wake_later`). That no
+    # passes over time carve it is proven with a fake clock in
+    # tests/controller/test_reconciler_gates.py; here, what carve does on the real objects.
+    wait_for("the pod's claim", lambda: _claim_of(k8s_api, namespace, "held"), timeout=30)
+    carve("carve-a")
+
+    def placed() -> list[tuple[str, str]]:
+        conditions = (_pod(k8s_api, namespace, "held").get("status") or {}).get("conditions")
+        kind = DEFAULT_CONTRACT.placed_condition
+        return [(c["status"], c["reason"]) for c in conditions or [] if c["type"] == kind]
+
+    assert wait_for("carve's condition on the pod", placed, timeout=30) == [
+        ("False", GATED_ELSEWHERE)
+    ]
     wait_for(
         "carve to say why it waits",
         lambda: GATED_ELSEWHERE in _reasons(k8s_api, namespace, "held"),
         timeout=30,
     )
-    time.sleep(8)
     assert _untouched_by_carve(_claim_of(k8s_api, namespace, "held"))
     assert _gates(_pod(k8s_api, namespace, "held")) == [CARVE_GATE, "example.com/hold"]
-    # Said once (one Event object; a repeat would raise its count), not on every pass.
+    # Said once (one Event object; a repeat would raise its count).
     told = [e for e in events_for(k8s_api, namespace, "held") if e["reason"] == GATED_ELSEWHERE]
     assert len(told) == 1 and (told[0].get("series") or {}).get("count", 1) == 1, told
     assert "example.com/hold" in told[0]["note"]
-    placed = [
-        c
-        for c in (_pod(k8s_api, namespace, "held").get("status") or {}).get("conditions") or []
-        if c["type"] == DEFAULT_CONTRACT.placed_condition
-    ]
-    assert [(c["status"], c["reason"]) for c in placed] == [("False", GATED_ELSEWHERE)]
 
     current = _pod(k8s_api, namespace, "held")
     current["spec"]["schedulingGates"] = [{"name": CARVE_GATE}]
@@ -238,10 +259,21 @@ def test_kueue_quota_admits_two_pods_carve_carves_them_the_third_waits_in_kueue(
         lambda: (b := bound_pods(k8s_api, namespace)) and len(b) >= 2 and b,
         timeout=90,
     )
-    time.sleep(6)  # several of carve's passes (--retry-interval 2s) and Kueue's
+    (waiting,) = set(names) - {p["metadata"]["name"] for p in first}
+    # Both have looked at the third and said no: Kueue found no quota left for it, and carve
+    # told why it does not plan it. Nothing then changes for it until a pod ends.
+    wait_for(
+        f"Kueue to find no quota for {waiting}",
+        lambda: _refused_by_kueue(k8s_api, namespace, waiting),
+        timeout=60,
+    )
+    wait_for(
+        f"carve to say why it does not plan {waiting}",
+        lambda: GATED_ELSEWHERE in _reasons(k8s_api, namespace, waiting),
+        timeout=30,
+    )
     bound = {p["metadata"]["name"] for p in bound_pods(k8s_api, namespace)}
     assert len(first) == 2 and len(bound) == 2, bound
-    (waiting,) = set(names) - bound
     wl = kq.workloads(k8s_api, namespace)
     assert sum(kq.is_admitted(w) for w in wl) == 2, [w.get("status") for w in wl]
     held = _pod(k8s_api, namespace, waiting)
