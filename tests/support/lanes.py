@@ -92,10 +92,23 @@ class _Run:
     proc: subprocess.Popen[bytes]
     started: float
     ended: float | None = None
+    cpu: float = 0.0  # user + system seconds of the lane's pytest and what it waited for
 
     @property
     def seconds(self) -> float:
         return (self.ended or time.monotonic()) - self.started
+
+    def poll(self) -> bool:
+        """True once the lane's pytest has exited (reaped here, for its CPU time)."""
+        if self.ended is not None:
+            return True
+        pid, status, usage = os.wait4(self.proc.pid, os.WNOHANG)
+        if pid == 0:
+            return False
+        self.ended = time.monotonic()
+        self.proc.returncode = os.waitstatus_to_exitcode(status)
+        self.cpu = usage.ru_utime + usage.ru_stime
+        return True
 
     @property
     def over(self) -> bool:
@@ -123,7 +136,11 @@ def _start(lane: Lane, extra: Sequence[str]) -> _Run:
 def _report(run: _Run) -> None:
     result = "passed" if run.proc.returncode == 0 else f"FAILED (exit {run.proc.returncode})"
     bar = "=" * 20
-    print(f"\n{bar} lane {run.lane.name}: {result} in {_clock(run.seconds)} {bar}", flush=True)
+    print(
+        f"\n{bar} lane {run.lane.name}: {result} in {_clock(run.seconds)} "
+        f"(cpu {_clock(run.cpu)}) {bar}",
+        flush=True,
+    )
     sys.stdout.buffer.write(run.log.read_bytes())
     if run.over:
         print(_over_line(run), flush=True)
@@ -164,8 +181,7 @@ def run_lanes(names: Sequence[str], *, serial: bool, extra: Sequence[str]) -> in
                 continue
             time.sleep(0.5)
             for r in runs:
-                if r.ended is None and r.proc.poll() is not None:
-                    r.ended = time.monotonic()
+                if r.ended is None and r.poll():
                     _report(r)
             if time.monotonic() - heartbeat >= 120:
                 heartbeat = time.monotonic()
@@ -179,7 +195,8 @@ def run_lanes(names: Sequence[str], *, serial: bool, extra: Sequence[str]) -> in
         result = "passed" if r.proc.returncode == 0 else "FAILED"
         print(
             f"  {r.lane.name:<9} {result:<7} {_clock(r.seconds):>6} "
-            f"(budget {_clock(r.lane.budget_s)})" + ("  OVER BUDGET" if r.over else ""),
+            f"(budget {_clock(r.lane.budget_s)}, cpu {_clock(r.cpu)})"
+            + ("  OVER BUDGET" if r.over else ""),
             flush=True,
         )
     for r in runs:
