@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -36,17 +37,32 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 LOGS = REPO / ".lanes"
 OWN_DIRS = {"e2e": "tests/e2e", "realnode": "tests/realnode"}
-_SHARED = ("tests", *(f"--ignore={d}" for d in OWN_DIRS.values()))
+TEST_FILE = re.compile(r"(^|/)(test_[^/]*|[^/]*_test)\.py$")  # pytest's python_files
 
 
 @dataclass(frozen=True)
 class Lane:
     name: str
     budget_s: int
-    pytest_args: tuple[str, ...]
+    paths: tuple[str, ...]
     what: str
+    ignore: tuple[str, ...] = ()
+    options: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def pytest_args(self) -> tuple[str, ...]:
+        return (*self.paths, *(f"--ignore={d}" for d in self.ignore), *self.options)
+
+    def reaches(self, path: Path) -> bool:
+        """Whether this lane's pytest collects the file at ``path`` (relative to the
+        repository); which of its tests the lane then keeps is `lane_of`'s answer."""
+        return any(path.is_relative_to(p) for p in self.paths) and not any(
+            path.is_relative_to(d) for d in self.ignore
+        )
+
+
+_OWN = tuple(OWN_DIRS.values())
 
 # Budgets: a warm run of each lane on the 2-core CI machine, alone, with a margin (the
 # measurements are in the commit that set them).
@@ -56,10 +72,12 @@ LANES: dict[str, Lane] = {
         Lane(
             "unit",
             300,
-            (*_SHARED, "-n", "auto", "--dist", "load"),
+            ("tests",),
             "in-process and child-process tests, in parallel",
+            ignore=_OWN,
+            options=("-n", "auto", "--dist", "load"),
         ),
-        Lane("cluster", 600, _SHARED, "a control plane per suite, one test at a time"),
+        Lane("cluster", 600, ("tests",), "a control plane per suite, one test at a time", _OWN),
         Lane("e2e", 720, (OWN_DIRS["e2e"],), "carve's processes on simulated nodes"),
         Lane("realnode", 900, (OWN_DIRS["realnode"],), "real kubelets and containerd"),
     )
@@ -75,6 +93,18 @@ def lane_of(path: Path, markers: Collection[str], fixtures: Collection[str]) -> 
     if {"cluster", "realnode"} & set(markers) or "k8s_cluster" in fixtures:
         return "cluster"
     return "unit"
+
+
+def lanes_missing(path: Path) -> set[str]:
+    """The lanes `lane_of` may give a test in the file at ``path`` whose pytest does not
+    collect that file: such a test would run in no lane, so `make test` would never run it.
+    Empty for every test file in the repository (tests/test_lanes.py)."""
+    possible = {
+        lane_of(path, markers, fixtures)
+        for markers in ((), ("cluster",))
+        for fixtures in ((), ("k8s_cluster",))
+    }
+    return {name for name in possible if not LANES[name].reaches(path)}
 
 
 # -- the runner ----------------------------------------------------------------------------
