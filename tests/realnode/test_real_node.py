@@ -121,42 +121,6 @@ def test_a_shared_claim_gives_both_pods_the_same_slice(env: RealEnv) -> None:
     env.wait_no_instances(timeout=60)
 
 
-def test_a_deployment_scales_up_and_down_on_real_nodes(env: RealEnv) -> None:
-    env.template("one-1g", _ONE_1G)
-    pod = env.pod_manifest("x", {"mig": {"resourceClaimTemplateName": "one-1g"}}, sleep=3600)
-    pod["spec"]["restartPolicy"] = "Always"
-    labels = {"app": "carve-real"}
-    env.apps.create_namespaced_deployment(
-        env.namespace,
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": "d"},
-            "spec": {
-                "replicas": 3,
-                "selector": {"matchLabels": labels},
-                "template": {"metadata": {"labels": labels}, "spec": pod["spec"]},
-            },
-        },
-    )
-
-    def running() -> int:
-        pods = env.core.list_namespaced_pod(env.namespace, label_selector="app=carve-real")
-        return sum(1 for p in pods.items if p.status.phase == "Running")
-
-    wait_for("3 replicas running", lambda: running() == 3, timeout=120)
-    assert sum(len(_instances(env, n)) for n in (NODE_A, NODE_H)) == 3
-    env.apps.patch_namespaced_deployment_scale("d", env.namespace, {"spec": {"replicas": 0}})
-    wait_for(
-        "replicas gone",
-        lambda: (
-            not env.core.list_namespaced_pod(env.namespace, label_selector="app=carve-real").items
-        ),
-        timeout=90,
-    )
-    env.wait_no_instances(timeout=60)
-
-
 def _registrations(node: RealNode) -> int:
     """How often the kubelet has told this node's plugin it is registered (plugin log)."""
     try:
