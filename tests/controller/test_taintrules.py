@@ -16,7 +16,8 @@ from controller.objects import EventType, Kind
 from controller.taintrules import TaintRules
 from controller.tolerations import DeviceTaint
 from driver.taintrules import TaintRule, parse_taint_rule, rules_on
-from tests.controller.test_reconciler_engine import Cluster, claim, profile_claim
+from tests.support.engine_cluster import Cluster, node, profile_claim, slices
+from tests.support.reconciler import claim
 
 Obj = dict[str, Any]
 DRIVER = "mig.carve.dev"
@@ -181,8 +182,6 @@ def test_slices_that_arrive_after_the_rule_are_tainted_too() -> None:
     c = Cluster({})
     _add_rule(c, rule("early", {"pool": "late"}))
     c.rec.step()
-    from tests.controller.test_reconciler_engine import node, slices
-
     c.rec.enqueue(Kind.NODE, EventType.ADDED, node("late"))
     for s in slices("late", ["A100-SXM4-40GB"]):
         c.rec.enqueue(Kind.SLICE, EventType.ADDED, s)

@@ -29,8 +29,7 @@ from kubeletplugin.nodehardware import NodeHardware
 from kubeletplugin.prepare import Preparer, PreparerSettings
 from process.kube.jsonclient import KubeJson
 from tests.kubeletplugin.fake_kubelet import FakeKubelet
-from tests.kubeletplugin.node_harness import DRIVER, NODE, Node, mig, open_node
-from tests.kubeletplugin.test_prepare_mps import mps_config
+from tests.kubeletplugin.node_harness import DRIVER, NODE, Node, mig, mps_config, open_node
 
 H100 = "H100-SXM5-80GB"
 NAMESPACE = "carve-system"
