@@ -33,6 +33,7 @@ from controller.informers import Informer, InformerConfig, standard_informers, s
 from controller.leader import LeaderElector, LeaseConfig
 from controller.metrics import ControllerMetrics
 from controller.objects import CarveClasses, Kind
+from controller.placement import DEFAULT_POLICY, Policy
 from controller.reconciler import Reconciler
 from controller.seams import Planner, PreemptionHook
 from controller.status import KubeClaimWriter
@@ -132,6 +133,25 @@ COMMIT_WORKERS: Flag[int] = Flag(
     example="8",
     metavar="N",
 )
+
+
+def _policy(text: str) -> Policy:
+    try:
+        return Policy(text.strip())
+    except ValueError:
+        raise ValueError(f"must be one of {', '.join(p.value for p in Policy)}") from None
+
+
+PACKING_POLICY: Flag[Policy] = Flag(
+    "packing-policy",
+    "how the placement engine prefers one feasible placement over another: "
+    + ", ".join(p.value for p in Policy)
+    + " (docs/placement.md; docs/benchmarks.md measures them against kube-scheduler)",
+    DEFAULT_POLICY.value,
+    _policy,
+    example=DEFAULT_POLICY.value,
+    metavar="POLICY",
+)
 LEADER_ELECT = flags.switch("leader-elect", "run leader election", default=True)
 LEASE_NAME: Flag[str] = Flag(
     "lease-name", "Lease object name", "carve-controller", flags.nonempty, example="carve"
@@ -181,6 +201,7 @@ def command_line() -> flags.CommandLine:
             HOLD_GATE_UNTIL_CARVED,
             CARVE_WAIT,
             COMMIT_WORKERS,
+            PACKING_POLICY,
             LEADER_ELECT,
             LEASE_NAME,
             LEASE_NAMESPACE,
@@ -223,6 +244,7 @@ class ControllerOptions:
     hold_gate_until_carved: bool = True
     carve_wait: float = 30.0
     commit_workers: int = 8
+    packing_policy: Policy = DEFAULT_POLICY
 
 
 def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ControllerOptions:
@@ -263,6 +285,7 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
         hold_gate_until_carved=got[HOLD_GATE_UNTIL_CARVED],
         carve_wait=got[CARVE_WAIT],
         commit_workers=got[COMMIT_WORKERS],
+        packing_policy=got[PACKING_POLICY],
     )
 
 
@@ -283,11 +306,11 @@ def serve_http(address: str, metrics: ControllerMetrics, ready: Callable[[], boo
 # -- wiring ------------------------------------------------------------------------------------
 
 
-def default_planner(driver: str) -> Planner:
+def default_planner(driver: str, policy: Policy = DEFAULT_POLICY) -> Planner:
     """The placement engine behind the reconciler's `Planner` seam."""
     from controller.planner import EnginePlanner
 
-    return EnginePlanner(driver)
+    return EnginePlanner(driver, policy)
 
 
 def _preemptor(
@@ -355,7 +378,8 @@ class Controller:
         # on it, so a placement waits only for the writes that make it (controller.writepool).
         self.best_effort_writes = WritePool()
         recorder = DeferredRecorder(self.recorder, self.best_effort_writes)
-        planner = planner or default_planner(opts.driver_name)
+        planner = planner or default_planner(opts.driver_name, opts.packing_policy)
+        self.planner = planner
         # Release writes (allocation cleared, finalizer dropped) beside the decision thread too,
         # on their own workers so that events queued behind never delay a release.
         self.release_writes = WritePool(workers=2)

@@ -52,6 +52,7 @@ from controller.objects import (
     pod_claim_refs,
 )
 from controller.placement import (
+    DEFAULT_POLICY,
     ClaimToPlace,
     NoPlacement,
     Placement,
@@ -140,12 +141,12 @@ class _Reservation:
 
 
 class EnginePlanner:
-    """`Planner` backed by `PlacementEngine` (best fit by default)."""
+    """`Planner` backed by `PlacementEngine` (its policy: `DEFAULT_POLICY` unless told)."""
 
     def __init__(
         self,
         driver: str = DEFAULT_DRIVER_NAME,
-        policy: Policy = Policy.BEST_FIT,
+        policy: Policy = DEFAULT_POLICY,
         *,
         clock: Callable[[], float] = time.monotonic,
         shared_refusal_s: float = _SHARED_REFUSAL_S,

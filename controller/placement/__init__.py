@@ -12,7 +12,7 @@ One concern per module:
 | :mod:`.values` | the public values: request, placement, refusal, limits |
 | :mod:`.engine` | :class:`PlacementEngine`: one decision, firstAvailable combinations, limits |
 | :mod:`.eligibility` | which devices a request may use (class, capacity, CEL selectors) |
-| :mod:`.scoring` | **the packing policy** (best fit, first fit): change packing there only |
+| :mod:`.scoring` | **the packing policy** (best fit, least waste, first fit); change it there |
 | :mod:`.search` | the single-device bucket scan and the multi-device search per node |
 | :mod:`.explain` | refusals in words |
 | :mod:`.queue` | :class:`QueuePlacer`: the pending queue jointly, room kept for starving pods |
@@ -23,7 +23,7 @@ The names below are the package's interface; import them from ``controller.place
 
 from controller.placement.engine import PlacementEngine
 from controller.placement.queue import QueuePlacer, QueuePlan, Waiting
-from controller.placement.scoring import Policy
+from controller.placement.scoring import DEFAULT_POLICY, Policy
 from controller.placement.values import (
     MAX_COMBINATIONS,
     MAX_DEVICES_PER_POD,
@@ -37,6 +37,7 @@ from controller.placement.values import (
 )
 
 __all__ = [
+    "DEFAULT_POLICY",
     "MAX_COMBINATIONS",
     "MAX_DEVICES_PER_POD",
     "MAX_RESULTS_PER_CLAIM",

@@ -22,7 +22,13 @@ from controller.nodefit import PodNeeds
 from controller.placement.eligibility import Eligibility, SelectorFailure
 from controller.placement.explain import Explainer, Refusal
 from controller.placement.records import Found, FoundDevice, ScopedConstraint, Slot
-from controller.placement.scoring import CandidateTable, GpuValues, Policy, packing_policy
+from controller.placement.scoring import (
+    DEFAULT_POLICY,
+    CandidateTable,
+    GpuValues,
+    Policy,
+    packing_policy,
+)
 from controller.placement.search import NoEligibleDevice, NoFit, Searcher, SelectorFailed
 from controller.placement.values import (
     MAX_COMBINATIONS,
@@ -51,7 +57,7 @@ class PlacementEngine:
         classes: Mapping[str, DeviceClass],
         driver: str = DEFAULT_DRIVER_NAME,
         *,
-        policy: Policy = Policy.BEST_FIT,
+        policy: Policy = DEFAULT_POLICY,
         evaluator: SelectorEvaluator | None = None,
         search_budget: int = 20_000,
     ) -> None:

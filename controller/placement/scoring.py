@@ -30,9 +30,11 @@ requests only it can serve. Pods of one workload share a request shape, which is
 is measured against copies of the request itself. It changes single-device decisions only
 (multi-device solutions rank as in best fit).
 
-First fit (:class:`FirstFit`) is the peers' baseline, kept for the benchmark and for comparison:
-first GPU in (node, uuid) order, first placement in NVML order. :class:`Policy` is the public
-way to choose one; :func:`packing_policy` maps it to its implementation.
+First fit (:class:`FirstFit`) is a naive reference kept for the benchmark and for comparison:
+first GPU in (node, uuid) order, first placement in NVML order. It is not kube-scheduler's
+behaviour (which scores nodes first); the benchmarks run the real kube-scheduler for that.
+:class:`Policy` is the public way to choose one (the controller's ``--packing-policy``);
+:func:`packing_policy` maps it to its implementation.
 """
 
 from __future__ import annotations
@@ -59,8 +61,16 @@ class Policy(StrEnum):
     """Best fit after avoiding placements that strand part of their GPU for the request's
     own shape; see the module docstring."""
     FIRST_FIT = "first-fit"
-    """The peers' baseline: first GPU (node, then GPU order), first free placement in NVML
-    order. Kept for the packing benchmark and for comparison, not for production."""
+    """A naive reference: first GPU (node, then GPU order), first free placement in NVML
+    order. Kept for the packing benchmark and for comparison, not for production. It is not
+    what kube-scheduler does (kube-scheduler scores nodes, then its allocator takes the first
+    fitting device in published order): the benchmarks run the real one for that."""
+
+
+DEFAULT_POLICY = Policy.BEST_FIT
+"""The policy the engine, the controller's planner and ``--packing-policy`` default to: the
+one measured best against kube-scheduler end to end (``python -m bench.cluster_packing``,
+docs/benchmarks.md)."""
 
 
 class GpuValues:

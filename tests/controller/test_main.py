@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -11,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from controller.main import parse_options, serve_http
+from controller.main import Controller, parse_options, serve_http
 from controller.metrics import ControllerMetrics
+from controller.placement import DEFAULT_POLICY, Policy
 from process.flags import UsageError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,6 +48,27 @@ def test_placements_are_written_by_eight_workers_unless_told_otherwise() -> None
     assert parse_options([], {}).commit_workers == 8
     assert parse_options(["--commit-workers=0"], {}).commit_workers == 0
     assert parse_options([], {"CARVE_COMMIT_WORKERS": "3"}).commit_workers == 3
+
+
+@pytest.mark.parametrize("policy", list(Policy))
+def test_the_packing_policy_flag_selects_any_policy_the_engine_offers(policy: Policy) -> None:
+    from kubernetes.client import ApiClient
+
+    from controller.planner import EnginePlanner
+
+    for opts in (
+        parse_options([f"--packing-policy={policy.value}"], {}),
+        parse_options([], {"CARVE_PACKING_POLICY": policy.value}),
+    ):
+        assert opts.packing_policy is policy
+        quiet = dataclasses.replace(opts, lease=None, http_address="")
+        planner = Controller(ApiClient(), quiet).planner
+        assert isinstance(planner, EnginePlanner)
+        assert planner.engine.policy is policy
+
+
+def test_the_packing_policy_defaults_to_the_engines_default() -> None:
+    assert parse_options([], {}).packing_policy is DEFAULT_POLICY
 
 
 def test_flags_have_environment_equivalents() -> None:
@@ -90,6 +113,7 @@ def test_leader_elect_takes_a_value_or_stands_alone() -> None:
         (["--carve-wait=later"], r"--carve-wait='later': not a duration.*e\.g\. --carve-wait=30s"),
         (["--commit-workers=many"], r"--commit-workers='many': must be a whole number from 0"),
         (["--commit-workers=100"], r"to 64.*e\.g\. --commit-workers=8"),
+        (["--packing-policy=tightest"], r"must be one of best-fit, least-waste, first-fit"),
     ],
 )
 def test_bad_values_are_usage_errors(argv: list[str], message: str) -> None:
