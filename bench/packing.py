@@ -1,14 +1,24 @@
-"""Packing benchmark: carve's policies against the peers' first fit on one seeded trace.
+"""Packing benchmark: carve's three packing policies, in process, on one seeded trace.
 
     python -m bench.packing                # defaults: packing on 64 nodes, timing on 1000 x 8
     python -m bench.packing --help
+
+The three are carve's own: best fit, least waste and first fit (``Policy.FIRST_FIT``: first GPU
+in node order, first placement in NVML order). First fit is a naive reference, not a peer: no
+peer places that way (kube-scheduler scores nodes before its allocator takes the first fitting
+device). The peer is measured with ``--real-baseline`` here (kube-scheduler's own allocator on
+the first fitting node in name order) and, end to end with the real kube-scheduler and its node
+scoring, by ``python -m bench.cluster_packing``.
 
 Every policy sees exactly the same arrivals (pods asking for one MIG profile by name, on a mix
 of GPU models) and departures (a pod leaves after its lifetime, if it was placed). Figures:
 
 - placed: fraction of arrivals that got a slice at arrival time (no queueing, so the number
   isolates the packing decision); placed-units weighs each arrival by its memory units, so a
-  policy cannot look good by turning big requests away;
+  policy cannot look good by turning big requests away. A profile name weighs the fewest units
+  it takes on any model of the cluster (``tests.support.cluster_builders.profile_units``: a
+  ``1g.10gb`` is 1 unit, though it takes 2 on an A100-40GB), so a policy cannot look good by
+  landing requests where they take more room either;
 - utilization: occupied memory units / all memory units, averaged over arrivals after warm-up;
 - fragmentation: of the free memory units, the fraction that cannot be used by the largest
   profile still creatable on their GPU, i.e. 1 - sum(size of largest creatable profile) /
@@ -69,6 +79,7 @@ from tests.support.cluster_builders import (
     build_cluster,
     profile_claim,
     profile_selector,
+    profile_units,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -161,8 +172,8 @@ def _occupancy_figures(model: ClusterModel) -> tuple[float, float]:
 
 
 def _profile_units(model: ClusterModel) -> dict[str, int]:
-    models = {r.inventory.model.key: r.inventory.model for r in model.gpus.values()}
-    return {p.name: p.size for m in models.values() for p in m.profiles}
+    """What a request for each profile name weighs (tests.support.cluster_builders)."""
+    return profile_units({r.inventory.model for r in model.gpus.values()})
 
 
 _Live = tuple[float, str, tuple[ClaimHold, ...]]  # (end time, pod, holds), a heap by end time

@@ -8,7 +8,7 @@ test must never depend on a benchmark; `bench.packing` imports them from here.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from decimal import Decimal
 
 from controller.claims import (
@@ -155,6 +155,21 @@ def build_cluster(
 def profile_selector(profile: str) -> str:
     """The CEL selector a claim uses to ask for one MIG profile by name."""
     return f'{_ATTRS}.profile == "{profile}"'
+
+
+def profile_units(models: Iterable[GpuModel]) -> dict[str, int]:
+    """Profile name -> the memory units a claim asking for it by name (:func:`profile_claim`)
+    needs: the fewest among the ``models`` that offer the name.
+
+    One name can mean different sizes on different models: a ``1g.10gb`` is one memory slice
+    of an A100-80GB or an H100, but two of an A100-40GB. Weighing the request by where it could
+    land cheapest keeps a benchmark's "placed units" a property of the request, so a policy
+    gains nothing by landing it where it takes more room."""
+    units: dict[str, int] = {}
+    for model in models:
+        for p in model.profiles:
+            units[p.name] = min(units.get(p.name, p.size), p.size)
+    return units
 
 
 def profile_claim(name: str, profile: str, count: int = 1) -> ClaimToPlace:
