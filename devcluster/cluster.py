@@ -23,11 +23,11 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from devcluster import components
 from devcluster.binaries import Binaries, ensure_binaries, kubectl_path
@@ -104,9 +104,12 @@ class LocalCluster:
         detached: bool = False,
         progress: Callable[[str], None] | None = None,
         client_qps: float | None = None,
+        scheduler_profiles: Sequence[Mapping[str, Any]] | None = None,
     ) -> None:
         """`client_qps`: raise kube-scheduler's and kube-controller-manager's client rate
-        limit to this many requests per second (`components._client_rate`); None: defaults."""
+        limit to this many requests per second (`components._client_rate`); None: defaults.
+        `scheduler_profiles`: run kube-scheduler from a KubeSchedulerConfiguration with these
+        profiles (`components.scheduler_config`); None: its flags and default profile."""
         self._owns_root = root is None
         self.layout = Layout(
             Path(tempfile.mkdtemp(prefix="carve-devcluster-")) if root is None else root
@@ -115,6 +118,7 @@ class LocalCluster:
         self._detached = detached
         self._progress = progress or (lambda _msg: None)
         self._client_qps = client_qps
+        self._scheduler_profiles = scheduler_profiles
         self._processes: list[ManagedProcess] = []
         self._info: ClusterInfo | None = None
         self._stopped = False
@@ -212,10 +216,21 @@ class LocalCluster:
         )
         self._wait(apiserver, deadline, lambda: _https_ok(server, "/readyz", pki))
         self._progress("kube-apiserver ready")
+        config = None
+        if self._scheduler_profiles is not None:
+            config = layout.root / "kube-scheduler.yaml"
+            config.write_text(
+                json.dumps(
+                    components.scheduler_config(
+                        layout, self._scheduler_profiles, client_qps=self._client_qps
+                    ),
+                    indent=1,
+                )
+            )
         scheduler = self._spawn(
             "kube-scheduler",
             components.scheduler_args(
-                binaries.kube_scheduler, layout, ports, client_qps=self._client_qps
+                binaries.kube_scheduler, layout, ports, client_qps=self._client_qps, config=config
             ),
         )
         kcm = self._spawn(

@@ -6,9 +6,10 @@ Kept apart from process handling so the flags that decide what carve's tests exe
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from devcluster.pki import FRONT_PROXY_CN, SERVICE_CLUSTER_IP_RANGE, ClusterPki
 
@@ -180,20 +181,54 @@ def _client_rate(qps: float | None) -> list[str]:
     return [f"--kube-api-qps={qps:g}", f"--kube-api-burst={int(2 * qps)}"]
 
 
+def scheduler_config(
+    layout: Layout, profiles: Sequence[Mapping[str, Any]], client_qps: float | None = None
+) -> dict[str, Any]:
+    """A KubeSchedulerConfiguration (kubescheduler.config.k8s.io/v1) with these `profiles`.
+
+    With `--config`, kube-scheduler ignores its deprecated flags (`--kubeconfig`,
+    `--kube-api-qps`, `--kube-api-burst`; cmd/kube-scheduler/app/options, `ApplyTo`), so the
+    connection and its rate limit are set here instead; leader election stays on, as with
+    flags. A profile left without `plugins` or `pluginConfig` is kube-scheduler's default."""
+    connection: dict[str, Any] = {"kubeconfig": str(layout.scheduler_kubeconfig)}
+    if client_qps is not None:
+        connection.update(qps=client_qps, burst=int(2 * client_qps))
+    return {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "clientConnection": connection,
+        "leaderElection": {"leaderElect": True},
+        "profiles": [dict(p) for p in profiles],
+    }
+
+
 def scheduler_args(
-    binary: Path, layout: Layout, ports: Ports, client_qps: float | None = None
+    binary: Path,
+    layout: Layout,
+    ports: Ports,
+    client_qps: float | None = None,
+    config: Path | None = None,
 ) -> list[str]:
+    """`config`: a KubeSchedulerConfiguration file (`scheduler_config`) instead of flags."""
     kubeconfig = layout.scheduler_kubeconfig
+    connection = (
+        [f"--config={config}"]
+        if config is not None
+        else [
+            f"--kubeconfig={kubeconfig}",
+            # Leader election gives readiness a visible signal: the Lease
+            # kube-system/kube-scheduler.
+            "--leader-elect=true",
+            *_client_rate(client_qps),
+        ]
+    )
     return [
         str(binary),
-        f"--kubeconfig={kubeconfig}",
+        *connection,
         f"--authentication-kubeconfig={kubeconfig}",
         f"--authorization-kubeconfig={kubeconfig}",
         f"--bind-address={LOOPBACK}",
         f"--secure-port={ports.scheduler}",
-        # Leader election gives readiness a visible signal: the Lease kube-system/kube-scheduler.
-        "--leader-elect=true",
-        *_client_rate(client_qps),
         feature_gates_flag(),
         "--v=2",
     ]

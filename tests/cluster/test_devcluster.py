@@ -148,6 +148,39 @@ def test_client_rate_limits_stay_at_their_defaults_unless_raised(tmp_path: Path)
         assert "--kube-api-qps=200" in argv and "--kube-api-burst=400" in argv
 
 
+def test_a_scheduler_configuration_carries_what_the_flags_would(tmp_path: Path) -> None:
+    layout = Layout(tmp_path)
+    bins = Binaries.in_directory(tmp_path / "bin")
+    binpack = {
+        "schedulerName": "binpack",
+        "pluginConfig": [
+            {
+                "name": "NodeResourcesFit",
+                "args": {"scoringStrategy": {"type": "MostAllocated"}},
+            }
+        ],
+    }
+    config = components.scheduler_config(
+        layout, [{"schedulerName": "default-scheduler"}, binpack], client_qps=200
+    )
+    assert config["kind"] == "KubeSchedulerConfiguration"
+    assert config["clientConnection"] == {
+        "kubeconfig": str(layout.scheduler_kubeconfig),
+        "qps": 200,
+        "burst": 400,
+    }
+    assert config["leaderElection"] == {"leaderElect": True}
+    assert [p["schedulerName"] for p in config["profiles"]] == ["default-scheduler", "binpack"]
+    assert "qps" not in components.scheduler_config(layout, [])["clientConnection"]
+    argv = components.scheduler_args(
+        bins.kube_scheduler, layout, PORTS, client_qps=200, config=tmp_path / "s.yaml"
+    )
+    assert f"--config={tmp_path / 's.yaml'}" in argv
+    # kube-scheduler ignores these beside --config: they must not pretend to apply.
+    assert not [a for a in argv if a.startswith(("--kubeconfig=", "--kube-api-", "--leader-"))]
+    assert f"--authentication-kubeconfig={layout.scheduler_kubeconfig}" in argv
+
+
 def test_fake_node_reports_what_a_kubelet_would() -> None:
     node = FakeNode(
         "n1",
