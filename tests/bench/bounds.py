@@ -26,7 +26,7 @@ Bland's rule, written here rather than adding a solver dependency for one bound.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from driver.catalog import GpuModel, gpu_model
@@ -111,21 +111,62 @@ class LpBound:
     jobs: float
 
 
+@dataclass(frozen=True)
+class ModelCapacity:
+    """What the nodes of one GPU model hold together."""
+
+    gpus: int
+    cpu_milli: float
+    memory_mib: float
+
+
+@dataclass(frozen=True)
+class Demand:
+    """Jobs of one request type: how many, and the least cpu and memory one of them asks (the
+    least is what keeps the node rows a valid relaxation, whichever jobs are chosen)."""
+
+    count: float
+    cpu_milli: float
+    memory_mib: float
+
+
 def configuration_bound(nodes: Sequence[TraceNode], jobs: Sequence[Job]) -> LpBound:
     """The configuration LP's optimum for the placed GPU share and for the placed job count."""
     per_model: dict[str, list[TraceNode]] = {}
     for n in nodes:
         per_model.setdefault(catalogue_model(n.model).key, []).append(n)
-    # Per request type: how many jobs, and the least cpu and memory one of them asks (the
-    # smallest is what keeps the node rows a valid relaxation, whichever jobs are chosen).
-    by_request: dict[MappedRequest, list[float]] = {}
-    for j in jobs:
-        acc = by_request.setdefault(j.request, [0.0, float("inf"), float("inf")])
-        acc[0] += 1
-        acc[1] = min(acc[1], j.needs.requests.cpu_milli)
-        acc[2] = min(acc[2], j.needs.requests.memory / 2**20)
+    capacity = {
+        m: ModelCapacity(
+            sum(n.gpus for n in ns), sum(n.cpu_milli for n in ns), sum(n.memory_mib for n in ns)
+        )
+        for m, ns in per_model.items()
+    }
+    return configuration_lp(
+        capacity,
+        demand_of(
+            (j.request, j.needs.requests.cpu_milli, j.needs.requests.memory / 2**20) for j in jobs
+        ),
+    )
+
+
+def demand_of(jobs: Iterable[tuple[MappedRequest, float, float]]) -> dict[MappedRequest, Demand]:
+    """(request, cpu milli, memory MiB) per job -> the demand per request type."""
+    acc: dict[MappedRequest, list[float]] = {}
+    for request, cpu, memory in jobs:
+        a = acc.setdefault(request, [0.0, float("inf"), float("inf")])
+        a[0] += 1
+        a[1] = min(a[1], cpu)
+        a[2] = min(a[2], memory)
+    return {r: Demand(*a) for r, a in acc.items()}
+
+
+def configuration_lp(
+    capacity: Mapping[str, ModelCapacity], demand: Mapping[MappedRequest, Demand]
+) -> LpBound:
+    """The configuration LP (module docstring) for GPUs per model and jobs per request type."""
+    by_request = {r: [d.count, d.cpu_milli, d.memory_mib] for r, d in demand.items()}
     requests = sorted(by_request, key=lambda r: (r.whole, r.count, r.profiles, r.models))
-    models = sorted(per_model)
+    models = sorted(capacity)
     configs = {
         m: configurations(
             gpu_model(m), sorted({p for r in requests if (p := r.profile_on(m)) is not None})
@@ -149,7 +190,7 @@ def configuration_bound(nodes: Sequence[TraceNode], jobs: Sequence[Job]) -> LpBo
         r0 = row()
         for i in range(len(configs[m])):
             r0[index[("x", m, i)]] = 1.0
-        limits.append(float(sum(n.gpus for n in per_model[m])))
+        limits.append(float(capacity[m].gpus))
         for p in sorted({k for c in configs[m] for k in c}):
             rp = row()
             for i, c in enumerate(configs[m]):
@@ -164,8 +205,8 @@ def configuration_bound(nodes: Sequence[TraceNode], jobs: Sequence[Job]) -> LpBo
                 _, least_cpu, least_memory = by_request[r]
                 cpu[index[("z", r, m)]] = least_cpu
                 mem[index[("z", r, m)]] = least_memory
-        limits.append(float(sum(n.cpu_milli for n in per_model[m])))
-        limits.append(float(sum(n.memory_mib for n in per_model[m])))
+        limits.append(float(capacity[m].cpu_milli))
+        limits.append(float(capacity[m].memory_mib))
     for r in requests:
         rr = row()
         for m in models:

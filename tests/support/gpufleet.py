@@ -44,9 +44,12 @@ _STRATEGIC = "application/strategic-merge-patch+json"
 
 @dataclass(frozen=True)
 class FleetNode:
-    index: int
+    index: int  # unique in the fleet: the GPUs' UUIDs are derived from it
     name: str
     model_key: str
+    gpus: int | None = None  # None: the fleet's gpus_per_node
+    cpu: str = FakeNode.cpu  # what the node reports (capacity = allocatable)
+    memory: str = FakeNode.memory
 
 
 def fleet_node(index: int) -> FleetNode:
@@ -56,6 +59,8 @@ def fleet_node(index: int) -> FleetNode:
 def node_slices(node: FleetNode, driver: str, gpus_per_node: int = 8) -> list[dict[str, Any]]:
     """The pool the plugin publishes for this node (counter slices split out, as on 1.35+)."""
     model = gpu_model(node.model_key)
+    if node.gpus is not None:
+        gpus_per_node = node.gpus
     gpus = [
         PublishedGpu(
             minor=i,
@@ -125,15 +130,22 @@ class GpuFleet:
         self._plain = plain_pods_per_node
         self._plain_ns = plain_namespace
         self.plain_pods = 0
+        self._gpu_count = 0
 
     @property
     def gpu_count(self) -> int:
-        return len(self.nodes) * self._gpus
+        return self._gpu_count
 
     def grow_to(self, count: int, progress: Callable[[str], None] = lambda _m: None) -> float:
         """Add nodes until the fleet has `count`; returns the seconds it took (all Ready)."""
+        return self.add([fleet_node(i) for i in range(len(self.nodes), count)], progress)
+
+    def add(
+        self, todo: Sequence[FleetNode], progress: Callable[[str], None] = lambda _m: None
+    ) -> float:
+        """Add these nodes (each as it says: model, GPU count, cpu, memory); returns the
+        seconds it took (all Ready)."""
         begin = time.monotonic()
-        todo = [fleet_node(i) for i in range(len(self.nodes), count)]
         with ThreadPoolExecutor(self._workers) as pool:
             for done, _ in enumerate(pool.map(self._add, todo), 1):
                 if done % 100 == 0:
@@ -142,7 +154,12 @@ class GpuFleet:
         return time.monotonic() - begin
 
     def _add(self, node: FleetNode) -> None:
-        fake = FakeNode(name=node.name, labels={FLEET_LABEL: node.model_key})
+        fake = FakeNode(
+            name=node.name,
+            cpu=node.cpu,
+            memory=node.memory,
+            labels={FLEET_LABEL: node.model_key},
+        )
         created = self._api.request("POST", "/api/v1/nodes", body=node_manifest(fake))
         uid = str(created["metadata"]["uid"])
         now = _now()
@@ -170,6 +187,7 @@ class GpuFleet:
         with self._lock:
             self.nodes[node.name] = uid
             self.plain_pods += self._plain
+            self._gpu_count += self._gpus if node.gpus is None else node.gpus
 
     def _wait_untainted(self, names: Sequence[str], timeout: float = 300.0) -> None:
         """Admission gives every new Node the not-ready taint; node-lifecycle lifts it once it

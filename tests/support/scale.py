@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -281,8 +281,14 @@ class ControllerUnderTest:
     optionally CPUs of its own."""
 
     def __init__(
-        self, kubeconfig: Path, log: Path, source: Path | None, cpus: frozenset[int] = frozenset()
+        self,
+        kubeconfig: Path,
+        log: Path,
+        source: Path | None,
+        cpus: frozenset[int] = frozenset(),
+        extra: Sequence[str] = (),
     ) -> None:
+        """`extra`: more flags for the controller (e.g. `--packing-policy=least-waste`)."""
         from devcluster.processes import ManagedProcess, console_script
 
         self.port = _free_port()
@@ -298,6 +304,7 @@ class ControllerUnderTest:
             f"--http-address=127.0.0.1:{self.port}",
             "--log-format=text",
             f"--driver-name={DEFAULT_CONTRACT.driver}",
+            *extra,
         ]
         self.started = time.monotonic()
         self.process = started_on_cpus(

@@ -1,0 +1,369 @@
+"""End-to-end packing through the real control plane: carve's controller against the real
+kube-scheduler v1.37.2, on the same arrivals, in one run.
+
+    python -m bench.cluster_packing --mix inference --seed 1            # the MIG-native mix
+    python -m bench.cluster_packing --seed 1 \
+        --trace ../shared/traces/alibaba-gpu-v2023/openb_pod_list_default.csv
+    python -m bench.cluster_packing --list-mixes
+    python -m bench.cluster_packing --summarize run1.json run2.json ...   # seeds side by side
+
+One private control plane (etcd, kube-apiserver, kube-controller-manager and kube-scheduler
+v1.37.2, the last from a KubeSchedulerConfiguration with two profiles, printed at the head of
+every run: ``default-scheduler``, untouched, and ``bench-binpack``, NodeResourcesFit with
+MostAllocated), then ``--nodes`` fake GPU nodes (``tests.support.gpufleet``: Node objects with
+the workload's cpu and memory, Leases renewed, the exact ResourceSlices carve's plugin
+publishes for the workload's GPU models), then the arms one after the other on that fleet:
+
+- ``carve`` (the controller's default policy) or ``carve-<policy>`` (``best-fit``,
+  ``least-waste``, ``first-fit``): a fresh carve-controller with ``--packing-policy``; pods gated
+  by carve's admission policy, claims of carve's DeviceClasses; kube-scheduler (default profile)
+  binds what carve placed;
+- ``scheduler-default``: no carve-controller; pods not gated, claims of two DeviceClasses outside
+  carve's set that select the same partitionable devices; kube-scheduler's default profile
+  (NodeResourcesFit LeastAllocated on cpu and memory, and its other default plugins) picks the
+  node, its DRA allocator the devices: what a user gets with the native path;
+- ``scheduler-binpack``: the same with ``schedulerName: bench-binpack``.
+
+Each arm gets the same jobs (``tests.bench.cluster_workload``: arrival times, lifetimes, cpu and
+memory, one ResourceClaim from a template per job), in a namespace of its own. A pod is created
+at its arrival time, deleted ``lifetime`` seconds after it was seen bound, and the node side is
+played by ``tests.support.cluster_packing.NodeStandIn``, which adds and removes the node's
+finalizer as the plugin does, so carve's release handshake and the native path's claim deletion
+run as on a real cluster. The arm ends once every job was bound, or ``--drain`` seconds after
+the last arrival.
+
+Workloads: ``--trace PATH`` (any file of the Alibaba GPU trace's format; the mapping onto MIG is
+printed) or ``--mix NAME`` (``tests.bench.mig_mix``; ``--list-mixes`` prints the names, the
+default first, and the chosen mix is printed parameter by parameter). ``--seed`` picks the
+trace's stretch, or draws the mix. ``--jobs``, ``--rate``, ``--load``, ``--window-from``,
+``--min-run`` and ``--max-run`` set the time scale (``tests.bench.cluster_workload``).
+
+The figures (definitions in ``tests.bench.cluster_figures`` and under the table) are computed
+after the run from what it recorded. The run ends with one line per arm:
+
+    arm=<name> share=<placed GPU share> jobs=<fraction placed> large_p99_wait_s=<seconds>
+
+``--json PATH`` writes the figures; ``--summarize`` prints several such files side by side,
+per workload and arm, with the mean and the range over the runs, and each carve arm's ratio to
+each scheduler arm, taken within each run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tests.bench.alibaba import CITATION, NODE_FILE, TRACE_DIR, load_nodes, load_tasks
+from tests.bench.cluster_figures import ArmFigures, ClassWaits, arm_figures, fleet_model
+from tests.bench.cluster_workload import SIZE_CLASSES, Timing, Workload, describe, trace_workload
+from tests.bench.mig_mix import MIXES, describe_mix, mix_named, mix_workload
+from tests.support.cluster_packing import (
+    SCHEDULER_PROFILES,
+    ArmSettings,
+    ClusterPacking,
+    parse_arm,
+)
+
+DEFAULT_ARMS = "carve,scheduler-default,scheduler-binpack"
+
+
+def build_workload(args: argparse.Namespace, timing: Timing) -> tuple[Workload, list[str]]:
+    """The workload and the lines that describe it."""
+    if args.trace is not None:
+        w = trace_workload(
+            args.trace.name,
+            load_tasks(args.trace),
+            load_nodes(args.node_file),
+            node_count=args.nodes,
+            timing=timing,
+            seed=args.seed,
+        )
+        return w, [f"trace: {CITATION}", *describe(w, timing)]
+    mix = mix_named(args.mix or MIXES[0].name)
+    w = mix_workload(mix, args.nodes, timing, args.seed)
+    return w, [*describe_mix(mix), *describe(w, timing)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables
+
+
+def _wait(w: ClassWaits) -> str:
+    if not w.jobs:
+        return "-"
+    more = "+" if w.unplaced else ""  # some waits are lower bounds
+    return f"{w.p50:.0f}/{w.p99:.0f}{more}"
+
+
+def table(figures: Sequence[ArmFigures]) -> list[str]:
+    head = (
+        f"{'arm':<22}{'share':>7}{'/bound':>7}{'bound':>7}{'jobs':>7}{'by hor.':>8}{'util':>6}"
+        f"{'frag':>6}"
+        + "".join(f"{'wait ' + c:>15}" for c in SIZE_CLASSES)
+        + f"{'large p99':>10}{'max large':>10}"
+    )
+    lines = [head]
+    for f in figures:
+        lines.append(
+            f"{f.arm:<22}{f.share:>7.3f}{f.of_bound:>7.3f}{f.bound:>7.3f}"
+            f"{f.placed_fraction:>7.3f}{f.placed_by_horizon / f.jobs:>8.3f}{f.util:>6.3f}"
+            f"{f.frag:>6.3f}"
+            + "".join(f"{_wait(f.waits[c]):>15}" for c in SIZE_CLASSES)
+            + f"{f.large.p99:>10.1f}{f.max_large_wait:>10.1f}"
+        )
+    return lines
+
+
+LEGEND = (
+    "share: GPU share held by running jobs over the window / GPUs; /bound: share over "
+    "bound (fluid and configuration LP of the jobs present); jobs: bound before the arm ended; "
+    "by hor.: bound by the last arrival; util: memory slices held; frag: free share on nodes "
+    "that cannot host the largest waiting request / GPUs; waits: p50/p99 seconds (+: some jobs "
+    "never bound, their waits are lower bounds); large: 7g and multi-GPU"
+)
+
+
+def ratios(figures: Sequence[ArmFigures]) -> list[str]:
+    """Each carve arm against each scheduler arm, in this run."""
+    out = []
+    peers = [f for f in figures if f.arm.startswith("scheduler-")]
+    for f in figures:
+        if not f.arm.startswith("carve"):
+            continue
+        for p in peers:
+            out.append(
+                f"{f.arm} vs {p.arm}: share x{_ratio(f.share, p.share)}, jobs "
+                f"x{_ratio(f.placed_fraction, p.placed_fraction)}, large p99 wait "
+                f"x{_ratio(f.large.p99, p.large.p99)}, 7g p99 "
+                f"x{_ratio(f.waits['7g'].p99, p.waits['7g'].p99)}, multi-GPU p99 "
+                f"x{_ratio(f.waits['multi-GPU'].p99, p.waits['multi-GPU'].p99)}"
+            )
+    return out
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.3f}" if b and not math.isnan(a) and not math.isnan(b) else "n/a"
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON and the summary over runs
+
+
+def to_json(workload: Workload, head: Sequence[str], figures: Sequence[ArmFigures]) -> str:
+    return json.dumps(
+        {
+            "workload": workload.name,
+            "head": list(head),
+            "arms": [dataclasses.asdict(f) for f in figures],
+        },
+        indent=1,
+    )
+
+
+def from_json(data: Mapping[str, Any]) -> list[ArmFigures]:
+    out = []
+    for saved in data["arms"]:
+        a = dict(saved)
+        a["waits"] = {c: ClassWaits(**w) for c, w in a["waits"].items()}
+        a["large"] = ClassWaits(**a["large"])
+        a["notes"] = tuple(a.get("notes") or ())
+        out.append(ArmFigures(**a))
+    return out
+
+
+def summarize(paths: Sequence[Path]) -> list[str]:
+    """Mean and range over runs, per workload and arm, and the in-run ratios."""
+    runs: dict[str, list[list[ArmFigures]]] = {}
+    for path in paths:
+        data = json.loads(path.read_text())
+        runs.setdefault(data["workload"], []).append(from_json(data))
+    lines: list[str] = []
+    for workload, per_run in runs.items():
+        lines.append(f"{workload}: {len(per_run)} runs")
+        arms = [f.arm for f in per_run[0]]
+
+        def spread(values: Sequence[float], fmt: str = ".3f") -> str:
+            values = [v for v in values if not math.isnan(v)]
+            if not values:
+                return "n/a"
+            return f"{statistics.fmean(values):{fmt}} [{min(values):{fmt}}-{max(values):{fmt}}]"
+
+        for arm in arms:
+            got = [f for run in per_run for f in run if f.arm == arm]
+            lines.append(
+                f"  {arm:<22} share {spread([f.share for f in got])}  /bound "
+                f"{spread([f.of_bound for f in got])}  jobs "
+                f"{spread([f.placed_fraction for f in got])}"
+                f"  frag {spread([f.frag for f in got])}  large p99 "
+                f"{spread([f.large.p99 for f in got], '.0f')}s  7g p99 "
+                f"{spread([f.waits['7g'].p99 for f in got], '.0f')}s  multi-GPU p99 "
+                f"{spread([f.waits['multi-GPU'].p99 for f in got], '.0f')}s"
+            )
+        for arm in arms:
+            if not arm.startswith("carve"):
+                continue
+            for peer in (a for a in arms if a.startswith("scheduler-")):
+                pairs = [
+                    (next(f for f in run if f.arm == arm), next(f for f in run if f.arm == peer))
+                    for run in per_run
+                ]
+                lines.append(
+                    f"  {arm} / {peer}: share x{spread([a.share / b.share for a, b in pairs])}, "
+                    f"large p99 x{spread([_div(a.large.p99, b.large.p99) for a, b in pairs])}, "
+                    "7g p99 x"
+                    + spread([_div(a.waits["7g"].p99, b.waits["7g"].p99) for a, b in pairs])
+                    + ", "
+                    "multi-GPU p99 x"
+                    + spread(
+                        [_div(a.waits["multi-GPU"].p99, b.waits["multi-GPU"].p99) for a, b in pairs]
+                    )
+                )
+    return lines
+
+
+def _div(a: float, b: float) -> float:
+    return a / b if b else math.nan
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.cluster_packing",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--trace", type=Path, help="a task list of the Alibaba trace's format")
+    source.add_argument("--mix", help=f"a MIG-native mix (default {MIXES[0].name})")
+    source.add_argument("--list-mixes", action="store_true", help="print the mixes and exit")
+    source.add_argument(
+        "--summarize", type=Path, nargs="+", help="print runs' --json files side by side"
+    )
+    parser.add_argument("--node-file", type=Path, default=TRACE_DIR / NODE_FILE)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--nodes", type=int, default=100)
+    parser.add_argument("--arms", default=DEFAULT_ARMS)
+    defaults = Timing()
+    parser.add_argument("--jobs", type=int, default=defaults.jobs)
+    parser.add_argument("--rate", type=float, default=defaults.rate, help="arrivals per second")
+    parser.add_argument(
+        "--load", type=float, default=defaults.load, help="offered load over the window"
+    )
+    parser.add_argument(
+        "--window-from",
+        type=float,
+        default=defaults.window_from,
+        help="where the measured window starts, as a fraction of the arrival span",
+    )
+    parser.add_argument("--min-run", type=float, default=defaults.min_run)
+    parser.add_argument("--max-run", type=float, default=defaults.max_run)
+    settings = ArmSettings()
+    parser.add_argument("--drain", type=float, default=settings.drain_s)
+    parser.add_argument("--destroy", type=float, default=settings.destroy_s)
+    parser.add_argument("--creators", type=int, default=settings.creators)
+    parser.add_argument("--control-plane-qps", type=float, default=200.0)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--workdir", type=Path, help="keep the control plane's logs here (default: a temp dir)"
+    )
+    args = parser.parse_args(argv)
+
+    if args.list_mixes:
+        for m in MIXES:
+            print(m.name)
+        return 0
+    if args.summarize:
+        print("\n".join(summarize(args.summarize)))
+        return 0
+    try:
+        arms = [parse_arm(a.strip()) for a in args.arms.split(",") if a.strip()]
+        timing = Timing(
+            args.jobs, args.rate, args.load, args.window_from, args.min_run, args.max_run
+        )
+        workload, head = build_workload(args, timing)
+    except ValueError as exc:
+        parser.error(str(exc))
+    head.append(
+        "kube-scheduler profiles (KubeSchedulerConfiguration kubescheduler.config.k8s.io/v1): "
+        + json.dumps(list(SCHEDULER_PROFILES))
+    )
+    for line in head:
+        print(line, flush=True)
+
+    from devcluster.binaries import BinariesUnavailableError
+    from devcluster.cluster import LocalCluster
+
+    begin = time.monotonic()
+    root = args.workdir or Path(tempfile.mkdtemp(prefix="carve-cluster-packing-"))
+    cluster = LocalCluster(
+        root / "cluster",
+        client_qps=args.control_plane_qps or None,
+        scheduler_profiles=SCHEDULER_PROFILES,
+    )
+    try:
+        info = cluster.start()
+    except BinariesUnavailableError as exc:
+        print(f"cluster_packing: control plane unavailable: {exc}", file=sys.stderr)
+        return 2
+    bench = ClusterPacking(
+        info,
+        root,
+        workload,
+        ArmSettings(drain_s=args.drain, destroy_s=args.destroy, creators=args.creators),
+    )
+    figures: list[ArmFigures] = []
+    try:
+        took = bench.install()
+        print(f"fleet ready in {took:.0f}s", file=sys.stderr, flush=True)
+        model = fleet_model(workload.nodes)
+        for arm in arms:
+            t0 = time.monotonic()
+            run = bench.run_arm(arm)
+            f = arm_figures(arm.name, workload, run.records, model, run.end)
+            f = dataclasses.replace(
+                f,
+                notes=(
+                    *f.notes,
+                    *run.notes,
+                    f"creators' lag p99 {run.create_lag_p99:.2f}s",
+                    f"arm took {time.monotonic() - t0:.0f}s",
+                ),
+            )
+            figures.append(f)
+            print(f"[{arm.name}] {f.summary_line()} ({'; '.join(f.notes)})", file=sys.stderr)
+    finally:
+        bench.close()
+        cluster.stop()
+        if args.workdir is None:
+            shutil.rmtree(root, ignore_errors=True)
+    print()
+    for line in table(figures):
+        print(line)
+    print(LEGEND)
+    for f in figures:
+        print(f"  {f.arm}: {'; '.join(f.notes)}")
+    for line in ratios(figures):
+        print(line)
+    print(f"run took {time.monotonic() - begin:.0f}s")
+    if args.json:
+        args.json.write_text(to_json(workload, head, figures))
+    for f in figures:
+        print(f.summary_line())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

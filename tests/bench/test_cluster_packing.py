@@ -1,0 +1,122 @@
+"""`python -m bench.cluster_packing`'s machinery on a tiny fleet, so the end-to-end replay cannot
+rot: a private control plane whose kube-scheduler runs the bench's two profiles, two fake GPU
+nodes, a dozen jobs through a carve arm and a bin-packing scheduler arm.
+
+Only the mechanics are checked (every job created on time, bound, run for its lifetime, its
+devices recorded and never shared, the node's finalizer handshake done, the right allocator
+and profile at work, nothing left behind), never the packing figures."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from devcluster.binaries import BinariesUnavailableError
+from devcluster.cluster import LocalCluster
+from driver.catalog import gpu_model
+from tests.bench.cluster_figures import arm_figures, fleet_model
+from tests.bench.cluster_workload import Timing, Workload
+from tests.bench.mig_mix import INFERENCE, mix_workload
+from tests.support.cluster_packing import (
+    BINPACK_SCHEDULER,
+    SCHEDULER_PROFILES,
+    ArmRun,
+    ArmSettings,
+    ClusterPacking,
+    SchedulerWork,
+    parse_arm,
+)
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+SUMMARY = re.compile(r"arm=\S+ share=\d\.\d{4} jobs=\d\.\d{4} large_p99_wait_s=\d+\.\d")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """A control plane of its own: the suite's shared one runs kube-scheduler's default
+    configuration, and this needs the bench's KubeSchedulerConfiguration."""
+    cluster = LocalCluster(
+        tmp_path_factory.mktemp("cluster-packing"), scheduler_profiles=SCHEDULER_PROFILES
+    )
+    try:
+        cluster.start()
+    except BinariesUnavailableError as exc:
+        if os.environ.get("CARVE_REQUIRE_CLUSTER"):
+            raise RuntimeError(f"CARVE_REQUIRE_CLUSTER is set: {exc}") from exc
+        pytest.skip(f"control plane unavailable: {exc}")
+    yield cluster
+    cluster.stop()
+
+
+def _check_arm(workload: Workload, run: ArmRun) -> None:
+    jobs = {j.name: j for j in workload.jobs}
+    nodes = {n.name: n for n in workload.nodes}
+    assert set(run.records) == set(jobs), "every job's pod was created"
+    assert run.create_lag_p99 < 5.0, "and about on time"
+    held: list[tuple[float, float, str, str]] = []  # (bound, ended, device, job)
+    for name, rec in run.records.items():
+        job = jobs[name]
+        assert rec.bound is not None, f"{name} was never bound"
+        if rec.ended is not None:
+            assert rec.ended >= rec.bound + job.lifetime - 0.01, "deleted after its lifetime"
+        assert rec.node in nodes, "bound to a fleet node"
+        model = nodes[rec.node].model
+        assert model in job.request.models
+        assert rec.devices, f"the node saw {name}'s allocation"
+        assert {d.pool for d in rec.devices} == {rec.node}
+        if job.request.whole:
+            assert len(rec.devices) == job.request.count
+            assert all("-mig-" not in d.device for d in rec.devices)
+        else:
+            [device] = rec.devices
+            profile = job.request.profile_on(model)
+            assert profile is not None
+            assert f"-mig-{profile.replace('.', '')}-" in device.device
+            assert gpu_model(model).key == model
+        ended = run.end if rec.ended is None else rec.ended
+        held += [(rec.bound, ended, d.device + "@" + rec.node, name) for d in rec.devices]
+    assert sum(1 for r in run.records.values() if r.ended is not None) >= len(jobs) // 2
+    held.sort()
+    for i, (_, end, device, name) in enumerate(held):
+        for start2, _end2, device2, name2 in held[i + 1 :]:
+            if start2 >= end:
+                break
+            assert device2 != device, f"{name} and {name2} held {device} at once"
+    assert not [n for n in run.notes if "left behind" in n or "stand-in errors" in n], run.notes
+    # One claim per job: the node's finalizer went on when it was bound and came off after.
+    assert run.handshakes == (len(jobs), len(jobs))
+
+
+def test_the_replay_runs_a_carve_arm_and_a_scheduler_arm_on_the_same_jobs(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    timing = Timing(jobs=12, rate=2.0, load=0.5, window_from=0.0, min_run=1.0, max_run=1.0)
+    workload = mix_workload(INFERENCE, 2, timing, seed=3)
+    bench = ClusterPacking(
+        cluster.info, tmp_path, workload, ArmSettings(drain_s=60.0, destroy_s=0.5, creators=2)
+    )
+    runs = []
+    try:
+        bench.install()
+        for name in ("carve", "scheduler-binpack"):
+            runs.append(bench.run_arm(parse_arm(name)))
+    finally:
+        bench.close()
+    carve, binpack = runs
+    for run in runs:
+        _check_arm(workload, run)
+    assert carve.carve_allocated == set(carve.records), "carve allocated every claim"
+    assert not binpack.carve_allocated, "kube-scheduler allocated the native path's claims"
+    # Through the bin-packing profile of the KubeSchedulerConfiguration, which did nothing else.
+    assert binpack.scheduled_by_profile >= len(workload.jobs)
+    work = SchedulerWork.read(cluster.info, BINPACK_SCHEDULER)
+    assert work.scheduled == binpack.scheduled_by_profile
+    for run in runs:
+        f = arm_figures(run.arm, workload, run.records, fleet_model(workload.nodes), run.end)
+        assert f.placed == len(workload.jobs)
+        assert SUMMARY.fullmatch(f.summary_line()), f.summary_line()
