@@ -18,6 +18,7 @@ import yaml
 
 import controller.main as controller_main
 import kubeletplugin.main as plugin_main
+from controller.placement import DEFAULT_POLICY, Policy
 from driver.catalog import CATALOG
 from driver.contract import DEFAULT_MIG_RESOURCE_PREFIX, Contract
 from nodesim.stack import INSTALL_MANIFESTS, MANIFESTS, render_manifest
@@ -236,6 +237,7 @@ def _container(docs: list[dict[str, Any]], workload: str) -> dict[str, Any]:
 def test_the_components_accept_the_settings_the_chart_gives_them(helm: Helm) -> None:
     docs = helm.template(
         "controller.nativeFallbackAfter=10m",
+        "controller.packingPolicy=least-waste",
         "logging.format=text",
         "logging.level=debug",
         "metrics.port=9090",
@@ -254,6 +256,7 @@ def test_the_components_accept_the_settings_the_chart_gives_them(helm: Helm) -> 
     assert c_opts.driver_name == "mig.carve.dev"
     assert c_opts.device_classes == Contract().default_classes
     assert c_opts.native_fallback_after == 600.0
+    assert c_opts.packing_policy is Policy.LEAST_WASTE
     assert c_opts.lease is not None and c_opts.lease.namespace == "carve-system"
     assert c_opts.lease.identity == "carve-controller-abc"
     assert (c_opts.http_address, c_opts.log_format, c_opts.log_level) == (":9090", "text", "DEBUG")
@@ -286,7 +289,9 @@ def test_the_components_accept_the_settings_the_chart_gives_them(helm: Helm) -> 
 def test_defaults_parse_too(helm: Helm) -> None:
     docs = helm.template()
     c_env = _env_of(docs, "Deployment", **{"metadata.name": "c", "metadata.namespace": "n"})
-    assert controller_main.parse_options([], c_env).lease is not None
+    c_opts = controller_main.parse_options([], c_env)
+    assert c_opts.lease is not None
+    assert c_opts.packing_policy is DEFAULT_POLICY  # the chart ships the controller's default
     p_env = _env_of(docs, "DaemonSet", **{"spec.nodeName": "n", "metadata.namespace": "ns"})
     p_opts = plugin_main.parse_options([], p_env)
     assert p_opts.simulate is None and p_opts.driver_root == Path("/")
