@@ -23,11 +23,11 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from devcluster import components
 from devcluster.binaries import Binaries, ensure_binaries, kubectl_path
@@ -104,12 +104,9 @@ class LocalCluster:
         detached: bool = False,
         progress: Callable[[str], None] | None = None,
         client_qps: float | None = None,
-        scheduler_profiles: Sequence[Mapping[str, Any]] | None = None,
     ) -> None:
         """`client_qps`: raise kube-scheduler's and kube-controller-manager's client rate
-        limit to this many requests per second (`components._client_rate`); None: defaults.
-        `scheduler_profiles`: run kube-scheduler from a KubeSchedulerConfiguration with these
-        profiles (`components.scheduler_config`); None: its flags and default profile."""
+        limit to this many requests per second (`components._client_rate`); None: defaults."""
         self._owns_root = root is None
         self.layout = Layout(
             Path(tempfile.mkdtemp(prefix="carve-devcluster-")) if root is None else root
@@ -118,7 +115,6 @@ class LocalCluster:
         self._detached = detached
         self._progress = progress or (lambda _msg: None)
         self._client_qps = client_qps
-        self._scheduler_profiles = scheduler_profiles
         self._processes: list[ManagedProcess] = []
         self._info: ClusterInfo | None = None
         self._stopped = False
@@ -216,21 +212,10 @@ class LocalCluster:
         )
         self._wait(apiserver, deadline, lambda: _https_ok(server, "/readyz", pki))
         self._progress("kube-apiserver ready")
-        config = None
-        if self._scheduler_profiles is not None:
-            config = layout.root / "kube-scheduler.yaml"
-            config.write_text(
-                json.dumps(
-                    components.scheduler_config(
-                        layout, self._scheduler_profiles, client_qps=self._client_qps
-                    ),
-                    indent=1,
-                )
-            )
         scheduler = self._spawn(
             "kube-scheduler",
             components.scheduler_args(
-                binaries.kube_scheduler, layout, ports, client_qps=self._client_qps, config=config
+                binaries.kube_scheduler, layout, ports, client_qps=self._client_qps
             ),
         )
         kcm = self._spawn(

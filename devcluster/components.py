@@ -182,14 +182,21 @@ def _client_rate(qps: float | None) -> list[str]:
 
 
 def scheduler_config(
-    layout: Layout, profiles: Sequence[Mapping[str, Any]], client_qps: float | None = None
+    layout: Layout,
+    profiles: Sequence[Mapping[str, Any]],
+    client_qps: float | None = None,
+    *,
+    leader_elect: bool = True,
 ) -> dict[str, Any]:
-    """A KubeSchedulerConfiguration (kubescheduler.config.k8s.io/v1) with these `profiles`.
+    """A KubeSchedulerConfiguration (kubescheduler.config.k8s.io/v1) with these `profiles`,
+    for a kube-scheduler started with `--config` (`scheduler_args`).
 
     With `--config`, kube-scheduler ignores its deprecated flags (`--kubeconfig`,
     `--kube-api-qps`, `--kube-api-burst`; cmd/kube-scheduler/app/options, `ApplyTo`), so the
-    connection and its rate limit are set here instead; leader election stays on, as with
-    flags. A profile left without `plugins` or `pluginConfig` is kube-scheduler's default."""
+    connection and its rate limit are set here instead. A profile left without `plugins` or
+    `pluginConfig` is kube-scheduler's default. A second scheduler beside the cluster's own
+    runs without leader election (`leader_elect=False`): the bootstrap RBAC of
+    system:kube-scheduler renews only the Lease named kube-scheduler."""
     connection: dict[str, Any] = {"kubeconfig": str(layout.scheduler_kubeconfig)}
     if client_qps is not None:
         connection.update(qps=client_qps, burst=int(2 * client_qps))
@@ -197,7 +204,7 @@ def scheduler_config(
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
         "clientConnection": connection,
-        "leaderElection": {"leaderElect": True},
+        "leaderElection": {"leaderElect": leader_elect},
         "profiles": [dict(p) for p in profiles],
     }
 
@@ -209,7 +216,8 @@ def scheduler_args(
     client_qps: float | None = None,
     config: Path | None = None,
 ) -> list[str]:
-    """`config`: a KubeSchedulerConfiguration file (`scheduler_config`) instead of flags."""
+    """`config`: a KubeSchedulerConfiguration file (`scheduler_config`) instead of flags;
+    `ports.scheduler` is where it serves /metrics and /healthz either way."""
     kubeconfig = layout.scheduler_kubeconfig
     connection = (
         [f"--config={config}"]

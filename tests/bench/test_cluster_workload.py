@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from controller.placement import DEFAULT_POLICY, Policy
 from driver.allocation import AllocatedDevice
 from tests.bench.alibaba import (
     DEFAULT_TASKS,
@@ -32,7 +33,7 @@ from tests.bench.cluster_workload import (
     trace_workload,
 )
 from tests.bench.mig_mix import INFERENCE, MIXES, describe_mix, fleet, mix_named, mix_workload
-from tests.support.cluster_packing import fleet_slices, parse_arm
+from tests.support.cluster_packing import fleet_slices, parse_arm, parse_arms
 
 H100 = "H100-SXM5-80GB"
 _1G = MappedRequest(False, 1, (H100,), ((H100, "1g.10gb"),), 1 / 8)
@@ -251,11 +252,23 @@ def test_the_figures_model_names_devices_as_the_fleet_publishes_them() -> None:
 
 def test_arm_names() -> None:
     carve = parse_arm("carve")
-    assert carve.carve and carve.name.startswith("carve-")
+    assert carve.carve and carve.name == f"carve-{DEFAULT_POLICY.value}"
+    assert carve.scheduler == "default-scheduler", "the cluster's own binds what carve placed"
     lw = parse_arm("carve-least-waste")
-    assert lw.policy is not None and lw.policy.value == "least-waste"
-    assert parse_arm("scheduler-default").scheduler == "default-scheduler"
+    assert lw.policy is Policy.LEAST_WASTE
+    default = parse_arm("scheduler-default")
+    assert default.profile == {"schedulerName": "bench-default"}, "the default, renamed"
     binpack = parse_arm("scheduler-binpack")
     assert not binpack.carve and binpack.scheduler == "bench-binpack"
+    assert binpack.profile is not None
+    [fit] = binpack.profile["pluginConfig"]
+    assert fit["name"] == "NodeResourcesFit"
+    assert fit["args"]["scoringStrategy"]["type"] == "MostAllocated"
     with pytest.raises(ValueError, match="one of carve, carve-best-fit"):
         parse_arm("carve-tightest")
+    assert [a.name for a in parse_arms("carve, scheduler-binpack")] == [
+        carve.name,
+        "scheduler-binpack",
+    ]
+    with pytest.raises(ValueError, match="at most one carve arm"):
+        parse_arms("carve-best-fit,carve-least-waste")

@@ -172,6 +172,8 @@ def test_a_scheduler_configuration_carries_what_the_flags_would(tmp_path: Path) 
     assert config["leaderElection"] == {"leaderElect": True}
     assert [p["schedulerName"] for p in config["profiles"]] == ["default-scheduler", "binpack"]
     assert "qps" not in components.scheduler_config(layout, [])["clientConnection"]
+    beside = components.scheduler_config(layout, [binpack], leader_elect=False)
+    assert beside["leaderElection"] == {"leaderElect": False}
     argv = components.scheduler_args(
         bins.kube_scheduler, layout, PORTS, client_qps=200, config=tmp_path / "s.yaml"
     )

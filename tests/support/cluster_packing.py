@@ -1,33 +1,43 @@
 """The machinery of ``python -m bench.cluster_packing`` (the command line and what it measures
-are explained there): one control plane, one fleet, the arms one after the other.
+are explained there): one control plane, every arm at the same time on a fleet of its own.
 
 It lives here, not in bench/, so that tests/bench/test_cluster_packing.py can run it on a small
 fleet (tests never import bench/).
 
-- The fleet: ``tests.support.gpufleet`` nodes (Node objects, Leases renewed, the exact
+- **All arms at once.** Each arm gets its own copy of the workload's fleet (node names prefixed
+  ``a<i>-``, labelled :data:`ARM_LABEL`), its own namespace, and its pods select their copy
+  with a nodeSelector. Arms run side by side because this is a shared machine whose load moves
+  by the minute: one after the other, each arm would meet a different machine. Side by side
+  they meet the same one, and each arm's own placement loop stays its own:
+- **carve arm** (at most one per run): a fresh carve-controller with ``--packing-policy``; the
+  cluster's kube-scheduler (default profile) binds what it placed;
+- **scheduler arms**: a kube-scheduler process of their own each (the cluster's own
+  binary, started from a KubeSchedulerConfiguration with the arm's single profile,
+  :data:`SCHEDULER_PROFILES`), so one arm's queue of unschedulable pods never delays another
+  arm; their claims use DeviceClasses outside carve's set that select the same devices
+  (``tests.bench.through_cluster.NATIVE_CLASSES``), so carve's gate and controller leave them.
+- **The fleet**: ``tests.support.gpufleet`` nodes (Node objects, Leases renewed, the exact
   ResourceSlices carve's plugin publishes), each with the workload's model, GPU count, cpu and
   memory.
-- The node side, :class:`NodeStandIn`: no kubelet or plugin runs, so this plays their part in
-  the claim's life as the plugin does it (``kubeletplugin.claims.KubernetesClaimClient``, the
+- **The node side**, :class:`NodeStandIn`: no kubelet or plugin runs, so this plays their part
+  in the claim's life as the plugin does it (``kubeletplugin.claims.KubernetesClaimClient``, the
   plugin's own code): when a pod is bound, it adds the node's finalizer to the pod's claims
   (the plugin does so when it carves, at prepare); when the pod is gone, it waits
   ``destroy_s`` (the simulator's GI destroy) and removes it (the plugin does so once the MIG
   instance is destroyed). carve's controller frees a placement only after that (DESIGN
   invariant 4), and on the native path the claim, and with it its devices, stays until then.
-- An arm (:meth:`ClusterPacking.run_arm`): a namespace of its own with one
-  ResourceClaimTemplate per distinct request; pods created at their arrival times by a few
-  creator threads; each pod deleted ``lifetime`` seconds after it was seen bound (with no
-  kubelet, bound is when a pod would start); a carve arm runs a fresh carve-controller with
-  ``--packing-policy``, a scheduler arm runs none and its claims use DeviceClasses outside
-  carve's set (``tests.bench.through_cluster.NATIVE_CLASSES``) that select the same devices.
-  The arm ends once every job was bound, or ``drain_s`` after the last arrival; its pods are
-  then deleted and the bench waits for their claims to go, so the next arm starts on an empty
-  fleet.
+- **An arm's jobs**: one ResourceClaimTemplate per distinct request; pods created at their
+  arrival times by a few creator threads; each pod deleted ``lifetime`` seconds after it was
+  seen bound (with no kubelet, bound is when a pod would start). An arm's figures stop at its
+  own end (every job bound, or ``drain_s`` after the last arrival), but its pods keep churning
+  until every arm has ended, so the load on the machine stays the same for all. Then every
+  pod is deleted and the bench waits for the claims to go.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import heapq
 import json
 import math
@@ -49,113 +59,142 @@ from tests.bench.cluster_workload import NodeSpec, TimedJob, Workload
 from tests.bench.through_cluster import NATIVE_CLASSES, native_spec
 from tests.support.gpufleet import FleetNode, GpuFleet, node_slices
 
-BINPACK_SCHEDULER = "bench-binpack"
-SCHEDULER_PROFILES: tuple[Mapping[str, Any], ...] = (
-    # kube-scheduler's default profile, untouched: what a user gets by default.
-    {"schedulerName": "default-scheduler"},
+ARM_LABEL = "bench.carve.dev/arm"
+DEFAULT_PROFILE: Mapping[str, Any] = {"schedulerName": "bench-default"}
+"""kube-scheduler's default profile, untouched but for its name: what a user gets by default."""
+BINPACK_PROFILE: Mapping[str, Any] = {
+    "schedulerName": "bench-binpack",
     # Bin packing as the Kubernetes documentation configures it ("Resource Bin Packing"):
     # NodeResourcesFit scores with MostAllocated. Its DRA-aware part (DRAExtendedResource)
     # counts only extended resources a pod requests in resources.requests, and the
     # DynamicResources plugin scores only firstAvailable preferences, so for pods that ask
     # through ResourceClaims cpu and memory are what v1.37 can score.
-    {
-        "schedulerName": BINPACK_SCHEDULER,
-        "pluginConfig": [
-            {
-                "name": "NodeResourcesFit",
-                "args": {
-                    "scoringStrategy": {
-                        "type": "MostAllocated",
-                        "resources": [
-                            {"name": "cpu", "weight": 1},
-                            {"name": "memory", "weight": 1},
-                        ],
-                    }
-                },
-            }
-        ],
-    },
-)
-"""The KubeSchedulerConfiguration's profiles (``devcluster.components.scheduler_config``)."""
+    "pluginConfig": [
+        {
+            "name": "NodeResourcesFit",
+            "args": {
+                "scoringStrategy": {
+                    "type": "MostAllocated",
+                    "resources": [
+                        {"name": "cpu", "weight": 1},
+                        {"name": "memory", "weight": 1},
+                    ],
+                }
+            },
+        }
+    ],
+}
+SCHEDULER_PROFILES: Mapping[str, Mapping[str, Any]] = {
+    "scheduler-default": DEFAULT_PROFILE,
+    "scheduler-binpack": BINPACK_PROFILE,
+}
+"""Scheduler arm -> the one profile of its kube-scheduler's KubeSchedulerConfiguration."""
 
 NAMESPACE_PREFIX = "cp"
-_GATE = DEFAULT_CONTRACT.scheduling_gate
 _MIB = 2**20
 
 
 @dataclass(frozen=True)
 class Arm:
-    """One way of placing the jobs: carve's controller with a policy, or kube-scheduler with
-    a profile on the native path."""
+    """One way of placing the jobs: carve's controller with a policy, or a kube-scheduler of
+    its own with a profile on the native path."""
 
     name: str
     policy: Policy | None  # carve arms
-    scheduler: str  # the pods' schedulerName
+    profile: Mapping[str, Any] | None  # scheduler arms
 
     @property
     def carve(self) -> bool:
         return self.policy is not None
+
+    @property
+    def scheduler(self) -> str:
+        """The pods' schedulerName."""
+        return "default-scheduler" if self.profile is None else str(self.profile["schedulerName"])
 
 
 def parse_arm(name: str) -> Arm:
     """``carve`` (the controller's default policy), ``carve-<policy>``, ``scheduler-default``
     or ``scheduler-binpack``."""
     if name == "carve":
-        return Arm(f"carve-{DEFAULT_POLICY.value}", DEFAULT_POLICY, "default-scheduler")
+        return Arm(f"carve-{DEFAULT_POLICY.value}", DEFAULT_POLICY, None)
     if name.startswith("carve-"):
         try:
-            return Arm(name, Policy(name.removeprefix("carve-")), "default-scheduler")
+            return Arm(name, Policy(name.removeprefix("carve-")), None)
         except ValueError:
             pass
-    if name == "scheduler-default":
-        return Arm(name, None, "default-scheduler")
-    if name == "scheduler-binpack":
-        return Arm(name, None, BINPACK_SCHEDULER)
-    choices = ", ".join(
-        ["carve", *(f"carve-{p.value}" for p in Policy), "scheduler-default", "scheduler-binpack"]
-    )
+    if name in SCHEDULER_PROFILES:
+        return Arm(name, None, SCHEDULER_PROFILES[name])
+    choices = ", ".join(["carve", *(f"carve-{p.value}" for p in Policy), *SCHEDULER_PROFILES])
     raise ValueError(f"unknown arm {name!r}; one of {choices}")
+
+
+def parse_arms(text: str) -> list[Arm]:
+    """Comma-separated arm names; at most one carve arm (one controller runs at a time)."""
+    arms = [parse_arm(a.strip()) for a in text.split(",") if a.strip()]
+    if not arms:
+        raise ValueError("no arms")
+    if sum(a.carve for a in arms) > 1:
+        raise ValueError("at most one carve arm per run: one carve-controller places them all")
+    if len({a.name for a in arms}) != len(arms):
+        raise ValueError("an arm is named twice")
+    return arms
 
 
 @dataclass(frozen=True)
 class ArmSettings:
-    drain_s: float = 300.0  # after the last arrival, at most
+    drain_s: float = 60.0  # after the last arrival, at most
     destroy_s: float = 1.0  # the stand-in's MIG destroy
-    creators: int = 6
+    creators: int = 3  # per arm
     progress_s: float = 15.0
     cleanup_s: float = 300.0
 
 
 @dataclass(frozen=True)
 class ArmRun:
-    """What one arm recorded."""
+    """What one arm recorded; node names and device pools are the workload's (unprefixed)."""
 
     arm: str
     records: Mapping[str, JobRecord]
-    end: float  # seconds from the arm's start to when it stopped watching
+    end: float  # seconds from the start to the arm's end
     create_lag_p99: float  # how late the creators were (created - arrival), p99
     carve_allocated: frozenset[str] = frozenset()  # pods whose claims carve allocated
     handshakes: tuple[int, int] = (0, 0)  # node finalizers the stand-in added, removed
-    scheduled_by_profile: float = math.nan  # pods kube-scheduler's arm profile scheduled
+    scheduled_by_profile: float = math.nan  # pods the arm's own kube-scheduler scheduled
     notes: tuple[str, ...] = ()
 
 
-def fleet_nodes(nodes: Sequence[NodeSpec]) -> list[FleetNode]:
+def fleet_nodes(nodes: Sequence[NodeSpec], arm: int = 0, label: str = "") -> list[FleetNode]:
+    """Arm ``arm``'s copy of the fleet: names prefixed ``a<arm>-``, labelled with ``label``."""
     return [
-        FleetNode(i, n.name, n.model, n.gpus, f"{n.cpu_milli}m", f"{n.memory_mib}Mi")
+        FleetNode(
+            arm * 10_000 + i,
+            f"a{arm}-{n.name}",
+            n.model,
+            n.gpus,
+            f"{n.cpu_milli}m",
+            f"{n.memory_mib}Mi",
+            ((ARM_LABEL, label),) if label else (),
+        )
         for i, n in enumerate(nodes)
     ]
 
 
 def fleet_slices(nodes: Sequence[NodeSpec]) -> list[dict[str, Any]]:
-    """The slices the fleet publishes (the same function makes them for the apiserver)."""
-    return [s for n in fleet_nodes(nodes) for s in node_slices(n, DRIVER)]
+    """The slices the fleet publishes, with the workload's own node names (each arm's copy
+    publishes these under its prefixed names)."""
+    return [
+        s
+        for i, n in enumerate(nodes)
+        for s in node_slices(FleetNode(i, n.name, n.model, n.gpus), DRIVER)
+    ]
 
 
-def pod_manifest(job: TimedJob, template: str, scheduler: str) -> dict[str, Any]:
+def pod_manifest(job: TimedJob, template: str, arm: Arm) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": 0,
+        "nodeSelector": {ARM_LABEL: arm.name},
         "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
         "containers": [
             {
@@ -168,8 +207,8 @@ def pod_manifest(job: TimedJob, template: str, scheduler: str) -> dict[str, Any]
             }
         ],
     }
-    if scheduler != "default-scheduler":
-        spec["schedulerName"] = scheduler
+    if arm.scheduler != "default-scheduler":
+        spec["schedulerName"] = arm.scheduler
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -208,6 +247,9 @@ class NodeStandIn:
         self.carve_allocated: set[str] = set()
         self.finalizers_added = 0
         self.finalizers_removed = 0
+        # Claims already gone or going when the node got to them: with a kubelet, the pod would
+        # have been deleted before it started. Their devices may be missing from the records.
+        self.late = 0
         self.errors: list[str] = []
         self._threads = [
             threading.Thread(target=self._work, args=(q,), daemon=True) for q in self._queues
@@ -231,6 +273,8 @@ class NodeStandIn:
     def _prepare(self, pod: str, node: str, claims: Sequence[str]) -> None:
         from kubeletplugin.claims import ClaimGoneError
 
+        if not claims:
+            self.errors.append(f"prepare {pod}: the bound pod names no claim in its status")
         finalizer = DEFAULT_CONTRACT.node_finalizer(node)
         done: list[tuple[str, str, str]] = []
         devices: list[Any] = []
@@ -238,7 +282,9 @@ class NodeStandIn:
         for name in claims:
             try:
                 view = self._claims.get(self._ns, name)
-                if view is None:
+                if view is None:  # the pod came and went before the node got to it
+                    with self._lock:
+                        self.late += 1
                     continue
                 devices.extend(view.results_for(DRIVER))
                 by_carve &= DEFAULT_CONTRACT.allocation_finalizer in view.finalizers
@@ -247,6 +293,8 @@ class NodeStandIn:
                 with self._lock:
                     self.finalizers_added += 1
             except ClaimGoneError:
+                with self._lock:
+                    self.late += 1
                 continue
             except Exception as exc:  # recorded, never fatal: the figures say how many
                 self.errors.append(f"prepare {pod}/{name}: {exc}")
@@ -311,25 +359,26 @@ class _Seen:
     bound: float = math.nan
     node: str = ""
     ended: float = math.nan
-    claims: tuple[str, ...] = ()
 
 
 @dataclass
 class _ArmState:
-    """Watch-fed, shared by the arm's threads under ``lock``."""
+    """One arm's watch-fed state, shared by its threads under ``lock``."""
 
-    begin: float
+    arm: Arm
+    index: int
+    namespace: str
+    templates: Mapping[str, str]  # job -> ResourceClaimTemplate
     lifetimes: Mapping[str, float]
     stand_in: NodeStandIn
+    clock: Callable[[], float]  # seconds since the run's start
     seen: dict[str, _Seen] = field(default_factory=dict)
     due: list[tuple[float, str]] = field(default_factory=list)  # (delete at, pod), a heap
     lock: threading.Lock = field(default_factory=threading.Lock)
-    # Set when the arm ends: binds seen later (the clean-up frees room, and kube-scheduler
-    # binds what still waits) are not the arm's.
-    closed: bool = False
-
-    def now(self) -> float:
-        return time.monotonic() - self.begin
+    # Set at the arm's end: what happens later (its pods keep churning until every arm has
+    # ended; the clean-up frees room and kube-scheduler binds what still waits) is not the
+    # arm's.
+    end: float | None = None
 
     def on_pod(self, _kind: Any, type_: Any, obj: dict[str, Any]) -> None:
         name = obj["metadata"]["name"]
@@ -338,69 +387,93 @@ class _ArmState:
         if str(type_) == "DELETED":
             self.stand_in.gone(name)
             return
-        spec = obj.get("spec") or {}
-        node = spec.get("nodeName")
+        node = (obj.get("spec") or {}).get("nodeName")
         if not node:
             return
+        claims = tuple(
+            c["resourceClaimName"]
+            for c in (obj.get("status") or {}).get("resourceClaimStatuses") or []
+            if c.get("resourceClaimName")
+        )
         with self.lock:
-            if self.closed:
-                return
             s = self.seen.setdefault(name, _Seen())
             if not math.isnan(s.bound):
                 return
-            s.bound, s.node = self.now(), str(node)
-            claims = tuple(
-                c["resourceClaimName"]
-                for c in (obj.get("status") or {}).get("resourceClaimStatuses") or []
-                if c.get("resourceClaimName")
-            )
-            s.claims = claims
+            s.bound, s.node = self.clock(), str(node)
             heapq.heappush(self.due, (s.bound + self.lifetimes[name], name))
         self.stand_in.bound(name, str(node), claims)
 
+    def counts(self) -> tuple[int, int, int]:
+        """Jobs created, bound and ended so far."""
+        with self.lock:
+            values = list(self.seen.values())
+        return (
+            sum(1 for s in values if not math.isnan(s.created)),
+            sum(1 for s in values if not math.isnan(s.bound)),
+            sum(1 for s in values if not math.isnan(s.ended)),
+        )
 
-@dataclass(frozen=True)
-class _Creation:
-    """What the creator threads of one arm share."""
+    def records(self) -> dict[str, JobRecord]:
+        """What the arm saw up to its end, with the workload's node names."""
+        prefix = f"a{self.index}-"
+        end = math.inf if self.end is None else self.end
+        out = {}
+        with self.lock:
+            for name, s in self.seen.items():
+                if math.isnan(s.created) or s.created > end:
+                    continue
+                bound = None if math.isnan(s.bound) or s.bound > end else s.bound
+                ended = None if bound is None or math.isnan(s.ended) or s.ended > end else s.ended
+                devices = tuple(
+                    dataclasses.replace(d, pool=d.pool.removeprefix(prefix))
+                    for d in self.stand_in.devices.get(name, ())
+                )
+                out[name] = JobRecord(
+                    name,
+                    s.created,
+                    bound,
+                    s.node.removeprefix(prefix) if bound is not None else "",
+                    devices if bound is not None else (),
+                    ended,
+                )
+        return out
 
-    namespace: str
-    arm: Arm
-    templates: Mapping[str, str]
-    state: _ArmState
-    stop: threading.Event
+
+# ---------------------------------------------------------------------------------------------
+# kube-scheduler
 
 
-def scheduler_metrics(info: Any) -> str:
-    """kube-scheduler's /metrics, read with the cluster admin's certificate."""
+def scheduler_metrics(root: Path, port: int) -> str:
+    """A kube-scheduler's /metrics, read with the cluster admin's certificate."""
     import ssl
     import urllib.request
 
     from devcluster.components import Layout
 
-    pki = Layout(Path(info.root)).pki_dir
+    pki = Layout(root).pki_dir
     ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
     ctx.check_hostname = False  # the serving certificate is kube-scheduler's own, self-signed
     ctx.verify_mode = ssl.CERT_NONE
     ctx.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
-    url = f"https://127.0.0.1:{info.ports.scheduler}/metrics"
+    url = f"https://127.0.0.1:{port}/metrics"
     with urllib.request.urlopen(url, context=ctx, timeout=30) as resp:
         return str(resp.read().decode())
 
 
 @dataclass(frozen=True)
 class SchedulerWork:
-    """What kube-scheduler did during an arm: attempts by result, and its CPU seconds."""
+    """What one kube-scheduler did: attempts of one profile by result, and its CPU seconds."""
 
-    scheduled: float  # by the profile read
+    scheduled: float
     unschedulable: float
     cpu_s: float
 
     @classmethod
-    def read(cls, info: Any, profile: str) -> SchedulerWork:
+    def read(cls, root: Path, port: int, profile: str) -> SchedulerWork:
         from tests.support import promtext
 
         try:
-            text = scheduler_metrics(info)
+            text = scheduler_metrics(root, port)
         except OSError:
             return cls(math.nan, math.nan, math.nan)
         attempts = "scheduler_schedule_attempts_total"
@@ -418,29 +491,88 @@ class SchedulerWork:
         )
 
 
+class ArmScheduler:
+    """A kube-scheduler process for one scheduler arm: the cluster's binary and credentials,
+    a KubeSchedulerConfiguration with the arm's one profile, no leader election."""
+
+    def __init__(self, info: Any, arm: Arm, workdir: Path, client_qps: float | None) -> None:
+        from devcluster import components
+        from devcluster.binaries import ensure_binaries
+        from devcluster.components import Layout, Ports
+        from devcluster.processes import ManagedProcess
+        from tests.support.scale import free_port
+
+        assert arm.profile is not None
+        self.root = Path(info.root)
+        self.profile = arm.scheduler
+        layout = Layout(self.root)
+        config = workdir / f"kube-scheduler-{arm.name}.yaml"
+        config.write_text(
+            json.dumps(
+                components.scheduler_config(
+                    layout, [arm.profile], client_qps=client_qps, leader_elect=False
+                ),
+                indent=1,
+            )
+        )
+        self.port = free_port()
+        ports = dataclasses.replace(Ports(**dataclasses.asdict(info.ports)), scheduler=self.port)
+        argv = components.scheduler_args(
+            ensure_binaries(build=False).kube_scheduler, layout, ports, config=config
+        )
+        self.process = ManagedProcess(
+            f"kube-scheduler-{arm.name}",
+            argv,
+            workdir / f"kube-scheduler-{arm.name}.log",
+            tie_to_parent=True,
+        )
+        deadline = time.monotonic() + 120
+        while math.isnan(self.work().scheduled):
+            if self.process.exit_code() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"kube-scheduler for {arm.name}:\n{self.process.log_tail(30)}")
+            time.sleep(0.5)
+
+    def work(self) -> SchedulerWork:
+        return SchedulerWork.read(self.root, self.port, self.profile)
+
+    def stop(self) -> None:
+        self.process.stop()
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+
+
 class ClusterPacking:
-    """One control plane with the fleet installed; runs arms on it, one at a time."""
+    """One control plane; every arm at once, each on its own copy of the fleet."""
 
     def __init__(
         self,
         cluster_info: Any,
         workdir: Path,
         workload: Workload,
+        arms: Sequence[Arm],
+        *,
         settings: ArmSettings = ArmSettings(),
         progress: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True),
+        client_qps: float | None = 200.0,
     ) -> None:
         from devcluster.cluster import api_client_for
         from kubeletplugin.claims import KubeJson
 
+        if sum(a.carve for a in arms) > 1:
+            raise ValueError("at most one carve arm per run")
         self.info = cluster_info
         self.workdir = workdir
         self.workload = workload
+        self.arms = list(arms)
         self.settings = settings
         self.say = progress
+        self.client_qps = client_qps
         self.admin = api_client_for(Path(cluster_info.kubeconfig))
         self.api = KubeJson(self.admin, request_timeout=60.0)
         self.fleet = GpuFleet(self.admin, DRIVER)
-        self._arms = 0
+        self.schedulers: dict[str, ArmScheduler] = {}
 
     # -- set-up --------------------------------------------------------------------------------
 
@@ -455,8 +587,9 @@ class ClusterPacking:
             return {}
 
     def install(self) -> float:
-        """carve's DeviceClasses and admission gate, the native path's DeviceClasses, and the
-        fleet; returns the seconds the fleet took to grow."""
+        """carve's DeviceClasses and admission gate, the native path's DeviceClasses, every
+        arm's copy of the fleet and every scheduler arm's kube-scheduler; returns the seconds
+        the fleet took to grow."""
         from nodesim.stack import CarveStack
 
         stack = CarveStack(Path(self.info.kubeconfig), self.workdir / "stack")
@@ -477,14 +610,24 @@ class ClusterPacking:
                     "spec": {"selectors": [{"cel": {"expression": expression}}]},
                 },
             )
-        took = self.fleet.add(fleet_nodes(self.workload.nodes), self.say)
+        nodes = [
+            n
+            for i, arm in enumerate(self.arms)
+            for n in fleet_nodes(self.workload.nodes, i, arm.name)
+        ]
+        took = self.fleet.add(nodes, self.say)
         self.fleet.start()
+        for arm in self.arms:
+            if not arm.carve:
+                self.schedulers[arm.name] = ArmScheduler(
+                    self.info, arm, self.workdir, self.client_qps
+                )
         return took
 
     def close(self) -> None:
+        for s in self.schedulers.values():
+            s.stop()
         self.fleet.stop()
-
-    # -- one arm -------------------------------------------------------------------------------
 
     def _templates(self, namespace: str, arm: Arm) -> dict[str, str]:
         """One ResourceClaimTemplate per distinct request; job name -> template name."""
@@ -518,119 +661,6 @@ class ClusterPacking:
                 )
         return names
 
-    def run_arm(self, arm: Arm) -> ArmRun:
-        from controller.informers import Informer, InformerConfig
-        from controller.reconciler import Kind
-        from tests.support.scale import ControllerUnderTest
-
-        self._arms += 1
-        namespace = f"{NAMESPACE_PREFIX}{self._arms}-{arm.name}"
-        self._create("/api/v1/namespaces", {"metadata": {"name": namespace}})
-        self._wait_service_account(namespace)
-        templates = self._templates(namespace, arm)
-        ctl = None
-        if arm.carve:
-            assert arm.policy is not None
-            ctl = ControllerUnderTest(
-                Path(self.info.kubeconfig),
-                self.workdir / f"controller-{arm.name}.log",
-                None,
-                extra=(f"--packing-policy={arm.policy.value}",),
-            )
-            deadline = time.monotonic() + 300
-            while not ctl.ready():
-                if not ctl.alive() or time.monotonic() > deadline:
-                    raise RuntimeError(f"carve-controller not ready:\n{ctl.process.log_tail(30)}")
-                time.sleep(0.2)
-        stand_in = NodeStandIn(self.api, namespace, self.settings.destroy_s)
-        lifetimes = {j.name: j.lifetime for j in self.workload.jobs}
-        state = _ArmState(time.monotonic(), lifetimes, stand_in)
-
-        def list_pods(**kwargs: Any) -> Any:
-            from kubernetes import client
-
-            return client.CoreV1Api(self.admin).list_namespaced_pod(namespace, **kwargs)
-
-        watcher = Informer(
-            Kind.POD,
-            list_pods,
-            state.on_pod,
-            lambda _k: None,
-            InformerConfig(watch_timeout_s=120, resync_period_s=None),
-        )
-        threading.Thread(target=watcher.run, args=(time.monotonic,), daemon=True).start()
-        while not watcher.has_synced:
-            time.sleep(0.05)
-        notes: list[str] = []
-        stop = threading.Event()
-        work0 = SchedulerWork.read(self.info, arm.scheduler)
-        cpu0 = ctl.cpu_s() if ctl is not None else math.nan
-        try:
-            state.begin = time.monotonic()
-            threads = [
-                threading.Thread(
-                    target=self._create_pods,
-                    args=(_Creation(namespace, arm, templates, state, stop), w),
-                    daemon=True,
-                )
-                for w in range(self.settings.creators)
-            ]
-            threads.append(
-                threading.Thread(
-                    target=self._delete_due, args=(namespace, state, stop), daemon=True
-                )
-            )
-            for t in threads:
-                t.start()
-            end = self._watch_until_done(arm, state, ctl)
-            with state.lock:
-                state.closed = True
-            stop.set()
-            work = SchedulerWork.read(self.info, arm.scheduler)
-            notes.append(work.since(work0))
-            if ctl is not None:
-                notes.append(f"carve-controller: {ctl.cpu_s() - cpu0:.0f} CPU seconds")
-            for t in threads:
-                t.join(timeout=30)
-        finally:
-            stop.set()
-            clean = self._clean_up(namespace, ctl)
-            if not clean:
-                notes.append("pods or claims were left behind after the arm")
-            stand_in.stop()
-            watcher.stop()
-            if ctl is not None:
-                ctl.stop()
-        if stand_in.errors:
-            notes.append(f"{len(stand_in.errors)} stand-in errors, e.g. {stand_in.errors[0]}")
-        with state.lock:
-            records = {
-                name: JobRecord(
-                    name,
-                    s.created,
-                    None if math.isnan(s.bound) else s.bound,
-                    s.node,
-                    stand_in.devices.get(name, ()),
-                    None if math.isnan(s.ended) else s.ended,
-                )
-                for name, s in state.seen.items()
-                if not math.isnan(s.created)
-            }
-        lags = sorted(
-            r.created - j.arrival for j in self.workload.jobs if (r := records.get(j.name))
-        )
-        lag = lags[min(len(lags) - 1, int(0.99 * len(lags)))] if lags else math.nan
-        return ArmRun(
-            arm.name,
-            records,
-            end,
-            lag,
-            frozenset(stand_in.carve_allocated),
-            (stand_in.finalizers_added, stand_in.finalizers_removed),
-            work.scheduled - work0.scheduled,
-            tuple(notes),
-        )
-
     def _wait_service_account(self, namespace: str) -> None:
         from devcluster.waiting import wait_for
 
@@ -640,99 +670,261 @@ class ClusterPacking:
             lambda: self.api.request("GET", path).get("items"),
         )
 
-    def _create_pods(self, c: _Creation, worker: int) -> None:
+    # -- the arms, at once ---------------------------------------------------------------------
+
+    def run(self) -> list[ArmRun]:
+        """Every arm at once, from one start; one ArmRun per arm, in the arms' order."""
+        from controller.informers import Informer, InformerConfig
+        from controller.reconciler import Kind
+        from tests.support.scale import ControllerUnderTest
+
+        begin = [time.monotonic()]
+
+        def clock() -> float:
+            return time.monotonic() - begin[0]
+
+        states: list[_ArmState] = []
+        for i, arm in enumerate(self.arms):
+            namespace = f"{NAMESPACE_PREFIX}{i}-{arm.name}"
+            self._create("/api/v1/namespaces", {"metadata": {"name": namespace}})
+            self._wait_service_account(namespace)
+            states.append(
+                _ArmState(
+                    arm,
+                    i,
+                    namespace,
+                    self._templates(namespace, arm),
+                    {j.name: j.lifetime for j in self.workload.jobs},
+                    NodeStandIn(self.api, namespace, self.settings.destroy_s),
+                    clock,
+                )
+            )
+        ctl = None
+        carve = next((a for a in self.arms if a.carve), None)
+        if carve is not None:
+            assert carve.policy is not None
+            ctl = ControllerUnderTest(
+                Path(self.info.kubeconfig),
+                self.workdir / f"controller-{carve.name}.log",
+                None,
+                extra=(f"--packing-policy={carve.policy.value}",),
+            )
+            deadline = time.monotonic() + 300
+            while not ctl.ready():
+                if not ctl.alive() or time.monotonic() > deadline:
+                    raise RuntimeError(f"carve-controller not ready:\n{ctl.process.log_tail(30)}")
+                time.sleep(0.2)
+        watchers = []
+        for st in states:
+
+            def list_pods(ns: str = st.namespace, **kwargs: Any) -> Any:
+                from kubernetes import client
+
+                return client.CoreV1Api(self.admin).list_namespaced_pod(ns, **kwargs)
+
+            watcher = Informer(
+                Kind.POD,
+                list_pods,
+                st.on_pod,
+                lambda _k: None,
+                InformerConfig(watch_timeout_s=120, resync_period_s=None),
+            )
+            threading.Thread(target=watcher.run, args=(time.monotonic,), daemon=True).start()
+            watchers.append(watcher)
+        while not all(w.has_synced for w in watchers):
+            time.sleep(0.05)
+        work0 = {name: s.work() for name, s in self.schedulers.items()}
+        cpu0 = ctl.cpu_s() if ctl is not None else math.nan
+        work1: dict[str, SchedulerWork] = {}
+        cpu1 = math.nan
+        stop = threading.Event()
+        threads: list[threading.Thread] = []
+        clean = True
+        try:
+            begin[0] = time.monotonic()
+            for st in states:
+                threads += [
+                    threading.Thread(target=self._create_pods, args=(st, w, stop), daemon=True)
+                    for w in range(self.settings.creators)
+                ]
+                threads.append(
+                    threading.Thread(target=self._delete_due, args=(st, stop), daemon=True)
+                )
+            for t in threads:
+                t.start()
+            self._watch_until_done(states, ctl, clock)
+            work1 = {name: s.work() for name, s in self.schedulers.items()}
+            cpu1 = ctl.cpu_s() if ctl is not None else math.nan
+            stop.set()
+            for t in threads:
+                t.join(timeout=30)
+        finally:
+            stop.set()
+            for st in states:
+                if st.end is None:
+                    st.end = clock()
+            clean = self._clean_up([st.namespace for st in states], ctl)
+            for st in states:
+                st.stand_in.stop()
+            for w in watchers:
+                w.stop()
+            if ctl is not None:
+                ctl.stop()
+        return [self._arm_run(st, clean, work0, work1, cpu1 - cpu0) for st in states]
+
+    def _arm_run(
+        self,
+        st: _ArmState,
+        clean: bool,
+        work0: Mapping[str, SchedulerWork],
+        work1: Mapping[str, SchedulerWork],
+        carve_cpu_s: float,
+    ) -> ArmRun:
+        records = st.records()
+        notes: list[str] = []
+        if not clean:
+            notes.append("pods or claims were left behind after the run")
+        if st.stand_in.late:
+            notes.append(
+                f"{st.stand_in.late} claims were gone before the node stand-in got to them"
+            )
+        if st.stand_in.errors:
+            notes.append(f"{len(st.stand_in.errors)} stand-in errors, e.g. {st.stand_in.errors[0]}")
+        scheduled = math.nan
+        if st.arm.name in work1:
+            before, after = work0[st.arm.name], work1[st.arm.name]
+            notes.append(after.since(before))
+            scheduled = after.scheduled - before.scheduled
+        elif st.arm.carve:
+            notes.append(f"carve-controller: {carve_cpu_s:.0f} CPU seconds")
+        lags = sorted(
+            r.created - j.arrival for j in self.workload.jobs if (r := records.get(j.name))
+        )
+        lag = lags[min(len(lags) - 1, int(0.99 * len(lags)))] if lags else math.nan
+        assert st.end is not None
+        return ArmRun(
+            st.arm.name,
+            records,
+            st.end,
+            lag,
+            frozenset(st.stand_in.carve_allocated),
+            (st.stand_in.finalizers_added, st.stand_in.finalizers_removed),
+            scheduled,
+            tuple(notes),
+        )
+
+    def _create_pods(self, st: _ArmState, worker: int, stop: threading.Event) -> None:
         from kubeletplugin.claims import ApiError
 
         jobs = self.workload.jobs
         for i in range(worker, len(jobs), self.settings.creators):
             job = jobs[i]
-            delay = job.arrival - c.state.now()
-            if delay > 0 and c.stop.wait(delay):
+            delay = job.arrival - st.clock()
+            if delay > 0 and stop.wait(delay):
                 return
-            if c.stop.is_set():
+            if stop.is_set():
                 return
             try:
                 self.api.request(
                     "POST",
-                    f"/api/v1/namespaces/{c.namespace}/pods",
-                    body=pod_manifest(job, c.templates[job.name], c.arm.scheduler),
+                    f"/api/v1/namespaces/{st.namespace}/pods",
+                    body=pod_manifest(job, st.templates[job.name], st.arm),
                 )
             except ApiError as exc:
-                self.say(f"[{c.arm.name}] creating {job.name} failed: {exc}")
+                self.say(f"[{st.arm.name}] creating {job.name} failed: {exc}")
                 continue
-            with c.state.lock:
-                c.state.seen.setdefault(job.name, _Seen()).created = c.state.now()
+            with st.lock:
+                st.seen.setdefault(job.name, _Seen()).created = st.clock()
 
-    def _delete_due(self, namespace: str, state: _ArmState, stop: threading.Event) -> None:
+    def _delete_due(self, st: _ArmState, stop: threading.Event) -> None:
         from kubeletplugin.claims import ApiError
 
         def delete(name: str) -> None:
             with contextlib.suppress(ApiError):
                 self.api.request(
                     "DELETE",
-                    f"/api/v1/namespaces/{namespace}/pods/{name}",
+                    f"/api/v1/namespaces/{st.namespace}/pods/{name}",
                     body={"gracePeriodSeconds": 0},
                 )
 
         with ThreadPoolExecutor(2) as pool:
             while not stop.is_set():
                 due: list[str] = []
-                with state.lock:
-                    now = state.now()
-                    while state.due and state.due[0][0] <= now:
-                        _, name = heapq.heappop(state.due)
-                        state.seen[name].ended = now
+                with st.lock:
+                    now = st.clock()
+                    while st.due and st.due[0][0] <= now:
+                        _, name = heapq.heappop(st.due)
+                        st.seen[name].ended = now
                         due.append(name)
                 list(pool.map(delete, due))
                 stop.wait(0.1)
 
-    def _watch_until_done(self, arm: Arm, state: _ArmState, ctl: Any) -> float:
-        jobs = self.workload.jobs
-        last = self.workload.last_arrival
-        deadline = last + self.settings.drain_s
+    def _watch_until_done(
+        self, states: Sequence[_ArmState], ctl: Any, clock: Callable[[], float]
+    ) -> None:
+        """Until every arm has ended: all its jobs bound, or the drain is over."""
+        jobs = len(self.workload.jobs)
+        deadline = self.workload.last_arrival + self.settings.drain_s
         next_say = self.settings.progress_s
-        while True:
-            now = state.now()
-            with state.lock:
-                created = sum(1 for s in state.seen.values() if not math.isnan(s.created))
-                bound = sum(1 for s in state.seen.values() if not math.isnan(s.bound))
-                ended = sum(1 for s in state.seen.values() if not math.isnan(s.ended))
-            if created == len(jobs) and bound == len(jobs):
-                self.say(f"[{arm.name}] {now:.0f}s: all {bound} jobs bound")
-                return now
-            if now > deadline:
-                self.say(
-                    f"[{arm.name}] {now:.0f}s: drain over ({self.settings.drain_s:g}s after the "
-                    f"last arrival); {len(jobs) - bound} jobs never bound"
-                )
-                return now
+        while any(st.end is None for st in states):
+            now = clock()
+            for st in states:
+                if st.end is not None:
+                    continue
+                created, bound, _ = st.counts()
+                if created == jobs and bound == jobs:
+                    st.end = now
+                    self.say(f"[{st.arm.name}] {now:.0f}s: all {bound} jobs bound")
+                elif now > deadline:
+                    st.end = now
+                    self.say(
+                        f"[{st.arm.name}] {now:.0f}s: drain over ({self.settings.drain_s:g}s "
+                        f"after the last arrival); {jobs - bound} jobs never bound"
+                    )
             if ctl is not None and not ctl.alive():
                 raise RuntimeError(f"carve-controller exited:\n{ctl.process.log_tail(30)}")
             if now >= next_say:
                 next_say += self.settings.progress_s
-                self.say(
-                    f"[{arm.name}] {now:.0f}s: created {created}/{len(jobs)}, bound {bound}, "
-                    f"running {bound - ended}, waiting {created - bound}, ended {ended}"
-                )
+                parts = []
+                for st in states:
+                    created, bound, ended = st.counts()
+                    parts.append(
+                        f"{st.arm.name} {created}/{bound}/{bound - ended}/{created - bound}"
+                    )
+                self.say(f"{now:.0f}s (created/bound/running/waiting): " + ", ".join(parts))
             time.sleep(0.2)
 
-    def _clean_up(self, namespace: str, ctl: Any) -> bool:
-        """Delete the arm's pods and wait for their claims to go (the stand-in drops its
-        finalizers, carve's controller its own), so the next arm starts on an empty fleet."""
+    def _clean_up(self, namespaces: Sequence[str], ctl: Any) -> bool:
+        """Delete the arms' pods and wait for their claims to go (the stand-ins drop their
+        finalizers, carve's controller its own)."""
         from kubeletplugin.claims import ApiError
 
-        pods = f"/api/v1/namespaces/{namespace}/pods"
-        claims = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
-        with contextlib.suppress(ApiError):
-            self.api.request("DELETE", pods, query=[("gracePeriodSeconds", "0")], body={})
+        for ns in namespaces:
+            with contextlib.suppress(ApiError):
+                self.api.request(
+                    "DELETE",
+                    f"/api/v1/namespaces/{ns}/pods",
+                    query=[("gracePeriodSeconds", "0")],
+                    body={},
+                )
         deadline = time.monotonic() + self.settings.cleanup_s
-        while time.monotonic() < deadline:
-            left_pods = self.api.request("GET", pods, query=[("limit", "1")]).get("items")
-            left = self.api.request("GET", claims, query=[("limit", "1")]).get("items")
-            if not left_pods and not left:
-                return True
+        left = list(namespaces)
+        while left and time.monotonic() < deadline:
+            for ns in list(left):
+                pods = self.api.request(
+                    "GET", f"/api/v1/namespaces/{ns}/pods", query=[("limit", "1")]
+                )
+                claims = self.api.request(
+                    "GET",
+                    f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims",
+                    query=[("limit", "1")],
+                )
+                if not pods.get("items") and not claims.get("items"):
+                    left.remove(ns)
             if ctl is not None and not ctl.alive():
                 break
-            time.sleep(0.5)
-        self.say(f"warning: pods or claims of {namespace} were left behind")
-        return False
+            if left:
+                time.sleep(0.5)
+        if left:
+            self.say(f"warning: pods or claims of {', '.join(left)} were left behind")
+        return not left

@@ -50,6 +50,7 @@ class FleetNode:
     gpus: int | None = None  # None: the fleet's gpus_per_node
     cpu: str = FakeNode.cpu  # what the node reports (capacity = allocatable)
     memory: str = FakeNode.memory
+    labels: tuple[tuple[str, str], ...] = ()  # beside FLEET_LABEL
 
 
 def fleet_node(index: int) -> FleetNode:
@@ -158,7 +159,7 @@ class GpuFleet:
             name=node.name,
             cpu=node.cpu,
             memory=node.memory,
-            labels={FLEET_LABEL: node.model_key},
+            labels={FLEET_LABEL: node.model_key, **dict(node.labels)},
         )
         created = self._api.request("POST", "/api/v1/nodes", body=node_manifest(fake))
         uid = str(created["metadata"]["uid"])

@@ -210,7 +210,7 @@ class PodTracker:
 # -- processes and endpoints -------------------------------------------------------------------
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -291,7 +291,7 @@ class ControllerUnderTest:
         """`extra`: more flags for the controller (e.g. `--packing-policy=least-waste`)."""
         from devcluster.processes import ManagedProcess, console_script
 
-        self.port = _free_port()
+        self.port = free_port()
         env = dict(os.environ)
         if source is not None:
             env["PYTHONPATH"] = os.pathsep.join(
