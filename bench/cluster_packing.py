@@ -341,6 +341,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         took = bench.install()
         print(f"fleets ready in {took:.0f}s", file=sys.stderr, flush=True)
         runs = bench.run()
+        print(
+            f"fleet: {bench.fleet.renew_failures} Lease renewals failed, Ready posted again "
+            f"{bench.fleet.ready_again} times (node-lifecycle had lost the node)",
+            file=sys.stderr,
+        )
     finally:
         bench.close()
         cluster.stop()

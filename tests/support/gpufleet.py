@@ -25,6 +25,7 @@ from devcluster.nodes import (
     NODE_LEASE_NAMESPACE,
     NOT_READY_TAINT,
     FakeNode,
+    heartbeat_patch,
     lease_manifest,
     node_manifest,
     node_status,
@@ -38,6 +39,7 @@ from process.kube.jsonclient import KubeJson
 FLEET_MODELS = ("A100-SXM4-80GB", "H100-SXM5-80GB", "H200-SXM5-141GB", "A30-24GB")
 FLEET_LABEL = "bench.carve.dev/gpu-fleet"
 LEASE_RENEW_SECONDS = 10.0  # the kubelet's default; the lease lasts 40 s
+READY_CHECK_ROUNDS = 3  # every third renewal round, post Ready again where it was lost
 _MERGE = "application/merge-patch+json"
 _STRATEGIC = "application/strategic-merge-patch+json"
 
@@ -128,6 +130,7 @@ class GpuFleet:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.renew_failures = 0
+        self.ready_again = 0  # nodes whose Ready was posted again after node-lifecycle lost them
         self._plain = plain_pods_per_node
         self._plain_ns = plain_namespace
         self.plain_pods = 0
@@ -221,11 +224,44 @@ class GpuFleet:
             self._thread.join(timeout=30)
 
     def _renew_loop(self) -> None:
+        rounds = 0
         with ThreadPoolExecutor(4) as pool:
             while not self._stop.wait(self._renew_seconds):
                 with self._lock:
                     names = list(self.nodes)
                 list(pool.map(self._renew, names))
+                rounds += 1
+                if rounds % READY_CHECK_ROUNDS == 0:
+                    self._post_ready_again()
+
+    def _post_ready_again(self) -> None:
+        """Post Ready again for fleet nodes node-lifecycle marked unknown.
+
+        When the machine is so loaded that Lease renewals miss the grace period,
+        node-lifecycle sets Ready to Unknown and taints the node. It never sets Ready back:
+        a kubelet does, by posting its status once it reaches the apiserver again. Without
+        this, one starved minute would take the fleet out for the rest of a run."""
+        try:
+            page = self._api.request("GET", "/api/v1/nodes", query=[("labelSelector", FLEET_LABEL)])
+        except (ApiError, OSError):
+            return
+        for item in page.get("items") or []:
+            conditions = (item.get("status") or {}).get("conditions") or []
+            ready = next((c for c in conditions if c.get("type") == "Ready"), {})
+            if ready.get("status") == "True":
+                continue
+            name = item["metadata"]["name"]
+            try:
+                self._api.request(
+                    "PATCH",
+                    f"/api/v1/nodes/{name}/status",
+                    body=heartbeat_patch(_now()),
+                    content_type=_STRATEGIC,
+                )
+            except (ApiError, OSError):
+                continue
+            with self._lock:
+                self.ready_again += 1
 
     def _renew(self, name: str) -> None:
         stamp = _now().strftime("%Y-%m-%dT%H:%M:%S.%fZ")
