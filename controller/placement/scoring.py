@@ -30,6 +30,14 @@ requests only it can serve. Pods of one workload share a request shape, which is
 is measured against copies of the request itself. It changes single-device decisions only
 (multi-device solutions rank as in best fit).
 
+Fill holes (:class:`FillHoles`) is least waste with the last two keys swapped: among the
+candidates within the waste tolerance, the smallest loss comes before the model's utilisation
+band. Best fit's band sends a request several models can serve to the least used model even
+when that splits an empty GPU there while a busier model has a hole that fits; with pods that
+come and go, those split GPUs are what a 7g or a multi-GPU pod then waits for. Measured end to
+end against kube-scheduler with ``python -m bench.cluster_packing`` (docs/benchmarks.md), where
+it is the controller's default. Multi-device solutions rank as in best fit.
+
 First fit (:class:`FirstFit`) is a naive reference kept for the benchmark and for comparison:
 first GPU in (node, uuid) order, first placement in NVML order. It is not kube-scheduler's
 behaviour (which scores nodes first); the benchmarks run the real kube-scheduler for that.
@@ -60,6 +68,9 @@ class Policy(StrEnum):
     LEAST_WASTE = "least-waste"
     """Best fit after avoiding placements that strand part of their GPU for the request's
     own shape; see the module docstring."""
+    FILL_HOLES = "fill-holes"
+    """Least waste, then the smallest loss before the model's utilisation band: a slice goes
+    into a hole of a split GPU before it splits an empty one; see the module docstring."""
     FIRST_FIT = "first-fit"
     """A naive reference: first GPU (node, then GPU order), first free placement in NVML
     order. Kept for the packing benchmark and for comparison, not for production. It is not
@@ -261,6 +272,18 @@ class LeastWaste(BestFit):
         return self._waste.put(key, value)
 
 
+class FillHoles(LeastWaste):
+    """Least waste, then loss before band (see the module docstring)."""
+
+    def bucket_rank(
+        self, gpu: GpuRecord, occupancy: Occupancy, busy: bool, best: Candidate
+    ) -> tuple[object, ...]:
+        """(waste, loss, band, then best fit's other keys): best fit's rank with its first
+        two keys, the band and the loss, swapped."""
+        waste, band, loss, *rest = super().bucket_rank(gpu, occupancy, busy, best)
+        return (waste, loss, band, *rest)
+
+
 def _waste_of(option: BucketOption) -> Fraction:
     waste = option.rank[0]
     assert isinstance(waste, Fraction)
@@ -278,6 +301,8 @@ def packing_policy(policy: Policy, model: ClusterModel) -> PackingPolicy:
         return FirstFit()
     if policy is Policy.LEAST_WASTE:
         return LeastWaste(model)
+    if policy is Policy.FILL_HOLES:
+        return FillHoles(model)
     return BestFit(model)
 
 

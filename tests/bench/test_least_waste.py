@@ -1,5 +1,6 @@
-"""The least-waste policy (controller/placement/scoring.py), chosen by the trace benchmark:
-it only reorders what best fit may choose, so it never places where geometry forbids, places
+"""The least-waste policy (controller/placement/scoring.py), chosen by the trace benchmark, and
+fill holes, least waste with loss before the model band: they only reorder what best fit may
+choose, so it never places where geometry forbids, places
 exactly when best fit does, decides deterministically, and never takes a candidate that wastes
 more than the tolerance beyond the least wasteful one."""
 
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -67,12 +69,16 @@ cases = given(
 )
 
 
+POLICIES = pytest.mark.parametrize("policy", [Policy.LEAST_WASTE, Policy.FILL_HOLES])
+
+
+@POLICIES
 @cases
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_it_places_where_geometry_allows_exactly_when_best_fit_places(
-    seed: int, nodes: int, fill: float, profile: str
+    policy: Policy, seed: int, nodes: int, fill: float, profile: str
 ) -> None:
-    ours = _place(_cluster(seed, nodes, fill), Policy.LEAST_WASTE, profile)
+    ours = _place(_cluster(seed, nodes, fill), policy, profile)
     best = _place(_cluster(seed, nodes, fill), Policy.BEST_FIT, profile)
     assert isinstance(ours, Placement) == isinstance(best, Placement)
     if isinstance(ours, Placement):
@@ -85,13 +91,14 @@ def test_it_places_where_geometry_allows_exactly_when_best_fit_places(
         assert not model.problems
 
 
+@POLICIES
 @cases
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_it_is_deterministic_and_stays_within_the_waste_tolerance(
-    seed: int, nodes: int, fill: float, profile: str
+    policy: Policy, seed: int, nodes: int, fill: float, profile: str
 ) -> None:
-    first = _place(_cluster(seed, nodes, fill), Policy.LEAST_WASTE, profile)
-    again = _place(_cluster(seed, nodes, fill), Policy.LEAST_WASTE, profile)
+    first = _place(_cluster(seed, nodes, fill), policy, profile)
+    again = _place(_cluster(seed, nodes, fill), policy, profile)
     assert first == again
     if not isinstance(first, Placement):
         return

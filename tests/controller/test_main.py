@@ -113,7 +113,10 @@ def test_leader_elect_takes_a_value_or_stands_alone() -> None:
         (["--carve-wait=later"], r"--carve-wait='later': not a duration.*e\.g\. --carve-wait=30s"),
         (["--commit-workers=many"], r"--commit-workers='many': must be a whole number from 0"),
         (["--commit-workers=100"], r"to 64.*e\.g\. --commit-workers=8"),
-        (["--packing-policy=tightest"], r"must be one of best-fit, least-waste, first-fit"),
+        (
+            ["--packing-policy=tightest"],
+            r"must be one of best-fit, least-waste, fill-holes, first-fit",
+        ),
     ],
 )
 def test_bad_values_are_usage_errors(argv: list[str], message: str) -> None:
