@@ -113,7 +113,7 @@ def _wait(w: ClassWaits) -> str:
 
 def table(figures: Sequence[ArmFigures]) -> list[str]:
     head = (
-        f"{'arm':<22}{'share':>7}{'/bound':>7}{'bound':>7}{'jobs':>7}{'by hor.':>8}{'util':>6}"
+        f"{'arm':<26}{'share':>7}{'/bound':>7}{'bound':>7}{'jobs':>7}{'by hor.':>8}{'util':>6}"
         f"{'frag':>6}"
         + "".join(f"{'wait ' + c:>15}" for c in SIZE_CLASSES)
         + f"{'large p99':>10}{'max large':>10}"
@@ -121,7 +121,7 @@ def table(figures: Sequence[ArmFigures]) -> list[str]:
     lines = [head]
     for f in figures:
         lines.append(
-            f"{f.arm:<22}{f.share:>7.3f}{f.of_bound:>7.3f}{f.bound:>7.3f}"
+            f"{f.arm:<26}{f.share:>7.3f}{f.of_bound:>7.3f}{f.bound:>7.3f}"
             f"{f.placed_fraction:>7.3f}{f.placed_by_horizon / f.jobs:>8.3f}{f.util:>6.3f}"
             f"{f.frag:>6.3f}"
             + "".join(f"{_wait(f.waits[c]):>15}" for c in SIZE_CLASSES)
@@ -241,6 +241,33 @@ def _div(a: float, b: float) -> float:
     return a / b if b else math.nan
 
 
+def in_process(args: argparse.Namespace, workload: Workload, head: Sequence[str]) -> int:
+    """The workload through carve's engine alone, one policy after the other."""
+    from controller.placement import Policy
+    from tests.bench.cluster_inprocess import replay
+
+    for line in head[: -1 if head and "arms at once" in head[-1] else None]:
+        print(line, flush=True)
+    end = workload.last_arrival + args.drain
+    figures = []
+    for name in (p.strip() for p in args.in_process.split(",") if p.strip()):
+        records = replay(workload, Policy(name), end)
+        figures.append(
+            arm_figures(
+                f"carve-{name} (in process)", workload, records, fleet_model(workload.nodes), end
+            )
+        )
+    print("in process: carve's engine on a model of one fleet, the queue of tests.bench.queued")
+    for line in table(figures):
+        print(line)
+    print(LEGEND)
+    if args.json:
+        args.json.write_text(to_json(workload, head, figures))
+    for f in figures:
+        print(f.summary_line())
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------
 # Command line
 
@@ -283,6 +310,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--destroy", type=float, default=settings.destroy_s)
     parser.add_argument("--creators", type=int, default=settings.creators)
     parser.add_argument("--control-plane-qps", type=float, default=200.0)
+    parser.add_argument(
+        "--in-process",
+        metavar="POLICIES",
+        help="no control plane: replay the workload through carve's engine in process with "
+        "these packing policies (comma-separated, e.g. best-fit,least-waste,fill-holes) and "
+        "print the same figures; seconds, repeatable (tests/bench/cluster_inprocess.py)",
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument(
         "--workdir", type=Path, help="keep the control plane's logs here (default: a temp dir)"
@@ -314,6 +348,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{len(arms)} arms at once, each on its own copy of the fleet; {args.creators} "
         f"creators per arm; drain {args.drain:g}s; stand-in destroy {args.destroy:g}s"
     )
+    if args.in_process is not None:
+        return in_process(args, workload, head)
     for line in head:
         print(line, flush=True)
 
