@@ -272,3 +272,24 @@ def test_arm_names() -> None:
     ]
     with pytest.raises(ValueError, match="at most one carve arm"):
         parse_arms("carve-best-fit,carve-least-waste")
+
+
+def test_the_in_process_replay_keeps_records_as_an_arm_does() -> None:
+    from tests.bench.cluster_inprocess import replay
+
+    timing = Timing(jobs=60, rate=2.0, load=1.5, min_run=5.0, max_run=60.0)
+    w = mix_workload(INFERENCE, 2, timing, 4)
+    end = w.last_arrival + 10.0
+    records = replay(w, Policy.FILL_HOLES, end)
+    assert set(records) == {j.name for j in w.jobs}
+    bound = [r for r in records.values() if r.bound is not None]
+    assert bound and len(bound) < len(records), "a loaded fleet: some wait past the end"
+    lifetimes = {j.name: j.lifetime for j in w.jobs}
+    for r in bound:
+        assert r.bound is not None and r.created <= r.bound <= end
+        assert r.devices and {d.pool for d in r.devices} == {r.node}
+        if r.ended is not None:
+            assert r.ended == pytest.approx(r.bound + lifetimes[r.name])
+    f = arm_figures("carve-fill-holes-in-process", w, records, fleet_model(w.nodes), end)
+    assert f.placed == len(bound) and not f.notes, "no device held twice"
+    assert f.share > 0
