@@ -254,7 +254,7 @@ def in_process(args: argparse.Namespace, workload: Workload, head: Sequence[str]
         records = replay(workload, Policy(name), end)
         figures.append(
             arm_figures(
-                f"carve-{name} (in process)", workload, records, fleet_model(workload.nodes), end
+                f"carve-{name}-in-process", workload, records, fleet_model(workload.nodes), end
             )
         )
     print("in process: carve's engine on a model of one fleet, the queue of tests.bench.queued")
