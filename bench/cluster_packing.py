@@ -13,10 +13,10 @@ v1.37.2), then every arm at the same time, each on its own copy of the workload'
 renewed, the exact ResourceSlices carve's plugin publishes for the workload's GPU models; each
 copy labelled for its arm, which its pods select):
 
-- ``carve`` (the controller's default policy) or ``carve-<policy>`` (``best-fit``,
-  ``least-waste``, ``first-fit``), at most one per run: a fresh carve-controller with
-  ``--packing-policy``; pods gated by carve's admission policy, claims of carve's DeviceClasses;
-  the cluster's kube-scheduler binds what carve placed;
+- ``carve`` (the controller's default policy) or ``carve-<policy>`` (``fill-holes``,
+  ``best-fit``, ``least-waste``, ``first-fit``), at most one per run: a fresh carve-controller
+  with ``--packing-policy``; pods gated by carve's admission policy, claims of carve's
+  DeviceClasses; a kube-scheduler of the arm's own (default profile) binds what carve placed;
 - ``scheduler-default``: no carve; pods not gated, claims of two DeviceClasses outside carve's
   set that select the same partitionable devices, placed by a kube-scheduler of the arm's own
   running kube-scheduler's default profile (NodeResourcesFit LeastAllocated on cpu and memory
@@ -24,8 +24,9 @@ copy labelled for its arm, which its pods select):
   on the native path;
 - ``scheduler-binpack``: the same with a profile whose NodeResourcesFit scores MostAllocated.
 
-The two profiles are printed at the head of every run, as the KubeSchedulerConfiguration
-documents each scheduler arm's kube-scheduler runs. Arms run side by side because this is a
+Every arm's profile is printed at the head of every run, as the KubeSchedulerConfiguration
+its kube-scheduler runs (none uses the cluster's own, whose leader election can lose its lease
+on a loaded machine and exit). Arms run side by side because this is a
 shared machine whose load moves by the minute: one after the other they would each meet a
 different machine (``tests.support.cluster_packing`` says what they share and what not).
 
@@ -72,11 +73,8 @@ from tests.bench.alibaba import CITATION, NODE_FILE, TRACE_DIR, load_nodes, load
 from tests.bench.cluster_figures import ArmFigures, ClassWaits, arm_figures, fleet_model
 from tests.bench.cluster_workload import SIZE_CLASSES, Timing, Workload, describe, trace_workload
 from tests.bench.mig_mix import MIXES, describe_mix, mix_named, mix_workload
-from tests.support.cluster_packing import (
-    ArmSettings,
-    ClusterPacking,
-    parse_arms,
-)
+from tests.support.cluster_packing import ArmSettings, ClusterPacking
+from tests.support.packing_arms import parse_arms
 
 DEFAULT_ARMS = "carve,scheduler-default,scheduler-binpack"
 LAG_LIMIT_S = 5.0
@@ -339,11 +337,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     for arm in arms:
-        if arm.profile is not None:
-            head.append(
-                f"{arm.name}: a kube-scheduler of its own, KubeSchedulerConfiguration "
-                f"(kubescheduler.config.k8s.io/v1) profiles: {json.dumps([arm.profile])}"
-            )
+        role = "binds what carve placed" if arm.carve else "places the pods"
+        head.append(
+            f"{arm.name}: a kube-scheduler of its own ({role}), KubeSchedulerConfiguration "
+            f"(kubescheduler.config.k8s.io/v1) profiles: {json.dumps([arm.profile])}"
+        )
     head.append(
         f"{len(arms)} arms at once, each on its own copy of the fleet; {args.creators} "
         f"creators per arm; drain {args.drain:g}s; stand-in destroy {args.destroy:g}s"

@@ -33,7 +33,8 @@ from tests.bench.cluster_workload import (
     trace_workload,
 )
 from tests.bench.mig_mix import INFERENCE, MIXES, describe_mix, fleet, mix_named, mix_workload
-from tests.support.cluster_packing import fleet_slices, parse_arm, parse_arms
+from tests.support.cluster_packing import fleet_slices
+from tests.support.packing_arms import parse_arm, parse_arms
 
 H100 = "H100-SXM5-80GB"
 _1G = MappedRequest(False, 1, (H100,), ((H100, "1g.10gb"),), 1 / 8)
@@ -253,7 +254,8 @@ def test_the_figures_model_names_devices_as_the_fleet_publishes_them() -> None:
 def test_arm_names() -> None:
     carve = parse_arm("carve")
     assert carve.carve and carve.name == f"carve-{DEFAULT_POLICY.value}"
-    assert carve.scheduler == "default-scheduler", "the cluster's own binds what carve placed"
+    # Its own kube-scheduler binds what carve placed: the default profile, renamed.
+    assert carve.profile == {"schedulerName": "bench-carve"}
     lw = parse_arm("carve-least-waste")
     assert lw.policy is Policy.LEAST_WASTE
     default = parse_arm("scheduler-default")

@@ -9,23 +9,18 @@ fleet (tests never import bench/).
   with a nodeSelector. Arms run side by side because this is a shared machine whose load moves
   by the minute: one after the other, each arm would meet a different machine. Side by side
   they meet the same one, and each arm's own placement loop stays its own:
-- **carve arm** (at most one per run): a fresh carve-controller with ``--packing-policy``; the
-  cluster's kube-scheduler (default profile) binds what it placed;
-- **scheduler arms**: a kube-scheduler process of their own each (the cluster's own
-  binary, started from a KubeSchedulerConfiguration with the arm's single profile,
-  :data:`SCHEDULER_PROFILES`), so one arm's queue of unschedulable pods never delays another
-  arm; their claims use DeviceClasses outside carve's set that select the same devices
-  (``tests.bench.through_cluster.NATIVE_CLASSES``), so carve's gate and controller leave them.
+- **carve arm** (at most one per run): a fresh carve-controller with ``--packing-policy``;
+- **scheduler arms**: their claims use DeviceClasses outside carve's set that select the same
+  devices (``tests.bench.through_cluster.NATIVE_CLASSES``), so carve's gate and controller
+  leave them;
+- every arm has a kube-scheduler process of its own (``tests.support.packing_arms``): a
+  scheduler arm's places its pods with the arm's profile, carve's binds what carve placed.
 - **The fleet**: ``tests.support.gpufleet`` nodes (Node objects, Leases renewed, the exact
   ResourceSlices carve's plugin publishes), each with the workload's model, GPU count, cpu and
   memory.
-- **The node side**, :class:`NodeStandIn`: no kubelet or plugin runs, so this plays their part
-  in the claim's life as the plugin does it (``kubeletplugin.claims.KubernetesClaimClient``, the
-  plugin's own code): when a pod is bound, it adds the node's finalizer to the pod's claims
-  (the plugin does so when it carves, at prepare); when the pod is gone, it waits
-  ``destroy_s`` (the simulator's GI destroy) and removes it (the plugin does so once the MIG
-  instance is destroyed). carve's controller frees a placement only after that (DESIGN
-  invariant 4), and on the native path the claim, and with it its devices, stays until then.
+- **The node side**: ``tests.support.node_standin.NodeStandIn`` does the plugin's finalizer
+  handshake on each claim, so carve's release and the native path's claim deletion run as on
+  a real cluster.
 - **An arm's jobs**: one ResourceClaimTemplate per distinct request; pods created at their
   arrival times by a few creator threads; each pod deleted ``lifetime`` seconds after it was
   seen bound (with no kubelet, bound is when a pod would start). An arm's figures stop at its
@@ -41,7 +36,6 @@ import dataclasses
 import heapq
 import json
 import math
-import queue
 import sys
 import threading
 import time
@@ -51,94 +45,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from controller.placement import DEFAULT_POLICY, Policy
-from driver.contract import DEFAULT_CONTRACT
 from tests.bench.alibaba import DRIVER, GPU_CLASS, MIG_CLASS, claim_spec
 from tests.bench.cluster_figures import JobRecord
 from tests.bench.cluster_workload import NodeSpec, TimedJob, Workload
 from tests.bench.through_cluster import NATIVE_CLASSES, native_spec
 from tests.support.gpufleet import FleetNode, GpuFleet, node_slices
-
-ARM_LABEL = "bench.carve.dev/arm"
-DEFAULT_PROFILE: Mapping[str, Any] = {"schedulerName": "bench-default"}
-"""kube-scheduler's default profile, untouched but for its name: what a user gets by default."""
-BINPACK_PROFILE: Mapping[str, Any] = {
-    "schedulerName": "bench-binpack",
-    # Bin packing as the Kubernetes documentation configures it ("Resource Bin Packing"):
-    # NodeResourcesFit scores with MostAllocated. Its DRA-aware part (DRAExtendedResource)
-    # counts only extended resources a pod requests in resources.requests, and the
-    # DynamicResources plugin scores only firstAvailable preferences, so for pods that ask
-    # through ResourceClaims cpu and memory are what v1.37 can score.
-    "pluginConfig": [
-        {
-            "name": "NodeResourcesFit",
-            "args": {
-                "scoringStrategy": {
-                    "type": "MostAllocated",
-                    "resources": [
-                        {"name": "cpu", "weight": 1},
-                        {"name": "memory", "weight": 1},
-                    ],
-                }
-            },
-        }
-    ],
-}
-SCHEDULER_PROFILES: Mapping[str, Mapping[str, Any]] = {
-    "scheduler-default": DEFAULT_PROFILE,
-    "scheduler-binpack": BINPACK_PROFILE,
-}
-"""Scheduler arm -> the one profile of its kube-scheduler's KubeSchedulerConfiguration."""
+from tests.support.node_standin import NodeStandIn
+from tests.support.packing_arms import ARM_LABEL, Arm, ArmScheduler, SchedulerWork
 
 NAMESPACE_PREFIX = "cp"
-_MIB = 2**20
-
-
-@dataclass(frozen=True)
-class Arm:
-    """One way of placing the jobs: carve's controller with a policy, or a kube-scheduler of
-    its own with a profile on the native path."""
-
-    name: str
-    policy: Policy | None  # carve arms
-    profile: Mapping[str, Any] | None  # scheduler arms
-
-    @property
-    def carve(self) -> bool:
-        return self.policy is not None
-
-    @property
-    def scheduler(self) -> str:
-        """The pods' schedulerName."""
-        return "default-scheduler" if self.profile is None else str(self.profile["schedulerName"])
-
-
-def parse_arm(name: str) -> Arm:
-    """``carve`` (the controller's default policy), ``carve-<policy>``, ``scheduler-default``
-    or ``scheduler-binpack``."""
-    if name == "carve":
-        return Arm(f"carve-{DEFAULT_POLICY.value}", DEFAULT_POLICY, None)
-    if name.startswith("carve-"):
-        try:
-            return Arm(name, Policy(name.removeprefix("carve-")), None)
-        except ValueError:
-            pass
-    if name in SCHEDULER_PROFILES:
-        return Arm(name, None, SCHEDULER_PROFILES[name])
-    choices = ", ".join(["carve", *(f"carve-{p.value}" for p in Policy), *SCHEDULER_PROFILES])
-    raise ValueError(f"unknown arm {name!r}; one of {choices}")
-
-
-def parse_arms(text: str) -> list[Arm]:
-    """Comma-separated arm names; at most one carve arm (one controller runs at a time)."""
-    arms = [parse_arm(a.strip()) for a in text.split(",") if a.strip()]
-    if not arms:
-        raise ValueError("no arms")
-    if sum(a.carve for a in arms) > 1:
-        raise ValueError("at most one carve arm per run: one carve-controller places them all")
-    if len({a.name for a in arms}) != len(arms):
-        raise ValueError("an arm is named twice")
-    return arms
 
 
 @dataclass(frozen=True)
@@ -207,146 +122,13 @@ def pod_manifest(job: TimedJob, template: str, arm: Arm) -> dict[str, Any]:
             }
         ],
     }
-    if arm.scheduler != "default-scheduler":
-        spec["schedulerName"] = arm.scheduler
+    spec["schedulerName"] = arm.scheduler
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": job.name, "labels": {"bench.carve.dev/class": job.size_class}},
         "spec": spec,
     }
-
-
-# ---------------------------------------------------------------------------------------------
-# The node side
-
-
-class NodeStandIn:
-    """The plugin's finalizer handshake for every pod of one namespace (module docstring).
-
-    Each pod's steps run in order on one worker (chosen by the pod's name), so a pod's
-    unprepare never overtakes its prepare."""
-
-    def __init__(self, api: Any, namespace: str, destroy_s: float, workers: int = 4) -> None:
-        from kubeletplugin.claims import KubernetesClaimClient
-
-        self._claims = KubernetesClaimClient(api)
-        self._ns = namespace
-        self._destroy_s = destroy_s
-        self._queues: list[queue.Queue[Callable[[], None] | None]] = [
-            queue.Queue() for _ in range(workers)
-        ]
-        self._prepared: dict[str, list[tuple[str, str, str]]] = {}  # pod -> (claim, uid, fin)
-        self._lock = threading.Lock()
-        self._timers: list[tuple[float, int, str]] = []
-        self._timer_wake = threading.Condition(self._lock)
-        self._serial = 0
-        self._stop = threading.Event()
-        self.devices: dict[str, tuple[Any, ...]] = {}  # pod -> devices its claims got
-        # Pods whose every claim carried carve's allocation finalizer when the node saw it.
-        self.carve_allocated: set[str] = set()
-        self.finalizers_added = 0
-        self.finalizers_removed = 0
-        # Claims already gone or going when the node got to them: with a kubelet, the pod would
-        # have been deleted before it started. Their devices may be missing from the records.
-        self.late = 0
-        self.errors: list[str] = []
-        self._threads = [
-            threading.Thread(target=self._work, args=(q,), daemon=True) for q in self._queues
-        ]
-        self._threads.append(threading.Thread(target=self._timer_loop, daemon=True))
-        for t in self._threads:
-            t.start()
-
-    def _queue_for(self, pod: str) -> queue.Queue[Callable[[], None] | None]:
-        return self._queues[hash(pod) % len(self._queues)]
-
-    def bound(self, pod: str, node: str, claims: Sequence[str]) -> None:
-        self._queue_for(pod).put(lambda: self._prepare(pod, node, claims))
-
-    def gone(self, pod: str) -> None:
-        with self._timer_wake:
-            self._serial += 1
-            heapq.heappush(self._timers, (time.monotonic() + self._destroy_s, self._serial, pod))
-            self._timer_wake.notify()
-
-    def _prepare(self, pod: str, node: str, claims: Sequence[str]) -> None:
-        from kubeletplugin.claims import ClaimGoneError
-
-        if not claims:
-            self.errors.append(f"prepare {pod}: the bound pod names no claim in its status")
-        finalizer = DEFAULT_CONTRACT.node_finalizer(node)
-        done: list[tuple[str, str, str]] = []
-        devices: list[Any] = []
-        by_carve = bool(claims)
-        for name in claims:
-            try:
-                view = self._claims.get(self._ns, name)
-                if view is None:  # the pod came and went before the node got to it
-                    with self._lock:
-                        self.late += 1
-                    continue
-                devices.extend(view.results_for(DRIVER))
-                by_carve &= DEFAULT_CONTRACT.allocation_finalizer in view.finalizers
-                self._claims.add_finalizer(self._ns, name, view.uid, finalizer)
-                done.append((name, view.uid, finalizer))
-                with self._lock:
-                    self.finalizers_added += 1
-            except ClaimGoneError:
-                with self._lock:
-                    self.late += 1
-                continue
-            except Exception as exc:  # recorded, never fatal: the figures say how many
-                self.errors.append(f"prepare {pod}/{name}: {exc}")
-        with self._lock:
-            self._prepared[pod] = done
-            self.devices[pod] = tuple(devices)
-            if by_carve:
-                self.carve_allocated.add(pod)
-
-    def _unprepare(self, pod: str) -> None:
-        with self._lock:
-            done = self._prepared.pop(pod, [])
-        for name, uid, finalizer in done:
-            try:
-                self._claims.remove_finalizer(self._ns, name, uid, finalizer)
-                with self._lock:
-                    self.finalizers_removed += 1
-            except Exception as exc:
-                self.errors.append(f"unprepare {pod}/{name}: {exc}")
-
-    def _timer_loop(self) -> None:
-        while not self._stop.is_set():
-            with self._timer_wake:
-                while not self._stop.is_set() and (
-                    not self._timers or self._timers[0][0] > time.monotonic()
-                ):
-                    wait = self._timers[0][0] - time.monotonic() if self._timers else 1.0
-                    self._timer_wake.wait(max(0.01, min(1.0, wait)))
-                if self._stop.is_set():
-                    return
-                _, _, pod = heapq.heappop(self._timers)
-            self._queue_for(pod).put(lambda p=pod: self._unprepare(p))  # type: ignore[misc]
-
-    def _work(self, q: queue.Queue[Callable[[], None] | None]) -> None:
-        while True:
-            step = q.get()
-            if step is None:
-                return
-            step()
-
-    def pending(self) -> int:
-        with self._lock:
-            return len(self._timers) + sum(q.qsize() for q in self._queues)
-
-    def stop(self) -> None:
-        self._stop.set()
-        with self._timer_wake:
-            self._timer_wake.notify_all()
-        for q in self._queues:
-            q.put(None)
-        for t in self._threads:
-            t.join(timeout=10)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -440,106 +222,6 @@ class _ArmState:
 
 
 # ---------------------------------------------------------------------------------------------
-# kube-scheduler
-
-
-def scheduler_metrics(root: Path, port: int) -> str:
-    """A kube-scheduler's /metrics, read with the cluster admin's certificate."""
-    import ssl
-    import urllib.request
-
-    from devcluster.components import Layout
-
-    pki = Layout(root).pki_dir
-    ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
-    ctx.check_hostname = False  # the serving certificate is kube-scheduler's own, self-signed
-    ctx.verify_mode = ssl.CERT_NONE
-    ctx.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
-    url = f"https://127.0.0.1:{port}/metrics"
-    with urllib.request.urlopen(url, context=ctx, timeout=30) as resp:
-        return str(resp.read().decode())
-
-
-@dataclass(frozen=True)
-class SchedulerWork:
-    """What one kube-scheduler did: attempts of one profile by result, and its CPU seconds."""
-
-    scheduled: float
-    unschedulable: float
-    cpu_s: float
-
-    @classmethod
-    def read(cls, root: Path, port: int, profile: str) -> SchedulerWork:
-        from tests.support import promtext
-
-        try:
-            text = scheduler_metrics(root, port)
-        except OSError:
-            return cls(math.nan, math.nan, math.nan)
-        attempts = "scheduler_schedule_attempts_total"
-        return cls(
-            promtext.counter_sum(text, attempts, result="scheduled", profile=profile),
-            promtext.counter_sum(text, attempts, result="unschedulable", profile=profile),
-            promtext.counter_sum(text, "process_cpu_seconds_total"),
-        )
-
-    def since(self, before: SchedulerWork) -> str:
-        return (
-            f"kube-scheduler: {self.scheduled - before.scheduled:.0f} pods scheduled, "
-            f"{self.unschedulable - before.unschedulable:.0f} attempts unschedulable, "
-            f"{self.cpu_s - before.cpu_s:.0f} CPU seconds"
-        )
-
-
-class ArmScheduler:
-    """A kube-scheduler process for one scheduler arm: the cluster's binary and credentials,
-    a KubeSchedulerConfiguration with the arm's one profile, no leader election."""
-
-    def __init__(self, info: Any, arm: Arm, workdir: Path, client_qps: float | None) -> None:
-        from devcluster import components
-        from devcluster.binaries import ensure_binaries
-        from devcluster.components import Layout, Ports
-        from devcluster.processes import ManagedProcess
-        from tests.support.scale import free_port
-
-        assert arm.profile is not None
-        self.root = Path(info.root)
-        self.profile = arm.scheduler
-        layout = Layout(self.root)
-        config = workdir / f"kube-scheduler-{arm.name}.yaml"
-        config.write_text(
-            json.dumps(
-                components.scheduler_config(
-                    layout, [arm.profile], client_qps=client_qps, leader_elect=False
-                ),
-                indent=1,
-            )
-        )
-        self.port = free_port()
-        ports = dataclasses.replace(Ports(**dataclasses.asdict(info.ports)), scheduler=self.port)
-        argv = components.scheduler_args(
-            ensure_binaries(build=False).kube_scheduler, layout, ports, config=config
-        )
-        self.process = ManagedProcess(
-            f"kube-scheduler-{arm.name}",
-            argv,
-            workdir / f"kube-scheduler-{arm.name}.log",
-            tie_to_parent=True,
-        )
-        deadline = time.monotonic() + 120
-        while math.isnan(self.work().scheduled):
-            if self.process.exit_code() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"kube-scheduler for {arm.name}:\n{self.process.log_tail(30)}")
-            time.sleep(0.5)
-
-    def work(self) -> SchedulerWork:
-        return SchedulerWork.read(self.root, self.port, self.profile)
-
-    def stop(self) -> None:
-        self.process.stop()
-
-
-# ---------------------------------------------------------------------------------------------
 # The run
 
 
@@ -588,8 +270,8 @@ class ClusterPacking:
 
     def install(self) -> float:
         """carve's DeviceClasses and admission gate, the native path's DeviceClasses, every
-        arm's copy of the fleet and every scheduler arm's kube-scheduler; returns the seconds
-        the fleet took to grow."""
+        arm's copy of the fleet and every arm's kube-scheduler; returns the seconds the fleet
+        took to grow."""
         from nodesim.stack import CarveStack
 
         stack = CarveStack(Path(self.info.kubeconfig), self.workdir / "stack")
@@ -618,16 +300,16 @@ class ClusterPacking:
         took = self.fleet.add(nodes, self.say)
         self.fleet.start()
         for arm in self.arms:
-            if not arm.carve:
-                self.schedulers[arm.name] = ArmScheduler(
-                    self.info, arm, self.workdir, self.client_qps
-                )
+            self.schedulers[arm.name] = ArmScheduler(self.info, arm, self.workdir, self.client_qps)
         return took
 
     def close(self) -> None:
+        """Stop the arms' kube-schedulers and take the fleet away (its Nodes, Leases and
+        ResourceSlices), so a control plane shared with other tests is left as found."""
         for s in self.schedulers.values():
             s.stop()
         self.fleet.stop()
+        self.fleet.remove()
 
     def _templates(self, namespace: str, arm: Arm) -> dict[str, str]:
         """One ResourceClaimTemplate per distinct request; job name -> template name."""
@@ -675,7 +357,7 @@ class ClusterPacking:
     def run(self) -> list[ArmRun]:
         """Every arm at once, from one start; one ArmRun per arm, in the arms' order."""
         from controller.informers import Informer, InformerConfig
-        from controller.reconciler import Kind
+        from controller.objects import Kind
         from tests.support.scale import ControllerUnderTest
 
         begin = [time.monotonic()]
@@ -795,7 +477,7 @@ class ClusterPacking:
             before, after = work0[st.arm.name], work1[st.arm.name]
             notes.append(after.since(before))
             scheduled = after.scheduled - before.scheduled
-        elif st.arm.carve:
+        if st.arm.carve:
             notes.append(f"carve-controller: {carve_cpu_s:.0f} CPU seconds")
         lags = sorted(
             r.created - j.arrival for j in self.workload.jobs if (r := records.get(j.name))

@@ -223,6 +223,35 @@ class GpuFleet:
         if self._thread is not None:
             self._thread.join(timeout=30)
 
+    def remove(self) -> None:
+        """Delete the fleet's Nodes with their ResourceSlices and Leases (after `stop`), so a
+        control plane shared with other tests is left without them."""
+
+        def remove_one(name: str) -> None:
+            for method, path, query in (
+                (
+                    "DELETE",
+                    "/apis/resource.k8s.io/v1/resourceslices",
+                    [("fieldSelector", f"spec.nodeName={name}")],
+                ),
+                (
+                    "DELETE",
+                    f"/apis/coordination.k8s.io/v1/namespaces/{NODE_LEASE_NAMESPACE}/leases/{name}",
+                    [],
+                ),
+                ("DELETE", f"/api/v1/nodes/{name}", []),
+            ):
+                try:
+                    self._api.request(method, path, query=query)
+                except ApiError as exc:
+                    if exc.status != 404:
+                        raise
+            with self._lock:
+                self.nodes.pop(name, None)
+
+        with ThreadPoolExecutor(self._workers) as pool:
+            list(pool.map(remove_one, list(self.nodes)))
+
     def _renew_loop(self) -> None:
         rounds = 0
         with ThreadPoolExecutor(4) as pool:
@@ -251,6 +280,8 @@ class GpuFleet:
             if ready.get("status") == "True":
                 continue
             name = item["metadata"]["name"]
+            if name not in self.nodes:  # another fleet's, on a shared control plane
+                continue
             try:
                 self._api.request(
                     "PATCH",
