@@ -1,6 +1,7 @@
 """The dra-allocate binary for the replay tests, with the control-plane fixture's policy: skip
 where it cannot be had (no Go), fail where CARVE_REQUIRE_CLUSTER says it must be there; and
-the control plane that the benchmarks' `cluster` tests (test_request_cost, test_scale) share."""
+the control plane that the benchmarks' `cluster` tests (test_request_cost, test_scale,
+test_cluster_packing) share; each leaves it as found."""
 
 from __future__ import annotations
 
