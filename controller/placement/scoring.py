@@ -78,9 +78,11 @@ class Policy(StrEnum):
     fitting device in published order): the benchmarks run the real one for that."""
 
 
-DEFAULT_POLICY = Policy.BEST_FIT
-"""The policy the engine, the controller's planner and ``--packing-policy`` default to: the
-one measured best against kube-scheduler end to end (``python -m bench.cluster_packing``,
+DEFAULT_POLICY = Policy.LEAST_WASTE
+"""The policy the engine, the controller's planner and ``--packing-policy`` default to: of
+carve's policies, the one that held the most GPU share over both workload families of
+``python -m bench.cluster_packing`` at 100 nodes (in process, where policies can be told
+apart by tenths of a point; the end-to-end run sets carve against kube-scheduler;
 docs/benchmarks.md)."""
 
 

@@ -16,14 +16,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from controller.placement.scoring import Policy
+from controller.placement import DEFAULT_POLICY
 from tests.bench.alibaba import DRIVER, GPU_CLASS, MIG_CLASS, TraceNode, TraceTask, catalogue_model
 from tests.bench.queued import percentile
 from tests.bench.replay import Job, build_jobs
 
 NATIVE_CLASSES = {MIG_CLASS: "bench-native-mig", GPU_CLASS: "bench-native-gpu"}
 """carve's DeviceClass -> the class outside carve's set that the native path's claims use."""
-CONTROLLER_POLICY = Policy.BEST_FIT
+CONTROLLER_POLICY = DEFAULT_POLICY
 """The policy carve-controller runs with (controller.main builds EnginePlanner's default)."""
 
 
