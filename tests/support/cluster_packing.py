@@ -299,6 +299,8 @@ class ClusterPacking:
         ]
         took = self.fleet.add(nodes, self.say)
         self.fleet.start()
+        # One after the other, from this thread: a kube-scheduler is tied to the thread that
+        # starts it (it gets SIGKILL when that thread ends), so never from a pool's.
         for arm in self.arms:
             self.schedulers[arm.name] = ArmScheduler(self.info, arm, self.workdir, self.client_qps)
         return took
