@@ -244,7 +244,7 @@ def in_process(args: argparse.Namespace, workload: Workload, head: Sequence[str]
     from controller.placement import Policy
     from tests.bench.cluster_inprocess import replay
 
-    for line in head[: -1 if head and "arms at once" in head[-1] else None]:
+    for line in head:
         print(line, flush=True)
     end = workload.last_arrival + args.drain
     figures = []
@@ -336,6 +336,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         workload, head = build_workload(args, timing)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.in_process is not None:
+        return in_process(args, workload, head)
     for arm in arms:
         role = "binds what carve placed" if arm.carve else "places the pods"
         head.append(
@@ -346,8 +348,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{len(arms)} arms at once, each on its own copy of the fleet; {args.creators} "
         f"creators per arm; drain {args.drain:g}s; stand-in destroy {args.destroy:g}s"
     )
-    if args.in_process is not None:
-        return in_process(args, workload, head)
     for line in head:
         print(line, flush=True)
 
