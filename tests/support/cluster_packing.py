@@ -447,7 +447,11 @@ class ClusterPacking:
             for st in states:
                 if st.end is None:
                     st.end = clock()
-            clean = self._clean_up([st.namespace for st in states], ctl)
+            try:
+                clean = self._clean_up([st.namespace for st in states], ctl)
+            except Exception as exc:  # the figures were recorded already: keep them
+                self.say(f"warning: the clean-up failed, objects may be left behind: {exc!r}")
+                clean = False
             for st in states:
                 st.stand_in.stop()
             for w in watchers:
