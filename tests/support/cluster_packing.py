@@ -240,7 +240,7 @@ class ClusterPacking:
         client_qps: float | None = 200.0,
     ) -> None:
         from devcluster.cluster import api_client_for
-        from kubeletplugin.claims import KubeJson
+        from process.kube.jsonclient import KubeJson
 
         if sum(a.carve for a in arms) > 1:
             raise ValueError("at most one carve arm per run")
@@ -259,7 +259,7 @@ class ClusterPacking:
     # -- set-up --------------------------------------------------------------------------------
 
     def _create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        from kubeletplugin.claims import ApiError
+        from process.kube.errors import ApiError
 
         try:
             return self.api.request("POST", path, body=body)
@@ -502,7 +502,7 @@ class ClusterPacking:
         )
 
     def _create_pods(self, st: _ArmState, worker: int, stop: threading.Event) -> None:
-        from kubeletplugin.claims import ApiError
+        from process.kube.errors import ApiError
 
         jobs = self.workload.jobs
         for i in range(worker, len(jobs), self.settings.creators):
@@ -525,7 +525,7 @@ class ClusterPacking:
                 st.seen.setdefault(job.name, _Seen()).created = st.clock()
 
     def _delete_due(self, st: _ArmState, stop: threading.Event) -> None:
-        from kubeletplugin.claims import ApiError
+        from process.kube.errors import ApiError
 
         def delete(name: str) -> None:
             with contextlib.suppress(ApiError):
@@ -585,7 +585,7 @@ class ClusterPacking:
     def _clean_up(self, namespaces: Sequence[str], ctl: Any) -> bool:
         """Delete the arms' pods and wait for their claims to go (the stand-ins drop their
         finalizers, carve's controller its own)."""
-        from kubeletplugin.claims import ApiError
+        from process.kube.errors import ApiError
 
         for ns in namespaces:
             with contextlib.suppress(ApiError):
