@@ -6,8 +6,9 @@ round trips in front of the next decision. With a pool beside the decision threa
 a pod in its cache before it binds: the store and the model hold each claim as the writes will
 leave it, so no later decision hands its placement out again whatever the watch latency, and
 the thread goes on to the next pod while the writes run. When they end (`CommitDone` on the
-queue) the informer's copies are put back and the writes' answers applied; a failed commit
-leaves the claims as the apiserver has them and the pod is placed again.
+queue) the informer's copies are put back and the writes' answers applied. A failed commit may
+have landed in part (a write whose answer was lost): its claims stay assumed until a fresh read
+settles what the apiserver has (`controller.settle`), and the pod is placed again.
 
 Invariant 1 holds either way: the model counts a placement from the moment it is decided.
 """
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 
 from controller.config import ReconcilerConfig
 from controller.memory import PodMemory, Wait
-from controller.messages import CommitDone, Message
+from controller.messages import CommitDone, Message, Settled
 from controller.nodehealth.carvewait import plan_waits_for_carve
 from controller.nodehealth.lost import LostNodes
 from controller.objects import (
@@ -36,6 +37,7 @@ from controller.objects import (
 from controller.outcomes import Outcomes
 from controller.release import Releaser, WritesBeside
 from controller.seams import ClaimWriter, Metrics, Planner
+from controller.settle import Settler
 from controller.status import build_allocation_status
 from controller.store import ClusterStore
 from process.kube import Obj
@@ -72,6 +74,7 @@ class Committer:
         written: Callable[[Obj], None],
         post: Callable[[Message], None],
         wall_clock: Callable[[], dt.datetime],
+        clock: Callable[[], float],
         beside: WritesBeside | None,
     ) -> None:
         """`written(claim)` stores a claim written on this thread; `post(message)` queues one
@@ -91,6 +94,15 @@ class Committer:
         self._wall = wall_clock
         self._beside = beside
         self._committing: dict[str, _Commit] = {}  # pod key -> its commit in flight
+        self._settler = Settler(
+            store=store,
+            memory=memory,
+            read=writer.read_claim,
+            post=post,
+            beside=beside,
+            clock=clock,
+            settled=releaser.mark,
+        )
 
     def in_flight(self, pod_key: str) -> bool:
         """Whether the pod's writes are in flight (its commit's end decides what is next)."""
@@ -116,10 +128,12 @@ class Committer:
         ungate = has_gate(pod, self._cfg.gate) and not hold
         if self._commit_beside(pod, wait, claims, plan, todo=todo, ungate=ungate):
             return
-        stored, error = _write_claims(self._writer, todo, self._store.objects[Kind.CLASS])
+        classes = self._store.objects[Kind.CLASS]
+        stored, error = _write_claims(self._writer, todo, classes)
         for claim in stored:
             self._written(claim)
         if error is not None:
+            self._hold_until_read(key_of(pod), todo, classes)
             self._metrics.count_outcome("write-failed")
             raise error
         self._planner.committed(pod, plan)
@@ -174,6 +188,28 @@ class Committer:
         self._planner.withdrawn(pod)
         return False
 
+    def _hold_until_read(
+        self, pod_key: str, todo: Sequence[tuple[ClaimAllocation, Obj]], classes: Mapping[str, Obj]
+    ) -> None:
+        """A commit written on this thread failed: hold each claim as if written until a
+        fresh read says what landed (`controller.settle`)."""
+        now = self._wall()
+        for alloc, claim in todo:
+            ckey = key_of(claim)
+            if self._store.is_assumed(ckey) or is_allocated(self._store.claims.get(ckey) or {}):
+                continue  # held already, or its allocation is known to have landed
+            copy_ = _assumed_copy(claim, alloc, classes, self._cfg.finalizer, now)
+            self._store.assume(ckey, copy_)
+            self._settler.hold(claim, copy_, pod_key)
+
+    def settle_pass(self) -> None:
+        """Read again the claims of failed commits that are due a read."""
+        self._settler.read_pass()
+
+    def settled(self, message: Settled, apply_read: Callable[[Obj], None]) -> None:
+        """A fresh read of a held claim answered (`controller.settle`)."""
+        self._settler.done(message, apply_read)
+
     def _unassume(self, assumed: Mapping[str, Obj]) -> None:
         for ckey, copy_ in assumed.items():
             self._store.unassume(ckey, copy_)
@@ -186,9 +222,15 @@ class Committer:
         if commit is None:
             return
         self._memory.queue.changed(result.pod)  # the pod is visited again, whatever came of it
-        self._unassume(commit.assumed)
+        # A failure before every allocation was written leaves claims whose last write may have
+        # landed unanswered: they stay assumed until a fresh read settles them.
+        unsure = {} if result.allocated else commit.assumed
+        self._unassume({k: v for k, v in commit.assumed.items() if k not in unsure})
         for claim in result.stored:
             apply_written(claim)
+        by_key = {key_of(c): c for c in commit.claims}
+        for ckey, copy_ in unsure.items():
+            self._settler.hold(by_key[ckey], copy_, result.pod)
         pod = self._store.pods.get(result.pod)
         if pod is None:
             return  # deleted meanwhile: its claims are released as for any pod that went

@@ -8,7 +8,9 @@ The algorithm is the one client-go uses, written for this controller:
   lease cannot both win;
 - the leader renews every `retry_period` and gives up (fences itself) when it could not renew for
   `renew_deadline`, which is shorter than `lease_duration`: it stops writing before anyone else may
-  take over.
+  take over;
+- every lease request times out after `renew_deadline` (client-go bounds each renewal by it),
+  so a half-open connection cannot keep the election thread from noticing that it lost.
 
 `is_leader()` is the fence that the reconciler and the claim writer check before each write.
 """
@@ -83,6 +85,7 @@ class LeaderElector:
         self._observed_at = 0.0
         self._last_renew: float | None = None
         self._stop = threading.Event()
+        self._timeout = config.renew_deadline_s
 
     # -- fence -----------------------------------------------------------------------------------
 
@@ -99,7 +102,7 @@ class LeaderElector:
         try:
             lease = json.loads(
                 self._api.read_namespaced_lease(
-                    cfg.name, cfg.namespace, _preload_content=False
+                    cfg.name, cfg.namespace, _preload_content=False, _request_timeout=self._timeout
                 ).data
             )
         except Exception as exc:
@@ -113,7 +116,9 @@ class LeaderElector:
                 "spec": self._spec_for({}, now_wall),
             }
             try:
-                self._api.create_namespaced_lease(cfg.namespace, body, _preload_content=False)
+                self._api.create_namespaced_lease(
+                    cfg.namespace, body, _preload_content=False, _request_timeout=self._timeout
+                )
             except Exception as create_exc:
                 _log.info("creating lease failed (%s); another candidate won", create_exc)
                 return False
@@ -130,7 +135,11 @@ class LeaderElector:
         try:
             fresh = json.loads(
                 self._api.replace_namespaced_lease(
-                    cfg.name, cfg.namespace, lease, _preload_content=False
+                    cfg.name,
+                    cfg.namespace,
+                    lease,
+                    _preload_content=False,
+                    _request_timeout=self._timeout,
                 ).data
             )
         except Exception as exc:
@@ -188,7 +197,7 @@ class LeaderElector:
         try:
             lease = json.loads(
                 self._api.read_namespaced_lease(
-                    cfg.name, cfg.namespace, _preload_content=False
+                    cfg.name, cfg.namespace, _preload_content=False, _request_timeout=self._timeout
                 ).data
             )
             if (lease.get("spec") or {}).get("holderIdentity") != cfg.identity:
@@ -196,7 +205,11 @@ class LeaderElector:
             lease["spec"]["holderIdentity"] = ""
             lease["spec"]["leaseDurationSeconds"] = 1
             self._api.replace_namespaced_lease(
-                cfg.name, cfg.namespace, lease, _preload_content=False
+                cfg.name,
+                cfg.namespace,
+                lease,
+                _preload_content=False,
+                _request_timeout=self._timeout,
             )
         except Exception as exc:
             _log.warning("releasing the lease failed: %s", exc)

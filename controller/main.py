@@ -175,6 +175,12 @@ RESYNC_PERIOD = flags.resync_period(
 RETRY_INTERVAL = flags.duration(
     "retry-interval", "how often a waiting pod is retried without any change", "30s"
 )
+REQUEST_TIMEOUT = flags.duration(
+    "request-timeout",
+    "client timeout of every apiserver request (writes, reads, lists, a watch's reconnect); "
+    "watches time out on their own and the lease after --renew-deadline",
+    "30s",
+)
 HTTP_ADDRESS = flags.http_address()
 IDENTITY: Flag[str] = Flag(
     "identity",
@@ -211,6 +217,7 @@ def command_line() -> flags.CommandLine:
             RETRY_PERIOD,
             RESYNC_PERIOD,
             RETRY_INTERVAL,
+            REQUEST_TIMEOUT,
             HTTP_ADDRESS,
             *flags.LOGGING,
         ),
@@ -245,6 +252,7 @@ class ControllerOptions:
     carve_wait: float = 30.0
     commit_workers: int = 8
     packing_policy: Policy = DEFAULT_POLICY
+    request_timeout: float = 30.0
 
 
 def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ControllerOptions:
@@ -286,6 +294,7 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
         carve_wait=got[CARVE_WAIT],
         commit_workers=got[COMMIT_WORKERS],
         packing_policy=got[PACKING_POLICY],
+        request_timeout=got[REQUEST_TIMEOUT],
     )
 
 
@@ -532,7 +541,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # Watches, event and release writers, commit workers, leader election: one each.
         connections = opts.commit_workers + 16
-        controller = Controller(load_api_client(opts.kubeconfig, connections=connections), opts)
+        api_client = load_api_client(
+            opts.kubeconfig, connections=connections, request_timeout=opts.request_timeout
+        )
+        controller = Controller(api_client, opts)
     except KubeconfigError as e:
         _log.error(str(e))
         return 1

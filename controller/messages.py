@@ -2,7 +2,8 @@
 
 Informer threads put what they saw (`Watched`, `Synced`); the writes that run beside the
 decision thread (a release's, a commit's) put back what they wrote (`WrittenBeside`) and that
-they are done (`ReleaseDone`, `CommitDone`). One queue keeps them in the order they happened,
+they are done (`ReleaseDone`, `CommitDone`); a fresh read that settles a failed write comes back
+as `Settled`. One queue keeps them in the order they happened,
 so the decision thread applies a write's answer after every event that came before it, and a
 message can never be mistaken for an object.
 """
@@ -58,4 +59,16 @@ class CommitDone:
     allocated: bool  # every allocation was written (a failure, if any, came after)
 
 
-Message = Watched | Synced | WrittenBeside | ReleaseDone | CommitDone
+@dataclass(frozen=True)
+class Settled:
+    """A fresh read of claim `claim` (its key), made to settle a write that failed and may have
+    landed (`controller.settle`): the claim as read, or that it is gone, or why the read
+    failed (`error`; the placement stays held and the read is tried again)."""
+
+    claim: str
+    fresh: Obj | None
+    gone: bool = False
+    error: str | None = None
+
+
+Message = Watched | Synced | WrittenBeside | ReleaseDone | CommitDone | Settled

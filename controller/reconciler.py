@@ -39,6 +39,7 @@ from controller.messages import (
     CommitDone,
     Message,
     ReleaseDone,
+    Settled,
     Synced,
     Watched,
     WrittenBeside,
@@ -178,6 +179,7 @@ class Reconciler:
             written=written,
             post=post,
             wall_clock=self._wall,
+            clock=self._clock,
             beside=beside,
         )
         self._placer = Placer(
@@ -252,6 +254,8 @@ class Reconciler:
                 self._releaser.done(message)
             case CommitDone():
                 self._committer.done(message, self._written_beside)
+            case Settled():
+                self._committer.settled(message, self._written_beside)
 
     def _watched(self, kind: Kind, type_: EventType, obj: Obj) -> None:
         if not self._store.apply(kind, type_, obj):
@@ -292,6 +296,10 @@ class Reconciler:
     def step(self, timeout: float = 0.0) -> None:
         """Apply pending messages, then (once every informer has synced) release and place."""
         self.drain(timeout)
+        # Reads that settle failed writes (`controller.settle`); reads only, so a follower
+        # settles what it wrote as leader too. One read on this thread is applied at once.
+        self._committer.settle_pass()
+        self.drain()
         if not self.synced:
             return
         if not self._is_leader():

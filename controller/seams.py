@@ -89,6 +89,11 @@ class Metrics(Protocol):
 class ClaimWriter(Protocol):
     """What the reconciler needs from the API; `KubeClaimWriter` is the real one."""
 
+    def read_claim(self, claim: Obj) -> Obj:
+        """The claim as the apiserver has it now (a quorum read, not a cache): what settles a
+        write whose answer was lost (`controller.settle`)."""
+        ...
+
     def add_finalizer(self, claim: Obj) -> Obj: ...
 
     def write_allocation(

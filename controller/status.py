@@ -224,6 +224,10 @@ class KubeClaimWriter:
             )
         )
 
+    def read_claim(self, claim: Obj) -> Obj:
+        meta = claim["metadata"]
+        return self._get_claim(meta["name"], meta.get("namespace", ""))
+
     def add_finalizer(self, claim: Obj) -> Obj:
         def mutate(cur: Obj) -> Obj | None:
             if cur["metadata"].get("deletionTimestamp"):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 import zlib
 from collections.abc import Callable
 
@@ -73,15 +74,24 @@ class WritePool:
     def pending(self) -> int:
         return sum(q.qsize() for q in self._queues)
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Let queued writes finish for up to `timeout`, then leave the rest."""
+    def drain(self, deadline: float) -> bool:
+        """Take no more writes and wait until every write queued or in flight has ended, or
+        `deadline` (`time.monotonic()`) passed; True when they all ended. A hand-over calls it
+        with the write fence closed, so queued writes end at their first fence check instead
+        of writing, and one in flight ends when its request does (each has a client
+        timeout)."""
         for q in self._queues:
             try:
-                q.put_nowait(None)
+                q.put(None, timeout=max(0.0, deadline - time.monotonic()))
             except queue.Full:
                 continue
         for t in self._threads:
-            t.join(timeout / len(self._threads))
+            t.join(max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in self._threads)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Let queued writes finish for up to `timeout`, then leave the rest."""
+        self.drain(time.monotonic() + timeout)
 
 
 class DeferredRecorder:

@@ -32,11 +32,13 @@ and `driver/` stays the I/O-free shared core (NVML aside).
 from __future__ import annotations
 
 import copy
+import http.client
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import urllib3.exceptions
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from process.kube import Obj
@@ -65,11 +67,23 @@ class WriteFencedError(WriteSkippedError):
     """The fence closed: this process may not write any more (a controller lost its lease)."""
 
 
+_LINK_ERRORS = (OSError, http.client.HTTPException, urllib3.exceptions.HTTPError)
+"""What a broken or stalled connection raises. The Kubernetes client raises urllib3's own
+errors (`ProtocolError` for a reset, `ReadTimeoutError`, `MaxRetryError`), which subclass
+neither `ConnectionError` nor `TimeoutError`; `http.client` and the socket layer raise theirs
+(`RemoteDisconnected`, `ssl.SSLError`, both `OSError`)."""
+
+
 def is_transient(exc: BaseException) -> bool:
-    """Worth another attempt: a conflict, throttling, a server-side failure, a dropped link."""
-    return status_of(exc) in (409, 429, 500, 502, 503, 504) or isinstance(
-        exc, ConnectionError | TimeoutError
-    )
+    """Worth another attempt: a conflict, throttling, a server-side failure, a dropped or
+    stalled link. A link error after the request was sent is ambiguous (the apiserver may have
+    applied it); another attempt is still safe, because it carries the resourceVersion it was
+    derived from: if the first one landed, the second gets 409 and is derived again from a
+    fresh read, which shows the change made."""
+    if status_of(exc) in (408, 409, 429, 500, 502, 503, 504):
+        return True
+    # urllib3's URL errors are ValueErrors too: a caller's mistake, never worth a retry.
+    return isinstance(exc, _LINK_ERRORS) and not isinstance(exc, ValueError)
 
 
 @dataclass(frozen=True)

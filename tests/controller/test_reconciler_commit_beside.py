@@ -150,6 +150,11 @@ def test_a_failed_commit_frees_its_placement_tells_the_pod_and_is_placed_again(
     h.step()
     beside.run_all()
     h.step()
+    # The write may have landed: the placement stays held until a fresh read says it did not.
+    assert h.planner.used() == {("n1", "dev-0")}
+    assert [key for key, _ in beside.held] == ["ns/c"]  # that read, beside
+    beside.run_all()
+    h.step()
     assert h.planner.used() == set()  # the assumed allocation is gone from the model
     stored = h.rec.stores[Kind.CLAIM]["ns/c"]
     assert not stored["status"].get("allocation")
@@ -181,6 +186,11 @@ def test_a_second_claim_that_fails_rolls_the_first_back() -> None:
     assert ("clear_allocation", "c") in h.writer.calls
     h.step()
     assert h.allocated_devices() == []
+    # e's allocation may have landed, so both stay held until fresh reads say otherwise.
+    assert len(h.planner.used()) == 2
+    beside.run_all()
+    h.step()
+    assert sorted(h.writer.reads) == ["c", "e"]
     assert h.planner.used() == set()
     assert _gated(h, "p")
 

@@ -167,12 +167,17 @@ class FirstFitPlanner:
         return Unplaceable("NoCapacity", f"no node has {sum(want.values())} free devices")
 
 
+class _NotFoundError(Exception):
+    status = 404
+
+
 class MemoryWriter:
     """In-memory object store with resourceVersions; optional injected failures per call."""
 
     def __init__(self) -> None:
         self.objects: dict[str, Obj] = {}
         self.calls: list[tuple[str, str]] = []
+        self.reads: list[str] = []
         self.fail: dict[tuple[str, str], Exception] = {}
         self.conditions: dict[str, tuple[bool, str, str]] = {}
         self._rv = itertools.count(100)
@@ -189,6 +194,15 @@ class MemoryWriter:
         if (op, name) in self.fail:
             raise self.fail.pop((op, name))
         return copy.deepcopy(self.objects.get(name, obj))
+
+    def read_claim(self, claim: Obj) -> Obj:
+        name = claim["metadata"]["name"]
+        self.reads.append(name)  # apart from `calls`: those are the writes
+        if ("read_claim", name) in self.fail:
+            raise self.fail.pop(("read_claim", name))
+        if name not in self.objects:
+            raise _NotFoundError(name)
+        return copy.deepcopy(self.objects[name])
 
     def add_finalizer(self, claim: Obj) -> Obj:
         cur = self._call("add_finalizer", claim)
