@@ -237,6 +237,12 @@ class ControllerMetrics:
         )
         self.gpus = Gauge("carve_gpus", "GPUs (counter sets) published by the driver.", registry=r)
         self.leader = Gauge("carve_leader", "1 while this replica holds the lease.", registry=r)
+        self.conflicts = Gauge(
+            "carve_allocation_conflicts",
+            "GPUs whose allocated claims contradict each other (one device allocated twice, "
+            "overlapping slices); carve places nothing on them until it is resolved.",
+            registry=r,
+        )
         self._usage_index: SliceUsageIndex | None = None
 
     def observe_allocation(self, seconds: float, profiles: Sequence[str]) -> None:
@@ -253,6 +259,9 @@ class ControllerMetrics:
 
     def count_outcome(self, outcome: str) -> None:
         self.outcomes.labels(outcome=outcome).inc()
+
+    def set_conflicts(self, gpus: int) -> None:
+        self.conflicts.set(gpus)
 
     def update_usage(self, stores: Mapping[Kind, Mapping[str, Obj]], driver: str) -> SliceUsage:
         if self._usage_index is None or self._usage_index.driver != driver:

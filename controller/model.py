@@ -26,6 +26,7 @@ from types import MappingProxyType
 
 from controller.claims import ClaimHold, ClaimKey
 from controller.nodefit import NO_RESOURCES, NodeInfo, Resources
+from controller.objects import Problem
 from controller.tolerations import DeviceTaint, parse_taints
 from driver.catalog import GpuModel
 from driver.cel import (
@@ -86,14 +87,6 @@ class Occupancy:
 FREE = Occupancy(EMPTY_STATE)
 
 
-@dataclass(frozen=True)
-class Problem:
-    """Something inconsistent in what the API says; reported, never fatal."""
-
-    subject: str
-    message: str
-
-
 BucketKey = tuple[int, Occupancy, bool]  # (kind, occupancy, node busy)
 
 
@@ -134,6 +127,10 @@ def _used_units(record: GpuRecord) -> int:
     if occupancy.blocked:
         return record.inventory.model.memory_units
     return occupancy.state.occupied.bit_count()
+
+
+def _claims_of(holders: Mapping[tuple[int, int], set[ClaimKey]]) -> tuple[str, ...]:
+    return tuple(sorted({str(c) for claims in holders.values() for c in claims}))
 
 
 def _kind_signature(inv: GpuInventory) -> tuple[object, ...]:
@@ -356,6 +353,7 @@ class ClusterModel:
                 subject,
                 f"device {record.by_placement[(pid, start)].name} on node {record.node} is "
                 f"allocated to several claims: {', '.join(sorted(map(str, claims)))}",
+                tuple(sorted(map(str, claims))),
             )
             occupancy = Occupancy(EMPTY_STATE, blocked=True)
         elif whole:
@@ -363,13 +361,16 @@ class ClusterModel:
                 self.problems[subject] = Problem(
                     subject,
                     f"GPU {uuid} on node {record.node} is allocated whole and as MIG slices",
+                    _claims_of(holders),
                 )
             occupancy = Occupancy(EMPTY_STATE, blocked=True)
         elif holders:
             state = self._state_of(record, frozenset(holders))
             if isinstance(state, str):
                 self.problems[subject] = Problem(
-                    subject, f"allocations on GPU {uuid} (node {record.node}) conflict: {state}"
+                    subject,
+                    f"allocations on GPU {uuid} (node {record.node}) conflict: {state}",
+                    _claims_of(holders),
                 )
                 occupancy = Occupancy(EMPTY_STATE, blocked=True)
             else:

@@ -73,6 +73,17 @@ class Unplaceable:
 
 
 @dataclass(frozen=True)
+class Problem:
+    """Something inconsistent in what the API says (two claims allocated one device, a whole
+    GPU and its slices at once); reported, never fatal. `claims` are the store keys
+    (``namespace/name``) of the claims involved, the objects a user is told on."""
+
+    subject: str
+    message: str
+    claims: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class CarveClasses:
     """Which DeviceClasses are carve's: the configured names plus any `<x>.<first name>` class.
 

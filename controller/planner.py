@@ -45,6 +45,7 @@ from controller.objects import (
     ClaimAllocation,
     Kind,
     Plan,
+    Problem,
     Unplaceable,
     claim_class_names,
     is_terminal,
@@ -667,6 +668,10 @@ class EnginePlanner:
         self._pinned[key] = plan.node
         with contextlib.suppress(PodSpecError):
             self.model.set_pod(key, plan.node, pod_requests(pod.get("spec") or {}))
+
+    def problems(self) -> Mapping[str, Problem]:
+        self.flush()  # a slice change can resolve a hold onto a contested device
+        return self.model.problems
 
     def withdrawn(self, pod: Obj) -> None:
         """The plan's writes failed: the pod's requests count on no node until it is placed."""

@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from controller.commit import Committer
 from controller.config import ReconcilerConfig
+from controller.conflicts import ConflictReporter
 from controller.extended_resources import asks_carve_resources, resource_classes
 from controller.memory import PodMemory
 from controller.messages import (
@@ -196,6 +197,13 @@ class Reconciler:
             preemption=preemption,
             clock=self._clock,
         )
+        self._conflicts = ConflictReporter(
+            store=store,
+            recorder=recorder,
+            metrics=self._metrics,
+            clock=self._clock,
+            interval=cfg.event_interval,
+        )
         self._carve_hold = CarveHold(
             memory=memory,
             writer=writer,
@@ -304,6 +312,7 @@ class Reconciler:
             return
         if not self._is_leader():
             return
+        self._conflicts.report(self._planner.problems())
         self._releaser.mark_all(self._lost.node_pass())
         self._releaser.release_pass()
         self._place_pass()
@@ -463,6 +472,9 @@ class _NullMetrics:
         return None
 
     def count_outcome(self, outcome: str) -> None:
+        return None
+
+    def set_conflicts(self, gpus: int) -> None:
         return None
 
 

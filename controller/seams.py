@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from controller.objects import ClaimAllocation, Kind, Plan, Unplaceable
+from controller.objects import ClaimAllocation, Kind, Plan, Problem, Unplaceable
 from process.kube import Obj
 
 
@@ -53,6 +53,11 @@ class Planner(Protocol):
         """A plan given to `committed` could not be written after all: count the pod nowhere."""
         ...
 
+    def problems(self) -> Mapping[str, Problem]:
+        """Contradictions in the model (two claims on one device, ...), by subject: GPUs on
+        which the engine builds nothing (`controller.conflicts` tells the user)."""
+        ...
+
 
 class PreemptionHook(Protocol):
     """Called for a pod that fits nowhere (`controller.preemption.preemptor.Preemptor`): may evict
@@ -84,6 +89,8 @@ class Metrics(Protocol):
     def set_queue_depth(self, depth: int) -> None: ...
 
     def count_outcome(self, outcome: str) -> None: ...
+
+    def set_conflicts(self, gpus: int) -> None: ...
 
 
 class ClaimWriter(Protocol):

@@ -113,6 +113,9 @@ class FirstFitPlanner:
     def withdrawn(self, pod: Obj) -> None:
         self.committed_pods.remove(pod["metadata"]["name"])
 
+    def problems(self) -> dict[str, Any]:
+        return {}
+
     def used(self) -> set[tuple[str, str]]:
         out = set()
         for c in self.claims.values():

@@ -1,0 +1,124 @@
+"""Conflicting allocations are never silent (issue 30.2).
+
+Two claims allocated to one device by another allocator (kube-scheduler for a class of its own,
+a hand edit) make the model block the GPU; the claims involved get a Warning event with the
+way out, the log says so, and `carve_allocation_conflicts` counts the GPU, until one claim
+lets go.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from controller.metrics import ControllerMetrics
+from controller.objects import EventType, Kind
+from controller.planner import EnginePlanner
+from controller.reconciler import Reconciler
+from controller.status import node_selector_for
+from tests.support.engine_cluster import DRIVER, device_class, node, slices
+from tests.support.reconciler import ListRecorder, MemoryWriter, claim
+
+Obj = dict[str, Any]
+DEVICE = "gpu-0-mig-7g80gb-0-0"
+
+
+def _allocated(name: str, device: str = DEVICE) -> Obj:
+    c = claim(name)
+    c["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [{"request": "gpu", "driver": DRIVER, "pool": "n1", "device": device}]
+            },
+            "nodeSelector": node_selector_for("n1"),
+        }
+    }
+    return c
+
+
+class _Metrics:
+    def __init__(self) -> None:
+        self.conflicts: list[int] = []
+
+    def observe_allocation(self, seconds: float, profiles: Sequence[str]) -> None: ...
+
+    def observe_decision(self, seconds: float, cpu_seconds: float) -> None: ...
+
+    def set_queue_depth(self, depth: int) -> None: ...
+
+    def count_outcome(self, outcome: str) -> None: ...
+
+    def set_conflicts(self, gpus: int) -> None:
+        self.conflicts.append(gpus)
+
+
+def _reconciler(metrics: Any, now: list[float]) -> tuple[Reconciler, ListRecorder]:
+    recorder = ListRecorder()
+    rec = Reconciler(
+        EnginePlanner(DRIVER),
+        MemoryWriter(),
+        recorder,
+        metrics=metrics,
+        clock=lambda: now[0],
+        wall_clock=lambda: dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
+    )
+    for k in Kind:
+        rec.mark_synced(k)
+    rec.enqueue(Kind.CLASS, EventType.ADDED, device_class("mig.carve.dev", "mig"))
+    rec.enqueue(Kind.NODE, EventType.ADDED, node("n1"))
+    for s in slices("n1", ["H100-SXM5-80GB"]):
+        rec.enqueue(Kind.SLICE, EventType.ADDED, s)
+    return rec, recorder
+
+
+def test_two_claims_on_one_device_are_told_on_both_claims_logged_and_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    metrics, now = _Metrics(), [100.0]
+    rec, recorder = _reconciler(metrics, now)
+    a, b = _allocated("a"), _allocated("b")
+    with caplog.at_level(logging.INFO, logger="controller.conflicts"):
+        rec.enqueue(Kind.CLAIM, EventType.ADDED, a)
+        rec.enqueue(Kind.CLAIM, EventType.ADDED, b)
+        rec.step()
+        told = [e for e in recorder.events if e[2] == "AllocationConflict"]
+        assert sorted(e[0] for e in told) == ["a", "b"]
+        for _, type_, _, message in told:
+            assert type_ == "Warning"
+            assert f"device {DEVICE} on node n1 is allocated to several claims: ns/a, ns/b" in (
+                message
+            )
+            assert "docs/guide/troubleshooting.md" in message
+        assert metrics.conflicts[-1] == 1
+        assert any("allocation conflict:" in r.getMessage() for r in caplog.records)
+
+        rec.step()  # nothing changed: not told again
+        assert len([e for e in recorder.events if e[2] == "AllocationConflict"]) == 2
+
+        now[0] += 301  # still there after event_interval: told again (events expire)
+        rec.step()
+        assert len([e for e in recorder.events if e[2] == "AllocationConflict"]) == 4
+
+        freed = copy.deepcopy(b)
+        freed["status"] = {}
+        freed["metadata"]["resourceVersion"] = "2"
+        rec.enqueue(Kind.CLAIM, EventType.MODIFIED, freed)
+        rec.step()
+        assert metrics.conflicts[-1] == 0
+        assert any("allocation conflict resolved" in r.getMessage() for r in caplog.records)
+
+
+def test_the_gauge_is_exported() -> None:
+    metrics = ControllerMetrics()
+    now = [0.0]
+    rec, _ = _reconciler(metrics, now)
+    rec.enqueue(Kind.CLAIM, EventType.ADDED, _allocated("a"))
+    rec.enqueue(Kind.CLAIM, EventType.ADDED, _allocated("b", "gpu-0-mig-1g10gb-19-0"))
+    rec.step()
+    # 7g.80gb at 0 and 1g.10gb at 0 overlap on memory slice 0.
+    assert metrics.registry.get_sample_value("carve_allocation_conflicts") == 1
