@@ -13,6 +13,12 @@ The algorithm is the one client-go uses, written for this controller:
   so a half-open connection cannot keep the election thread from noticing that it lost.
 
 `is_leader()` is the fence that the reconciler and the claim writer check before each write.
+
+A graceful hand-over follows client-go's ReleaseOnCancel rule: the lease may be released only
+once nothing it guards can still happen. `close_fence()` stops every new write at once while
+the lease is still renewed; the caller drains the writes in flight; then `stop(release=True)`
+hands the lease back, or `stop(release=False)` (writes still in flight) lets it expire, so a
+successor never decides while an old write can still land.
 """
 
 from __future__ import annotations
@@ -85,18 +91,36 @@ class LeaderElector:
         self._observed_at = 0.0
         self._last_renew: float | None = None
         self._stop = threading.Event()
+        self._fenced = False
         self._timeout = config.renew_deadline_s
+        # Held by each election round, so `stop` never releases under a round that could
+        # then write the lease back.
+        self._round = threading.Lock()
 
     # -- fence -----------------------------------------------------------------------------------
 
     def is_leader(self) -> bool:
+        return not self._fenced and self._holds()
+
+    def _holds(self) -> bool:
+        """Renewed within the renew deadline (fenced or not)."""
         last = self._last_renew
         return last is not None and self._clock() - last < self._cfg.renew_deadline_s
+
+    def close_fence(self) -> None:
+        """Stop every write from now on; the lease is still renewed until `stop`."""
+        self._fenced = True
 
     # -- one attempt -----------------------------------------------------------------------------
 
     def try_acquire_or_renew(self) -> bool:
         """One round of the election; True when we hold the lease after it."""
+        with self._round:
+            if self._stop.is_set():
+                return False
+            return self._one_round()
+
+    def _one_round(self) -> bool:
         cfg = self._cfg
         now_wall = _micro(self._wall())
         try:
@@ -180,17 +204,21 @@ class LeaderElector:
         on_started()
         while not self._stop.wait(self._cfg.retry_period_s):
             self.try_acquire_or_renew()
-            if not self.is_leader():
+            if not self._holds() and not self._stop.is_set():
                 _log.error("lost the lease (could not renew within the renew deadline)")
                 on_stopped()
                 return
 
     def stop(self, release: bool = True) -> None:
-        """Stop campaigning; hand the lease back so a successor need not wait for expiry."""
+        """Stop campaigning and renewing; with `release`, hand the lease back so a successor
+        need not wait for it to expire. Release only once no write of this term can land
+        (`close_fence`, then drain, then this)."""
+        self._fenced = True
         self._stop.set()
-        if release and self.is_leader():
-            self._release()
-        self._last_renew = None
+        with self._round:  # a round in progress ends first; none starts after
+            if release and self._holds():
+                self._release()
+            self._last_renew = None
 
     def _release(self) -> None:
         cfg = self._cfg

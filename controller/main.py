@@ -178,8 +178,9 @@ RETRY_INTERVAL = flags.duration(
 REQUEST_TIMEOUT = flags.duration(
     "request-timeout",
     "client timeout of every apiserver request (writes, reads, lists, a watch's reconnect); "
-    "watches time out on their own and the lease after --renew-deadline",
-    "30s",
+    "watches time out on their own and the lease after --renew-deadline. A shutdown waits "
+    "this long for writes in flight before it hands the lease over",
+    "10s",
 )
 HTTP_ADDRESS = flags.http_address()
 IDENTITY: Flag[str] = Flag(
@@ -252,7 +253,7 @@ class ControllerOptions:
     carve_wait: float = 30.0
     commit_workers: int = 8
     packing_policy: Policy = DEFAULT_POLICY
-    request_timeout: float = 30.0
+    request_timeout: float = 10.0
 
 
 def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ControllerOptions:
@@ -485,19 +486,52 @@ class Controller:
         self._usage_thread.start()
 
     def shutdown(self) -> None:
+        """Stop, handing the lease over only once no write of this term can still land."""
         for inf in self.informers:
             inf.stop()
-        self.best_effort_writes.stop()
-        self.release_writes.stop()
-        if self.commit_writes is not None:
-            self.commit_writes.stop()
+        pools = [self.commit_writes, self.release_writes, self.best_effort_writes]
+        deadline = time.monotonic() + self.opts.request_timeout + _DRAIN_MARGIN_S
+        drains = [p.drain for p in pools if p is not None]
         if self.elector is not None:
-            self.elector.stop(release=self.exit_code != EXIT_LOST_LEASE)
+            hand_over(self.elector, drains, deadline, lost=self.exit_code == EXIT_LOST_LEASE)
+        else:
+            for drain in drains:
+                drain(deadline)
         if self._http is not None:
             self._http.stop()
 
     def stop(self) -> None:
         self.stop_event.set()
+
+
+_DRAIN_MARGIN_S = 2.0
+"""A hand-over waits for the writes in flight as long as one request may take
+(`--request-timeout`), and this much more for their answers to be handled."""
+
+
+def hand_over(
+    elector: LeaderElector,
+    drains: Sequence[Callable[[float], bool]],
+    deadline: float,
+    *,
+    lost: bool = False,
+) -> bool:
+    """client-go's ReleaseOnCancel rule: close the write fence (no write starts from now on,
+    and a retry in progress stops at its next attempt), wait until every write already in
+    flight has ended (`drains`, each a `WritePool.drain`, until `deadline`), and only then hand
+    the lease back. The lease is renewed meanwhile, so no successor decides while an old write
+    can still land; if some write outlives the deadline the lease is left to expire instead.
+    Returns whether the lease was handed back."""
+    elector.close_fence()
+    drained = [drain(deadline) for drain in drains]  # every pool, not only up to a failure
+    release = all(drained) and not lost
+    if not all(drained):
+        _log.warning(
+            "writes still in flight at shutdown; leaving the lease to expire instead of "
+            "handing it over"
+        )
+    elector.stop(release=release)
+    return release
 
 
 def _freeze_heap() -> None:

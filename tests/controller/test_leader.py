@@ -8,56 +8,14 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
-import json
 from typing import Any
 
 import pytest
-from kubernetes.client.exceptions import ApiException
 
 from controller.leader import LeaderElector, LeaseConfig, may_take
+from tests.support.lease import LeaseResponse, LeaseStore
 
 Obj = dict[str, Any]
-
-
-class _Resp:
-    def __init__(self, obj: Obj) -> None:
-        self.data = json.dumps(obj).encode()
-
-
-class LeaseStore:
-    def __init__(self) -> None:
-        self.lease: Obj | None = None
-        self.rv = 0
-        self.down = False
-
-    def _check(self) -> None:
-        if self.down:
-            raise ApiException(status=503, reason="unavailable")
-
-    def read_namespaced_lease(self, name: str, ns: str, **_: Any) -> _Resp:
-        self._check()
-        if self.lease is None:
-            raise ApiException(status=404, reason="Not Found")
-        return _Resp(self.lease)
-
-    def create_namespaced_lease(self, ns: str, body: Obj, **_: Any) -> _Resp:
-        self._check()
-        if self.lease is not None:
-            raise ApiException(status=409, reason="AlreadyExists")
-        return self._store(body)
-
-    def replace_namespaced_lease(self, name: str, ns: str, body: Obj, **_: Any) -> _Resp:
-        self._check()
-        assert self.lease is not None
-        if body["metadata"].get("resourceVersion") != self.lease["metadata"]["resourceVersion"]:
-            raise ApiException(status=409, reason="Conflict")
-        return self._store(body)
-
-    def _store(self, body: Obj) -> _Resp:
-        self.rv += 1
-        self.lease = copy.deepcopy(body)
-        self.lease["metadata"]["resourceVersion"] = str(self.rv)
-        return _Resp(self.lease)
 
 
 class Clock:
@@ -117,7 +75,7 @@ def test_race_for_an_expired_lease_has_one_winner() -> None:
     # Both read the same expired lease; both write; optimistic concurrency lets one through.
     lease = copy.deepcopy(store.lease)
     orig = store.read_namespaced_lease
-    store.read_namespaced_lease = lambda *a, **k: _Resp(lease)  # type: ignore[method-assign]
+    store.read_namespaced_lease = lambda *a, **k: LeaseResponse(lease)  # type: ignore[method-assign]
     won = [b.try_acquire_or_renew(), c.try_acquire_or_renew()]
     store.read_namespaced_lease = orig  # type: ignore[method-assign]
     assert won.count(True) == 1

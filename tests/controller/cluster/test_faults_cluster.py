@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -185,3 +186,73 @@ def _model(key: str) -> Any:
     from driver.catalog import gpu_model
 
     return gpu_model(key)
+
+
+def _holder(k8s_api: ApiClient, namespace: str) -> str | None:
+    try:
+        lease = client.CoordinationV1Api(k8s_api).read_namespaced_lease(
+            "carve-controller", namespace
+        )
+    except client.ApiException:
+        return None
+    return lease.spec.holder_identity
+
+
+@pytest.fixture
+def long_request_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Longer than a test holds a write (an unknown variable to a controller without it)."""
+    monkeypatch.setenv("CARVE_REQUEST_TIMEOUT", "60s")
+
+
+@pytest.mark.usefixtures("classes", "h100_node", "long_request_timeout")
+def test_a_write_in_flight_across_a_hand_over_keeps_the_lease_until_it_lands(
+    k8s_cluster: LocalCluster, k8s_api: ApiClient, namespace: str, proxy: ApiProxy, tmp_path: Path
+) -> None:
+    """The leader (through the proxy) is stopped while its allocation PATCH is held in flight.
+    The lease must stay its own until that write has landed (client-go's ReleaseOnCancel);
+    then it is handed back at once and the follower takes over."""
+    res, core = client.ResourceV1Api(k8s_api), client.CoreV1Api(k8s_api)
+    res.create_namespaced_resource_claim(namespace, whole_mig_claim("first"))
+    leader = ControllerProcess(
+        proxy.kubeconfig(tmp_path / "via-proxy.kubeconfig"),
+        namespace,
+        tmp_path / "leader.log",
+        "carve-leader",
+        ["--preemption=false"],
+    ).start()
+    follower: ControllerProcess | None = None
+    try:
+        wait_for("the leader", lambda: _holder(k8s_api, namespace) == "carve-leader", 60)
+        follower = ControllerProcess(
+            Path(k8s_cluster.info.kubeconfig),
+            namespace,
+            tmp_path / "follower.log",
+            "carve-follower",
+            ["--preemption=false"],
+        ).start()
+        in_flight = proxy.hold(_allocation_of("first"))
+        core.create_namespaced_pod(namespace, gated_pod("p1", "first"))
+        wait_for("the allocation to be in flight", lambda: in_flight.requests, timeout=60)
+        assert leader.proc is not None
+        leader.proc.terminate()  # SIGTERM: a graceful stop
+        # Two lease durations (4s): long enough for a released or expired lease to be taken.
+        deadline = time.monotonic() + 8.0
+        while time.monotonic() < deadline:
+            assert _holder(k8s_api, namespace) == "carve-leader", "handed over mid-write"
+            assert leader.proc.poll() is None
+            time.sleep(0.2)
+        in_flight.release()
+        assert leader.proc.wait(30) == 0
+        wait_for("the follower", lambda: _holder(k8s_api, namespace) == "carve-follower", 30)
+        allocated = allocated_devices(claims_of(k8s_api, namespace), DRIVER)
+        assert [d.claim for d in allocated] == [f"{namespace}/first"]
+        wait_for(
+            "p1 ungated by the new leader",
+            lambda: not core.read_namespaced_pod("p1", namespace).spec.scheduling_gates,
+            timeout=60,
+        )
+    finally:
+        proxy.release_all()
+        leader.stop()
+        if follower is not None:
+            follower.stop()
