@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from driver.allocation import AllocatedDevice
-from driver.contract import DEFAULT_CONTRACT, Contract
+from driver.contract import DEFAULT_CONTRACT, HANDED_TO_SCHEDULER, Contract
 from process.kube import Obj
 
 """An API object as the apiserver serves it (camelCase keys)."""
@@ -165,6 +165,12 @@ def pod_claim_names(pod: Obj) -> tuple[list[str], list[str]]:
         elif ref.get("resourceClaimTemplateName") and ref.get("name") not in generated:
             missing.append(str(ref.get("name")))
     return names, missing
+
+
+def handed_to_scheduler(claim: Obj, contract: Contract) -> bool:
+    """Whether the controller left this claim to kube-scheduler (native fallback)."""
+    annotations = claim.get("metadata", {}).get("annotations") or {}
+    return annotations.get(contract.allocator_annotation) == HANDED_TO_SCHEDULER
 
 
 def is_allocated(claim: Obj) -> bool:

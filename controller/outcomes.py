@@ -22,9 +22,11 @@ from controller.objects import (
     Kind,
     Plan,
     Unplaceable,
+    handed_to_scheduler,
     has_finalizer,
     has_gate,
     is_allocated,
+    is_carve_claim,
     key_of,
     pod_claim_names,
 )
@@ -205,16 +207,21 @@ class Outcomes:
         self._store.put_pod(key, self._writer.remove_gate(pod))
 
     def release_to_scheduler(self, pod: Obj, reason: str, message: str) -> None:
-        """Drop our finalizer from the pod's unallocated claims: kube-scheduler owns them now."""
+        """Hand the pod's unallocated carve claims to kube-scheduler: our finalizer off, the
+        hand-over mark on (only with it may kube-scheduler allocate them)."""
         ns = pod.get("metadata", {}).get("namespace", "")
         for name in pod_claim_names(pod)[0]:
             claim = self._store.claims.get(f"{ns}/{name}")
             if (
                 claim is not None
                 and not is_allocated(claim)
-                and has_finalizer(claim, self._cfg.finalizer)
+                and is_carve_claim(claim, self._cfg.classes)
+                and (
+                    has_finalizer(claim, self._cfg.finalizer)
+                    or not handed_to_scheduler(claim, self._cfg.contract)
+                )
             ):
-                self._written(self._writer.remove_finalizer(claim))
+                self._written(self._writer.hand_to_scheduler(claim))
         self._memory.settle(key_of(pod))
         self._metrics.count_outcome("native-fallback")
         self._recorder.event(pod, Kind.POD, "Warning", reason, message)

@@ -9,7 +9,8 @@ chooses; this module acts on its answer for the three kinds of pod the reconcile
   node, the pod is pinned there and ungated, and kube-scheduler allocates its claim
   (`controller.extended_resources` says why carve cannot write that allocation itself);
 - an ungated pod whose allocation kube-scheduler cleared (`replan`): placed again, with a
-  growing wait, and left to kube-scheduler after `max_replans` rounds.
+  growing wait, and left to kube-scheduler after `max_replans` rounds; an ungated pod whose
+  claims carve never allocated (it escaped the gate) is placed like a gated one.
 """
 
 from __future__ import annotations
@@ -29,7 +30,15 @@ from controller.extended_resources import (
 )
 from controller.memory import PodMemory, Wait
 from controller.nodehealth.lost import LostNodes
-from controller.objects import Kind, Plan, Unplaceable, claim_class_names, has_gate, key_of
+from controller.objects import (
+    Kind,
+    Plan,
+    Unplaceable,
+    claim_class_names,
+    has_finalizer,
+    has_gate,
+    key_of,
+)
 from controller.outcomes import Outcomes
 from controller.seams import ClaimWriter, Metrics, Planner, PreemptionHook, Recorder
 from controller.store import ClusterStore
@@ -193,6 +202,9 @@ class Placer:
         Re-planning at once could loop forever, so each round waits longer, and after
         `max_replans` rounds the pod is left to kube-scheduler's own allocator.
         """
+        if not any(has_finalizer(c, self._cfg.finalizer) for c in claims):
+            self._place_escaped(pod, wait, claims)
+            return
         lost = self._lost.cleared_by_loss(claims)
         if lost:
             # Not kube-scheduler's doing: the node went away before the pod was bound there.
@@ -229,6 +241,25 @@ class Placer:
             "kube-scheduler cleared the allocation of this pod's claims "
             f"({_scheduling_message(pod) or 'no reason given'}); placing again",
         )
+        self.place(pod, wait, claims)
+
+    def _place_escaped(self, pod: Obj, wait: Wait, claims: Sequence[Obj]) -> None:
+        """A pod that reached kube-scheduler without carve's gate, its carve claims never
+        allocated: a template the gate policy had not seen yet (one `kubectl apply` of both),
+        or a namespace outside the policy's selector. Only carve-controller may allocate them
+        (carve-sole-allocator), so carve places it as it would a gated pod; kube-scheduler
+        binds it once the allocation is written."""
+        if wait.attempts == 0:
+            key = key_of(pod)
+            _log.info("pod %s has carve claims but not carve's gate", key, extra={"pod": key})
+            self._recorder.event(
+                pod,
+                Kind.POD,
+                "Normal",
+                "PlacingUngated",
+                "this pod reached kube-scheduler without carve's scheduling gate; carve "
+                "allocates its claims (kube-scheduler may not allocate carve's claims)",
+            )
         self.place(pod, wait, claims)
 
     def ungate(self, pod: Obj, claims: Sequence[Obj]) -> None:

@@ -115,6 +115,11 @@ class ClaimWriter(Protocol):
         """Remove a lost node's finalizer on its behalf (`controller.nodehealth`)."""
         ...
 
+    def hand_to_scheduler(self, claim: Obj) -> Obj:
+        """Leave an unallocated claim to kube-scheduler (native fallback): our finalizer off,
+        the hand-over mark on (`Contract.allocator_annotation`)."""
+        ...
+
     def remove_gate(self, pod: Obj) -> Obj: ...
 
     def pin_and_ungate(self, pod: Obj, node: str) -> Obj:

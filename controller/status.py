@@ -35,7 +35,7 @@ from driver.allocation import (
     parse_allocation,
     result_json,
 )
-from driver.contract import DEFAULT_CONTRACT, Contract
+from driver.contract import DEFAULT_CONTRACT, HANDED_TO_SCHEDULER, Contract
 from process.kube import Obj
 from process.kube.rmw import MERGE_PATCH, RetryPolicy, Target, WriteFencedError, read_modify_write
 
@@ -274,6 +274,28 @@ class KubeClaimWriter:
                 return None
             kept = [f for f in cur["metadata"]["finalizers"] if f != self._finalizer]
             return {"metadata": {"finalizers": kept}}
+
+        return self._rmw(claim, self._get_claim, self._patch_claim, mutate)
+
+    def hand_to_scheduler(self, claim: Obj) -> Obj:
+        """Leave an unallocated claim to kube-scheduler: drop our finalizer and mark it
+        handed over (`Contract.allocator_annotation`), the one mark with which kube-scheduler
+        may allocate a claim of carve's classes. Skipped once the claim is allocated."""
+        marker = self._contract.allocator_annotation
+
+        def mutate(cur: Obj) -> Obj | None:
+            if (cur.get("status") or {}).get("allocation"):
+                raise WriteSkippedError("claim was allocated meanwhile")
+            annotations = cur["metadata"].get("annotations") or {}
+            marked = annotations.get(marker) == HANDED_TO_SCHEDULER
+            if marked and not has_finalizer(cur, self._finalizer):
+                return None
+            meta: Obj = {"annotations": {marker: HANDED_TO_SCHEDULER}}
+            if has_finalizer(cur, self._finalizer):
+                meta["finalizers"] = [
+                    f for f in cur["metadata"]["finalizers"] if f != self._finalizer
+                ]
+            return {"metadata": meta}
 
         return self._rmw(claim, self._get_claim, self._patch_claim, mutate)
 

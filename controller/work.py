@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from controller.objects import (
     CarveClasses,
-    has_finalizer,
+    handed_to_scheduler,
     has_gate,
     is_allocated,
     is_carve_claim,
@@ -55,9 +55,13 @@ def pod_work(
 ) -> PodWork:
     """Classify one pod. Pure, so the queue logic is tested without threads or an apiserver.
 
-    Ungated pods are placed only when one of their carve claims still carries our finalizer but
-    lost its allocation: kube-scheduler's PostFilter deallocated it, and since a gate cannot be
-    added back the controller must allocate again before the scheduler's own allocator does.
+    Ungated pods are placed too when a carve claim of theirs is unallocated and was not handed
+    to kube-scheduler: one that lost the allocation carve gave it (kube-scheduler's PostFilter
+    cleared it), or one whose pod never had carve's gate (it escaped the admission policy: a
+    template the policy had not seen yet, a namespace outside its selector). A gate cannot be
+    added back, and only carve-controller may allocate carve's claims (the chart's
+    carve-sole-allocator policy), so carve allocates them, ungated; not while another
+    scheduling gate (a queue's) still holds the pod.
     """
     meta = pod.get("metadata", {})
     gated = has_gate(pod, contract.scheduling_gate)
@@ -96,10 +100,10 @@ def pod_work(
         if deleting:
             return PodWork(WorkKind.WAIT, message=f"ResourceClaim {deleting[0]} is being deleted")
         return PodWork(WorkKind.PLACE, tuple(carve))
-    lost = [
-        c for c in carve if has_finalizer(c, contract.allocation_finalizer) and not is_allocated(c)
-    ]
-    if lost and not any(c.get("metadata", {}).get("deletionTimestamp") for c in carve):
+    if pod.get("spec", {}).get("schedulingGates"):
+        return PodWork(WorkKind.NONE)  # not schedulable yet: its change wakes it
+    unallocated = [c for c in carve if not is_allocated(c) and not handed_to_scheduler(c, contract)]
+    if unallocated and not any(c.get("metadata", {}).get("deletionTimestamp") for c in carve):
         return PodWork(WorkKind.PLACE, tuple(carve))
     return PodWork(WorkKind.NONE)
 

@@ -121,6 +121,10 @@ that reads one of these is evaluated per GPU. `pcieRoot` and `numaNode` (standar
 say where a GPU sits, which GPUs of one kind need not share."""
 
 
+HANDED_TO_SCHEDULER = "kube-scheduler"
+"""The value of `Contract.allocator_annotation` on a claim handed to kube-scheduler."""
+
+
 @dataclass(frozen=True)
 class Contract:
     """Every API-level name of one carve installation. Build it once per process from the
@@ -157,6 +161,13 @@ class Contract:
     def event_source(self) -> str:
         """`reportingController` of the controller's events."""
         return f"{self.driver}/controller"
+
+    @property
+    def allocator_annotation(self) -> str:
+        """On a claim the controller handed to kube-scheduler (native fallback), with the value
+        `HANDED_TO_SCHEDULER`: the one mark that lets kube-scheduler allocate a claim of carve's
+        classes (the chart's carve-sole-allocator policy), and that only the controller sets."""
+        return f"{self.driver}/allocator"
 
     # -- node-owned names ----------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ from controller.objects import ClaimAllocation, EventType, Kind, Plan, Unplaceab
 from controller.reconciler import Reconciler
 from controller.status import build_allocation_status
 from driver.allocation import AllocatedDevice
-from driver.contract import DEFAULT_CONTRACT
+from driver.contract import DEFAULT_CONTRACT, HANDED_TO_SCHEDULER
 
 ALLOCATION_FINALIZER = DEFAULT_CONTRACT.allocation_finalizer
 SCHEDULING_GATE = DEFAULT_CONTRACT.scheduling_gate
@@ -239,6 +239,15 @@ class MemoryWriter:
         cur["metadata"]["finalizers"] = [
             f for f in cur["metadata"].get("finalizers", []) if f != finalizer
         ]
+        return self.put(cur)
+
+    def hand_to_scheduler(self, claim: Obj) -> Obj:
+        cur = self._call("hand_to_scheduler", claim)
+        cur["metadata"]["finalizers"] = [
+            f for f in cur["metadata"].get("finalizers", []) if f != ALLOCATION_FINALIZER
+        ]
+        annotations = cur["metadata"].setdefault("annotations", {})
+        annotations[DEFAULT_CONTRACT.allocator_annotation] = HANDED_TO_SCHEDULER
         return self.put(cur)
 
     def remove_gate(self, pod: Obj) -> Obj:
