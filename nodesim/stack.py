@@ -30,8 +30,15 @@ REPO = Path(__file__).resolve().parent.parent
 MANIFESTS = REPO / "deploy" / "manifests"
 EXAMPLES = REPO / "deploy" / "examples"
 # What a cluster needs from deploy/manifests when carve runs outside it (no Deployment,
-# DaemonSet or RBAC: the processes run here with the admin kubeconfig).
-INSTALL_MANIFESTS = ("00-namespace.yaml", "10-deviceclasses.yaml", "30-admission-gate.yaml")
+# DaemonSet or RBAC: the processes run here with the admin kubeconfig, so the policies that
+# name carve-controller's service account name that user instead, see `CarveStack.install`).
+INSTALL_MANIFESTS = (
+    "00-namespace.yaml",
+    "10-deviceclasses.yaml",
+    "30-admission-gate.yaml",
+    "31-sole-allocator.yaml",
+)
+_CONTROLLER_ACCOUNT = "system:serviceaccount:carve-system:carve-controller"
 # The scheduling gate carve's admission policy puts on pods with carve claims.
 PLACEMENT_GATE = DEFAULT_CONTRACT.scheduling_gate
 _GATE_POLICY_PREFIX = "carve-placement-gate"
@@ -59,6 +66,8 @@ def render_manifest(text: str, contract: Contract) -> str:
         text.replace(DEFAULT_CONTRACT.gpu_class, contract.gpu_class)
         .replace(DEFAULT_CONTRACT.driver, contract.driver)
         .replace(_GATE_POLICY_PREFIX, f"{_GATE_POLICY_PREFIX}-{slug}")
+        .replace("carve-sole-allocator", f"carve-sole-allocator-{slug}")
+        .replace("carve-claim-markers", f"carve-claim-markers-{slug}")
         # The chart's migPrefix and wholeGpu: two installs naming one extended resource would
         # take each other's pods (kube-scheduler maps a name to the newest class), so each gets
         # its own.
@@ -117,6 +126,7 @@ class CarveStack:
         self.heartbeater = NodeHeartbeater(self.api).start()
         self.nodes: dict[str, SimNode] = {}
         self._controller: ManagedProcess | None = None
+        self._user: str | None = None
         root.mkdir(parents=True, exist_ok=True)
         # Unix socket paths are limited to 107 bytes; node directories hold the plugin's sockets.
         self.nodes_dir = root / "nodes"
@@ -146,6 +156,7 @@ class CarveStack:
         control plane with others gates only its own pods."""
         for name in manifests:
             text = render_manifest((MANIFESTS / name).read_text(), self.contract)
+            text = text.replace(_CONTROLLER_ACCOUNT, self.user())
             docs = [d for d in yaml.safe_load_all(text) if d]
             if gate_namespaces is not None:
                 for doc in docs:
@@ -162,6 +173,18 @@ class CarveStack:
                 input=yaml.safe_dump_all(docs, sort_keys=False),
             )
         self._wait_for_admission_policy(gate_namespaces or {})
+
+    def user(self) -> str:
+        """Who the processes here run as (the kubeconfig's user): carve-controller's identity
+        to the admission policies that let only carve-controller allocate carve's claims."""
+        if self._user is None:
+            review = KubeJson(self.api).request(
+                "POST",
+                "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+                body={"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
+            )
+            self._user = str(review["status"]["userInfo"]["username"])
+        return self._user
 
     def _wait_for_admission_policy(self, labels: Mapping[str, str], timeout: float = 30.0) -> None:
         """The apiserver applies a new MutatingAdmissionPolicy only after its informers see it

@@ -212,6 +212,18 @@ def test_the_default_names_are_the_contracts(helm: Helm) -> None:
     for policy in ("carve-kubelet-plugin-own-node-slices", "carve-kubelet-plugin-own-node-pods"):
         text = json.dumps(one(docs, "ValidatingAdmissionPolicy", policy))
         assert "system:serviceaccount:carve-system:carve-kubelet-plugin" in text
+    policy = one(docs, "ValidatingAdmissionPolicy", "carve-kubelet-plugin-own-node-finalizer")
+    assert f"{default.driver}/" in json.dumps(policy)  # the node finalizer's domain
+    for name in ("carve-sole-allocator", "carve-claim-markers", "carve-placement-gate-owner"):
+        policy = one(docs, "ValidatingAdmissionPolicy", name)
+        assert "system:serviceaccount:carve-system:carve-controller" in json.dumps(policy)
+    off = helm.template("admissionGate.soleAllocator=false")
+    names = {d["metadata"]["name"] for d in by_kind(off, "ValidatingAdmissionPolicy")}
+    assert names == {
+        "carve-kubelet-plugin-own-node-slices",
+        "carve-kubelet-plugin-own-node-pods",
+        "carve-kubelet-plugin-own-node-finalizer",
+    }
 
 
 def _env_of(docs: list[dict[str, Any]], workload: str, **field_refs: str) -> dict[str, str]:

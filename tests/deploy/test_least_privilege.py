@@ -1,6 +1,9 @@
 """Least privilege, checked with the real apiserver on an installed chart: what each service
-account may do (``kubectl auth can-i``), and the admission policy that confines a plugin to
-its own node's ResourceSlices, hit with a real service-account token bound to a pod on a node.
+account may do (``kubectl auth can-i``), and every narrowed permission refused to a real
+service-account token (bound to a pod on a node, for the plugin): the admission policies that
+confine a plugin to its own node's slices, pool and finalizer, the verbs the controller no
+longer holds, and the policies that keep carve-controller the one allocator of carve's claims
+and the one remover of its gate (issue 30.4, 30.5).
 
 The install is parked (no component runs: nothing here needs a kubelet) and has a driver name
 of its own, so it shares the control plane with the other installs of this session.
@@ -92,7 +95,10 @@ CAN_I: tuple[tuple[str, str, str, str, bool], ...] = (
     # The controller: allocation (status + binding), gates and its condition, no secrets.
     (CONTROLLER, "update", "resourceclaims.resource.k8s.io/status", "", True),
     (CONTROLLER, "update", "resourceclaims.resource.k8s.io/binding", "", True),
-    (CONTROLLER, "update", "pods", "", True),
+    (CONTROLLER, "patch", "pods", "", True),
+    (CONTROLLER, "update", "pods", "", False),
+    (CONTROLLER, "patch", "resourceclaims.resource.k8s.io", "", True),
+    (CONTROLLER, "update", "resourceclaims.resource.k8s.io", "", False),
     (CONTROLLER, "patch", "pods/status", "", True),
     (CONTROLLER, "get", "secrets", "", False),
     (CONTROLLER, "list", "secrets", "", False),
@@ -220,24 +226,31 @@ def _slice(node: str) -> dict[str, Any]:
     }
 
 
-def _token(core: client.CoreV1Api, pod: str | None) -> str:
-    """A token of the plugin's service account, as the kubelet gets one for its pod (bound to
-    the pod, so it carries the pod's node) or, with no pod, one that names no node."""
+def _token(
+    core: client.CoreV1Api,
+    pod: str | None,
+    account: str = "carve-kubelet-plugin",
+    namespace: str = NAMESPACE,
+) -> str:
+    """A token of `account` (the plugin's by default), as the kubelet gets one for its pod
+    (bound to the pod, so it carries the pod's node) or, with no pod, one that names no node."""
     spec: dict[str, Any] = {"audiences": [], "expirationSeconds": 600}
     if pod is not None:
         spec["boundObjectRef"] = {"kind": "Pod", "apiVersion": "v1", "name": pod}
-    resp = core.create_namespaced_service_account_token(
-        "carve-kubelet-plugin", NAMESPACE, {"spec": spec}
-    )
+    resp = core.create_namespaced_service_account_token(account, namespace, {"spec": spec})
     return str(resp.status.token)
 
 
-def _as_token(kubeconfig: Path, token: str) -> client.ResourceV1Api:
+def _client_as(kubeconfig: Path, token: str) -> client.ApiClient:
     api = api_client_for(kubeconfig)
     cfg = api.configuration
     cfg.api_key = {"authorization": f"Bearer {token}"}
     cfg.cert_file = cfg.key_file = None
-    return client.ResourceV1Api(client.ApiClient(cfg))
+    return client.ApiClient(cfg)
+
+
+def _as_token(kubeconfig: Path, token: str) -> client.ResourceV1Api:
+    return client.ResourceV1Api(_client_as(kubeconfig, token))
 
 
 def test_a_plugin_may_write_only_its_own_nodes_slices(
@@ -269,6 +282,17 @@ def test_a_plugin_may_write_only_its_own_nodes_slices(
             f"carve-kubelet-plugin on node {here} may only write ResourceSlices of its own "
             f"node, not of '{there}'"
         ) in str(refused.value.body)
+
+        # Its own node, another node's pool (and so, to the controller, that node's GPUs).
+        foreign_pool = _slice(here)
+        foreign_pool["spec"]["pool"]["name"] = there
+        with pytest.raises(client.ApiException) as other_pool:
+            own.create_resource_slice(foreign_pool)
+        assert other_pool.value.status == 403
+        assert (
+            f"carve-kubelet-plugin on node {here} may only publish the pool of its own node, "
+            f"not '{there}'"
+        ) in str(other_pool.value.body)
 
         unbound = _as_token(installed, _token(core, None))
         with pytest.raises(client.ApiException) as no_node:
@@ -326,6 +350,221 @@ def test_a_plugin_may_run_daemon_pods_on_its_own_node_only(
             core.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0)
 
 
+MERGE = "application/merge-patch+json"
+
+
+def _claim_body(name: str, driver: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {
+            "devices": {"requests": [{"name": "mig", "exactly": {"deviceClassName": driver}}]}
+        },
+    }
+
+
+def _allocation(driver: str, node: str) -> dict[str, Any]:
+    return {
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "mig", "driver": driver, "pool": node, "device": "gpu-0"}
+                    ]
+                },
+                "nodeSelector": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchFields": [
+                                {"key": "metadata.name", "operator": "In", "values": [node]}
+                            ]
+                        }
+                    ]
+                },
+            }
+        }
+    }
+
+
+def _refused(call: Any, *fragments: str) -> None:
+    """`call()` is refused with 403 and a message holding every fragment."""
+    with pytest.raises(client.ApiException) as refused:
+        call()
+    assert refused.value.status == 403, refused.value.body
+    for fragment in fragments:
+        assert fragment in str(refused.value.body), refused.value.body
+
+
+@contextlib.contextmanager
+def _plugin_on(kubeconfig: Path, core: client.CoreV1Api, node: str) -> Iterator[client.ApiClient]:
+    """The plugin's identity on `node`: a token bound to a stand-in pod there."""
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "plugin-stand-in-claims", "namespace": NAMESPACE},
+        "spec": {
+            "serviceAccountName": "carve-kubelet-plugin",
+            "nodeName": node,
+            "containers": [{"name": "c", "image": "carve.local/none:0"}],
+        },
+    }
+    core.create_namespaced_pod(NAMESPACE, pod)
+    try:
+        yield _client_as(kubeconfig, _token(core, "plugin-stand-in-claims"))
+    finally:
+        core.delete_namespaced_pod("plugin-stand-in-claims", NAMESPACE, grace_period_seconds=0)
+
+
+def _drop_claims(admin: client.ResourceV1Api, *names: str) -> None:
+    for name in names:
+        with contextlib.suppress(client.ApiException):
+            admin.patch_namespaced_resource_claim(
+                name, NAMESPACE, {"metadata": {"finalizers": None}}, _content_type=MERGE
+            )
+            admin.delete_namespaced_resource_claim(name, NAMESPACE)
+
+
+def test_a_plugin_may_add_and_remove_only_its_own_finalizer_on_its_nodes_claims(
+    installed: Path,
+    fake_node: Any,  # noqa: F811
+    k8s_api: Any,  # noqa: F811
+) -> None:
+    here, there = fake_node(), fake_node()
+    core, admin = client.CoreV1Api(k8s_api), client.ResourceV1Api(k8s_api)
+    controller = _as_token(installed, _token(core, None, "carve-controller"))
+    own, theirs = CONTRACT.node_finalizer(here), CONTRACT.node_finalizer(there)
+    try:
+        for name, node in (("on-here", here), ("on-there", there)):
+            admin.create_namespaced_resource_claim(NAMESPACE, _claim_body(name, CONTRACT.driver))
+            controller.patch_namespaced_resource_claim_status(
+                name, NAMESPACE, _allocation(CONTRACT.driver, node), _content_type=MERGE
+            )
+        admin.patch_namespaced_resource_claim(
+            "on-there", NAMESPACE, {"metadata": {"finalizers": [theirs]}}, _content_type=MERGE
+        )
+        with _plugin_on(installed, core, here) as api:
+            plugin = client.ResourceV1Api(api)
+
+            def finalizers(name: str, wanted: list[str]) -> Any:
+                return lambda: plugin.patch_namespaced_resource_claim(
+                    name, NAMESPACE, {"metadata": {"finalizers": wanted}}, _content_type=MERGE
+                )
+
+            finalizers("on-here", [own])()  # carving on its node: allowed
+            _refused(
+                finalizers("on-there", [theirs, own]),
+                f"carve-kubelet-plugin on node {here} may add its node finalizer only to a "
+                "ResourceClaim allocated to that node",
+            )
+            _refused(
+                finalizers("on-there", []),
+                f"carve-kubelet-plugin on node {here} may only add or remove its own node "
+                f"finalizer on a ResourceClaim, not {theirs}",
+            )
+            _refused(
+                lambda: plugin.patch_namespaced_resource_claim(
+                    "on-here", NAMESPACE, {"metadata": {"labels": {"x": "y"}}}, _content_type=MERGE
+                ),
+                "may change nothing of a ResourceClaim but its own node finalizer",
+            )
+            finalizers("on-here", [])()  # its instance destroyed: allowed
+    finally:
+        _drop_claims(admin, "on-here", "on-there")
+
+
+def test_the_controller_may_not_update_pods_or_claims_whole(
+    installed: Path,
+    k8s_api: Any,  # noqa: F811
+) -> None:
+    core, admin = client.CoreV1Api(k8s_api), client.ResourceV1Api(k8s_api)
+    api = _client_as(installed, _token(core, None, "carve-controller"))
+    admin.create_namespaced_resource_claim(NAMESPACE, _claim_body("whole", CONTRACT.driver))
+    core.create_namespaced_pod(NAMESPACE, _gated_pod("whole"))
+    try:
+        pod = core.read_namespaced_pod("whole", NAMESPACE)
+        _refused(
+            lambda: client.CoreV1Api(api).replace_namespaced_pod("whole", NAMESPACE, pod),
+            'cannot update resource \\"pods\\"',
+        )
+        claim = admin.read_namespaced_resource_claim("whole", NAMESPACE)
+        _refused(
+            lambda: client.ResourceV1Api(api).replace_namespaced_resource_claim(
+                "whole", NAMESPACE, claim
+            ),
+            'cannot update resource \\"resourceclaims\\"',
+        )
+    finally:
+        core.delete_namespaced_pod("whole", NAMESPACE, grace_period_seconds=0)
+        _drop_claims(admin, "whole")
+
+
+def _gated_pod(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "schedulingGates": [{"name": CONTRACT.scheduling_gate}],
+            "nodeSelector": NOWHERE,
+            "containers": [{"name": "c", "image": "carve.local/none:0"}],
+        },
+    }
+
+
+def test_only_the_controller_removes_the_gate_and_allocates_carves_claims(
+    installed: Path,
+    k8s_api: Any,  # noqa: F811
+) -> None:
+    """Anyone else, an admin included (admission applies to system:masters too), is refused:
+    removing carve's gate, allocating a claim of carve's classes (kube-scheduler's way; the
+    end-to-end race is in tests/e2e/test_two_allocators.py), handing a claim to the scheduler,
+    and marking one as kube-scheduler's extended-resource claim."""
+    core, admin = client.CoreV1Api(k8s_api), client.ResourceV1Api(k8s_api)
+    api = _client_as(installed, _token(core, None, "carve-controller"))
+    controller_core, controller = client.CoreV1Api(api), client.ResourceV1Api(api)
+    core.create_namespaced_pod(NAMESPACE, _gated_pod("gated"))
+    admin.create_namespaced_resource_claim(NAMESPACE, _claim_body("carves", CONTRACT.driver))
+    ungate = {"spec": {"schedulingGates": []}}
+    marker = {"metadata": {"annotations": {f"{CONTRACT.driver}/allocator": "kube-scheduler"}}}
+    extended = {
+        "metadata": {"annotations": {"resource.kubernetes.io/extended-resource-claim": "true"}}
+    }
+    try:
+        _refused(
+            lambda: core.patch_namespaced_pod("gated", NAMESPACE, ungate, _content_type=MERGE),
+            f"only carve-controller removes the scheduling gate {CONTRACT.scheduling_gate}",
+        )
+        _refused(
+            lambda: admin.patch_namespaced_resource_claim_status(
+                "carves", NAMESPACE, _allocation(CONTRACT.driver, "n"), _content_type=MERGE
+            ),
+            f"ResourceClaim {NAMESPACE}/carves uses carve's DeviceClasses: only "
+            "carve-controller allocates it",
+        )
+        _refused(
+            lambda: admin.patch_namespaced_resource_claim(
+                "carves", NAMESPACE, marker, _content_type=MERGE
+            ),
+            f"only carve-controller sets the annotation {CONTRACT.driver}/allocator",
+        )
+        _refused(
+            lambda: admin.patch_namespaced_resource_claim(
+                "carves", NAMESPACE, extended, _content_type=MERGE
+            ),
+            "only kube-scheduler marks a claim of carve's DeviceClasses",
+        )
+        controller_core.patch_namespaced_pod("gated", NAMESPACE, ungate, _content_type=MERGE)
+        assert not core.read_namespaced_pod("gated", NAMESPACE).spec.scheduling_gates
+        controller.patch_namespaced_resource_claim("carves", NAMESPACE, marker, _content_type=MERGE)
+        controller.patch_namespaced_resource_claim_status(
+            "carves", NAMESPACE, _allocation(CONTRACT.driver, "n"), _content_type=MERGE
+        )
+    finally:
+        core.delete_namespaced_pod("gated", NAMESPACE, grace_period_seconds=0)
+        _drop_claims(admin, "carves")
+
+
 # -- with plugin.bindingConditions (carve before bind) ------------------------------------------
 
 BC = Contract("mig.privsbc.carve.dev")
@@ -372,7 +611,9 @@ def test_binding_conditions_add_only_the_node_scoped_device_status(installed_bc:
     assert not wrong, "\n".join(wrong)
 
 
-def _allocated_claim(resource: Any, name: str, node: str) -> None:
+def _allocated_claim(resource: Any, controller: Any, name: str, node: str) -> None:
+    """A claim of the BC install's class, allocated by its controller (only it may: the
+    install's carve-sole-allocator policy refuses an admin too)."""
     resource.create_namespaced_resource_claim(
         BC_NAMESPACE,
         {
@@ -386,7 +627,7 @@ def _allocated_claim(resource: Any, name: str, node: str) -> None:
             },
         },
     )
-    resource.patch_namespaced_resource_claim_status(
+    controller.patch_namespaced_resource_claim_status(
         name,
         BC_NAMESPACE,
         {
@@ -457,8 +698,9 @@ def test_a_plugin_may_report_carves_only_for_claims_on_its_own_node(
         },
     )
     try:
-        _allocated_claim(admin, "on-here", here)
-        _allocated_claim(admin, "on-there", there)
+        controller = _as_token(installed_bc, _token(core, None, "carve-controller", BC_NAMESPACE))
+        _allocated_claim(admin, controller, "on-here", here)
+        _allocated_claim(admin, controller, "on-there", there)
         token = client.CoreV1Api(k8s_api).create_namespaced_service_account_token(
             "carve-kubelet-plugin",
             BC_NAMESPACE,
