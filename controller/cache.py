@@ -15,6 +15,12 @@ the cluster rather than the cluster.
   ~650 bytes; a packed device ~140, and a GPU node publishes ~200 devices.
 - Nodes: only what node fit and node loss read (`trim_node`): taints, cordon, allocatable,
   conditions; a Node's images, addresses and daemon endpoints are most of its bytes.
+- ResourceClaims: only carve's (`claim_view`): a claim of one of carve's DeviceClasses, or one
+  whose allocation holds one of carve's devices (a claim of another class that selects
+  carve's devices, allocated by kube-scheduler: its devices are busy). Another driver's claims
+  are none of carve's business, and ten thousand of them must not grow carve's memory.
+- ResourceSlices: carve's driver only, chosen by the apiserver (a `spec.driver` field selector
+  in `controller.informers`), so another driver's slices never reach the controller at all.
 - Every object loses `metadata.managedFields` and the last-applied annotation, which nothing in
   the controller reads.
 
@@ -30,7 +36,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
-from controller.objects import has_gate, is_terminal
+from controller.objects import CarveClasses, has_gate, is_carve_claim, is_terminal
 from process.kube import Obj
 
 _LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
@@ -104,6 +110,23 @@ def pod_view(gate: str) -> Callable[[Obj], Obj | None]:
         return plain_pod(pod)
 
     return view
+
+
+def claim_view(classes: CarveClasses, driver: str) -> Callable[[Obj], Obj | None]:
+    """The claim informer's transform: carve's claims, minus bookkeeping; None for others."""
+
+    def view(claim: Obj) -> Obj | None:
+        if is_carve_claim(claim, classes) or _holds_driver(claim, driver):
+            return strip_bookkeeping(claim)
+        return None
+
+    return view
+
+
+def _holds_driver(claim: Obj, driver: str) -> bool:
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    results = (allocation.get("devices") or {}).get("results") or ()
+    return any(isinstance(r, Mapping) and r.get("driver") == driver for r in results)
 
 
 @dataclass(frozen=True, eq=False)

@@ -35,8 +35,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from controller.objects import EventType, Kind, key_of
-from driver.contract import DEFAULT_CONTRACT
+from controller.objects import CarveClasses, EventType, Kind, key_of
+from driver.contract import DEFAULT_CONTRACT, Contract
 from process.kube import Obj
 from process.kube.errors import status_of
 
@@ -320,32 +320,41 @@ def standard_informers(
     on_synced: Callable[[Kind], None],
     config: InformerConfig | None = None,
     *,
-    gate: str = DEFAULT_CONTRACT.scheduling_gate,
+    contract: Contract = DEFAULT_CONTRACT,
+    classes: CarveClasses | None = None,
     taint_rule_calls: tuple[Callable[..., Any], ...] = (),
 ) -> list[Informer]:
     """The collections the controller watches, all cluster-wide, each kept only as far as
-    the controller reads it (`controller.cache`). Nodes skip
-    updates that change nothing kept (heartbeats). DeviceTaintRules are optional: served as
-    resource.k8s.io/v1 from Kubernetes 1.37, as v1beta2 on 1.36 only where enabled."""
-    from controller.cache import pod_view, slice_view, strip_bookkeeping, trim_node
+    the controller reads it (`controller.cache`): ResourceSlices of carve's driver only (a
+    field selector, so the apiserver sends no other driver's), claims of carve's classes or
+    holding carve's devices. Nodes skip updates that change nothing kept (heartbeats).
+    DeviceTaintRules are optional: served as resource.k8s.io/v1 from Kubernetes 1.37, as
+    v1beta2 on 1.36 only where enabled."""
+    from controller.cache import claim_view, pod_view, slice_view, strip_bookkeeping, trim_node
 
     config = config or InformerConfig()
+    classes = classes or CarveClasses.of(contract)
     configs = {k: config for k in Kind}
     configs[Kind.SLICE] = replace(config, page_size=min(config.page_size, SLICE_PAGE_SIZE))
+
+    def carve_slices(**kwargs: Any) -> Any:
+        return resource_api.list_resource_slice(
+            field_selector=f"spec.driver={contract.driver}", **kwargs
+        )
 
     calls: dict[Kind, Callable[..., Any]] = {
         Kind.POD: core_api.list_pod_for_all_namespaces,
         Kind.NODE: core_api.list_node,
         Kind.CLAIM: resource_api.list_resource_claim_for_all_namespaces,
-        Kind.SLICE: resource_api.list_resource_slice,
+        Kind.SLICE: carve_slices,
         Kind.CLASS: resource_api.list_device_class,
         Kind.TAINT_RULE: _first_served(*taint_rule_calls),
     }
     transforms: dict[Kind, Callable[[Obj], Obj | None]] = {
-        Kind.POD: pod_view(gate),
+        Kind.POD: pod_view(contract.scheduling_gate),
         Kind.NODE: trim_node,
         Kind.SLICE: slice_view(),
-        Kind.CLAIM: strip_bookkeeping,
+        Kind.CLAIM: claim_view(classes, contract.driver),
         Kind.CLASS: strip_bookkeeping,
         Kind.TAINT_RULE: strip_bookkeeping,
     }

@@ -415,7 +415,8 @@ class Controller:
             self.reconciler.enqueue,
             self.reconciler.mark_synced,
             InformerConfig(),
-            gate=contract.scheduling_gate,
+            contract=contract,
+            classes=self.config.classes,
             taint_rule_calls=(
                 resource.list_device_taint_rule,
                 client.ResourceV1beta2Api(api_client).list_device_taint_rule,

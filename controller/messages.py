@@ -71,4 +71,14 @@ class Settled:
     error: str | None = None
 
 
-Message = Watched | Synced | WrittenBeside | ReleaseDone | CommitDone | Settled
+@dataclass(frozen=True)
+class LookedUp:
+    """A claim a gated pod names but the store does not hold, read from the apiserver
+    (`controller.lookup`): as read, None if it does not exist, or why the read failed."""
+
+    claim: str
+    found: Obj | None
+    error: str | None = None
+
+
+Message = Watched | Synced | WrittenBeside | ReleaseDone | CommitDone | Settled | LookedUp

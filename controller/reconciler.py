@@ -35,9 +35,11 @@ from controller.commit import Committer
 from controller.config import ReconcilerConfig
 from controller.conflicts import ConflictReporter
 from controller.extended_resources import asks_carve_resources, resource_classes
+from controller.lookup import ClaimLookup
 from controller.memory import PodMemory
 from controller.messages import (
     CommitDone,
+    LookedUp,
     Message,
     ReleaseDone,
     Settled,
@@ -183,6 +185,14 @@ class Reconciler:
             clock=self._clock,
             beside=beside,
         )
+        self._lookup = ClaimLookup(
+            store=store,
+            classes=cfg.classes,
+            read=writer.read_claim,
+            post=post,
+            beside=beside,
+            clock=self._clock,
+        )
         self._placer = Placer(
             store=store,
             memory=memory,
@@ -264,6 +274,8 @@ class Reconciler:
                 self._committer.done(message, self._written_beside)
             case Settled():
                 self._committer.settled(message, self._written_beside)
+            case LookedUp():
+                self._lookup.done(message)
 
     def _watched(self, kind: Kind, type_: EventType, obj: Obj) -> None:
         if not self._store.apply(kind, type_, obj):
@@ -307,6 +319,7 @@ class Reconciler:
         # Reads that settle failed writes (`controller.settle`); reads only, so a follower
         # settles what it wrote as leader too. One read on this thread is applied at once.
         self._committer.settle_pass()
+        self._lookup.read_pass()
         self.drain()
         if not self.synced:
             return
@@ -335,7 +348,7 @@ class Reconciler:
             if pod is None or not memory.is_candidate(key):
                 memory.forget(key)
                 continue
-            work = pod_work(pod, claims, self._cfg.classes, self._cfg.contract)
+            work = pod_work(pod, claims, self._cfg.classes, self._cfg.contract, self._store.foreign)
             if work.kind is WorkKind.NONE:
                 memory.queue.drop(key)
                 memory.end_wait(key)
@@ -416,6 +429,7 @@ class Reconciler:
             self._outcomes.held(pod, wait, work.reason, work.message)
             return
         if work.kind is WorkKind.WAIT:
+            self._lookup.want(work.missing)  # not created yet, or another driver's
             # kube-controller-manager normally creates claims within milliseconds: only a
             # wait that lasts is worth an event (and a condition write) per pod.
             if now - wait.first_seen >= self._cfg.claims_grace:

@@ -40,6 +40,9 @@ class ClusterStore:
         self._uses: dict[str, set[str]] = {}  # pod key -> claim keys it uses
         # Claim key -> the newest copy the informer gave of a claim held assumed meanwhile.
         self._assumed: dict[str, Obj] = {}
+        # Claim key -> UID of a claim a live pod names that exists but is not carve's (the
+        # informer keeps only carve's claims; `controller.lookup` finds these out).
+        self._foreign: dict[str, str] = {}
 
     @property
     def claims(self) -> Mapping[str, Obj]:
@@ -49,12 +52,25 @@ class ClusterStore:
     def pods(self) -> Mapping[str, Obj]:
         return self.objects[Kind.POD]
 
+    @property
+    def foreign(self) -> Collection[str]:
+        """Keys of claims named by live pods that exist and are not carve's."""
+        return self._foreign.keys()
+
+    def mark_foreign(self, claim_key: str, uid: str) -> None:
+        """A claim a live pod names exists and is not carve's: its pods need not wait for it."""
+        if self.users_of(claim_key):
+            self._foreign[claim_key] = uid
+            self._memory.wake_users(self.users_of(claim_key))
+
     # -- informer events -----------------------------------------------------------------------
 
     def apply(self, kind: Kind, type_: EventType, obj: Obj) -> bool:
         """Apply an informer event (or a write's answer delivered as one); False when it changed
         nothing: a late copy of an object stored newer, or a claim held assumed."""
         key = key_of(obj)
+        if kind is Kind.CLAIM:
+            self._foreign.pop(key, None)  # the informer delivers carve's claims only
         if kind is Kind.CLAIM and key in self._assumed and self._keeps_assumption(type_, obj):
             return False
         store = self.objects[kind]
@@ -82,20 +98,24 @@ class ClusterStore:
 
     def _index_pod(self, key: str, pod: Obj | None) -> None:
         """Keep claim -> live pods current, so release decisions do not scan every pod."""
-        for claim_key in self._uses.pop(key, ()):
+        old = self._uses.pop(key, set())
+        for claim_key in old:
             users = self._users.get(claim_key)
             if users is not None:
                 users.discard(key)
                 if not users:
                     del self._users[claim_key]
-        if pod is None or is_terminal(pod):
-            return
-        ns = pod.get("metadata", {}).get("namespace", "")
-        claim_keys = {f"{ns}/{name}" for name in pod_claim_names(pod)[0]}
+        claim_keys: set[str] = set()
+        if pod is not None and not is_terminal(pod):
+            ns = pod.get("metadata", {}).get("namespace", "")
+            claim_keys = {f"{ns}/{name}" for name in pod_claim_names(pod)[0]}
         if claim_keys:
             self._uses[key] = claim_keys
             for claim_key in claim_keys:
                 self._users.setdefault(claim_key, set()).add(key)
+        for claim_key in old - claim_keys:
+            if claim_key not in self._users:
+                self._foreign.pop(claim_key, None)  # no live pod names it any more
 
     def users_of(self, claim_key: str) -> Collection[str]:
         """Keys of the live (not terminated) pods that name the claim."""

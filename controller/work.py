@@ -8,7 +8,7 @@ visits only pods whose classification says there is something to do.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from controller.objects import (
@@ -41,6 +41,9 @@ class PodWork:
     claims: tuple[Obj, ...] = ()
     message: str = ""
     reason: str = "ClaimsNotReady"  # of a WAIT: the event/condition reason shown to the user
+    # Of a WAIT: keys of the claims the pod names that the store does not hold: not created
+    # yet, or another driver's (the controller keeps only carve's claims; `ClaimLookup`).
+    missing: tuple[str, ...] = ()
 
 
 GATED_ELSEWHERE = "SchedulingGatedElsewhere"
@@ -52,8 +55,13 @@ def pod_work(
     claims: Mapping[str, Obj],
     classes: CarveClasses,
     contract: Contract = DEFAULT_CONTRACT,
+    foreign_claims: Collection[str] = (),
 ) -> PodWork:
     """Classify one pod. Pure, so the queue logic is tested without threads or an apiserver.
+
+    `claims` holds carve's claims only (`controller.cache.claim_view`); `foreign_claims` are
+    the keys of claims known to exist and not to be carve's, so a claim the pod names that is
+    in neither is one that does not exist yet, as far as the controller knows.
 
     Ungated pods are placed too when a carve claim of theirs is unallocated and was not handed
     to kube-scheduler: one that lost the allocation carve gave it (kube-scheduler's PostFilter
@@ -67,11 +75,11 @@ def pod_work(
     gated = has_gate(pod, contract.scheduling_gate)
     if is_terminal(pod) or pod.get("spec", {}).get("nodeName") or meta.get("deletionTimestamp"):
         return PodWork(WorkKind.NONE)
-    foreign = other_gates(pod, contract.scheduling_gate) if gated else []
-    if foreign:
+    others = other_gates(pod, contract.scheduling_gate) if gated else []
+    if others:
         return PodWork(
             WorkKind.WAIT,
-            message=f"waiting for scheduling gate {', '.join(foreign)} to be removed: "
+            message=f"waiting for scheduling gate {', '.join(others)} to be removed: "
             "carve places a pod only when its own gate is the last one",
             reason=GATED_ELSEWHERE,
         )
@@ -85,14 +93,21 @@ def pod_work(
         )
     ns = meta.get("namespace", "")
     carve: list[Obj] = []
+    unknown: list[str] = []
     for name in names:
         claim = claims.get(f"{ns}/{name}")
         if claim is None:
-            if gated:
-                return PodWork(WorkKind.WAIT, message=f"ResourceClaim {ns}/{name} does not exist")
+            if f"{ns}/{name}" not in foreign_claims:
+                unknown.append(f"{ns}/{name}")
             continue
         if is_carve_claim(claim, classes):
             carve.append(claim)
+    if gated and unknown:
+        return PodWork(
+            WorkKind.WAIT,
+            message=f"ResourceClaim {unknown[0]} does not exist",
+            missing=tuple(unknown),
+        )
     if gated:
         if not carve or all(is_allocated(c) for c in carve):
             return PodWork(WorkKind.UNGATE, tuple(carve))

@@ -150,13 +150,16 @@ class CarveStack:
         manifests: Iterable[str] = INSTALL_MANIFESTS,
         *,
         gate_namespaces: Mapping[str, str] | None = None,
+        controller_user: str | None = None,
     ) -> None:
         """Apply carve's cluster objects. With `gate_namespaces` (labels), the admission gate's
         bindings only match namespaces carrying those labels, so a test suite sharing the
-        control plane with others gates only its own pods."""
+        control plane with others gates only its own pods. The policies that let only
+        carve-controller allocate carve's claims name `controller_user` (by default the user
+        of this stack's kubeconfig, which `start_controller` runs as)."""
         for name in manifests:
             text = render_manifest((MANIFESTS / name).read_text(), self.contract)
-            text = text.replace(_CONTROLLER_ACCOUNT, self.user())
+            text = text.replace(_CONTROLLER_ACCOUNT, controller_user or self.user())
             docs = [d for d in yaml.safe_load_all(text) if d]
             if gate_namespaces is not None:
                 for doc in docs:

@@ -433,7 +433,7 @@ class ScaleBench:
 
         stack = CarveStack(Path(self.info.kubeconfig), self.workdir / "stack")
         try:
-            stack.install()
+            stack.install(controller_user=CONTROLLER_USER)
         finally:
             stack.heartbeater.stop()
         for ns in (NAMESPACE, PLAIN_NAMESPACE):
