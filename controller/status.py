@@ -28,7 +28,7 @@ from dataclasses import replace
 from typing import Any
 
 from controller.extended_resources import pinned_affinity
-from controller.objects import ClaimAllocation, has_finalizer, has_gate
+from controller.objects import ClaimAllocation, has_finalizer, has_gate, node_finalizers
 from driver.allocation import (
     AllocationFormatError,
     canonical_json,
@@ -258,10 +258,18 @@ class KubeClaimWriter:
         return self._rmw(claim, self._get_claim, self._patch_claim_status, mutate)
 
     def clear_allocation(self, claim: Obj) -> Obj:
+        """Free the claim's placement. Decided on a cached copy, so each attempt checks the
+        fresh one again: a node finalizer added meanwhile (its plugin is preparing the claim)
+        means the node has not confirmed a teardown, and clearing now would free a placement
+        whose instance is being made (invariant 4)."""
+
         def mutate(cur: Obj) -> Obj | None:
             status = cur.setdefault("status", {})
             if status.get("reservedFor"):
                 raise WriteSkippedError("claim is reserved again")
+            nodes = node_finalizers(cur, self._contract)
+            if nodes:
+                raise WriteSkippedError(f"a node is preparing the claim meanwhile ({nodes[0]})")
             if not status.get("allocation"):
                 return None
             return {"status": {"allocation": None, "devices": None}}

@@ -260,6 +260,28 @@ def test_clear_refuses_reserved_claim() -> None:
         _writer(store).clear_allocation(store.add(c))
 
 
+def test_clear_refuses_a_claim_a_node_prepared_meanwhile() -> None:
+    """The release was decided on a cached copy without a node finalizer; the node's plugin
+    adds its finalizer (it is preparing the claim) before the clear lands, so the clear gets
+    409. The retry must see the finalizer and stop: clearing would free a placement whose MIG
+    instance the node is about to make (invariant 4; seen in tests/e2e/test_two_allocators.py
+    as an instance no allocated claim named)."""
+    store = VersionedStore()
+    c = _claim()
+    c["metadata"]["finalizers"] = [ALLOCATION_FINALIZER]
+    c["status"] = {"allocation": {"x": 1}}
+    cached = store.add(c)
+
+    def node_prepares(cur: Obj) -> None:
+        cur["metadata"]["finalizers"].append(DEFAULT_CONTRACT.node_finalizer("n1"))
+        store.add(cur)
+
+    store.before_put = node_prepares
+    with pytest.raises(WriteSkippedError, match="node"):
+        _writer(store).clear_allocation(cached)
+    assert store.objs[("ns", "c")]["status"]["allocation"] == {"x": 1}
+
+
 def test_fenced_writer_writes_nothing() -> None:
     store = VersionedStore()
     c = store.add(_claim())
