@@ -9,8 +9,8 @@ directly. Fake nodes publish ResourceSlices as the plugin does; no kubelet runs.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -198,6 +198,18 @@ def _holder(k8s_api: ApiClient, namespace: str) -> str | None:
     return lease.spec.holder_identity
 
 
+def _renewed_by_leader_after(
+    k8s_api: ApiClient, namespace: str, leader: ControllerProcess, stopped_at: dt.datetime
+) -> bool:
+    """Whether carve-leader renewed its lease two lease durations after `stopped_at`; fails
+    the test if the lease was handed over (or the leader exited) before."""
+    lease = client.CoordinationV1Api(k8s_api).read_namespaced_lease("carve-controller", namespace)
+    assert lease.spec.holder_identity == "carve-leader", "handed over mid-write"
+    assert leader.proc is not None and leader.proc.poll() is None
+    renewed = lease.spec.renew_time
+    return renewed is not None and renewed > stopped_at + dt.timedelta(seconds=8)
+
+
 @pytest.fixture
 def long_request_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
     """Longer than a test holds a write (an unknown variable to a controller without it)."""
@@ -234,13 +246,16 @@ def test_a_write_in_flight_across_a_hand_over_keeps_the_lease_until_it_lands(
         core.create_namespaced_pod(namespace, gated_pod("p1", "first"))
         wait_for("the allocation to be in flight", lambda: in_flight.requests, timeout=60)
         assert leader.proc is not None
+        stopped_at = dt.datetime.now(dt.UTC)
         leader.proc.terminate()  # SIGTERM: a graceful stop
-        # Two lease durations (4s): long enough for a released or expired lease to be taken.
-        deadline = time.monotonic() + 8.0
-        while time.monotonic() < deadline:
-            assert _holder(k8s_api, namespace) == "carve-leader", "handed over mid-write"
-            assert leader.proc.poll() is None
-            time.sleep(0.2)
+        # The leader keeps renewing its lease while its write is held: wait for a renewal two
+        # lease durations (8 s) after SIGTERM, time enough for a released or expired lease to
+        # be taken; it must be the leader's own at every look until then.
+        wait_for(
+            "a renewal by the stopping leader two lease durations after SIGTERM",
+            lambda: _renewed_by_leader_after(k8s_api, namespace, leader, stopped_at),
+            timeout=60,
+        )
         in_flight.release()
         assert leader.proc.wait(30) == 0
         wait_for("the follower", lambda: _holder(k8s_api, namespace) == "carve-follower", 30)
