@@ -43,6 +43,7 @@ from process import flags
 from process.entrypoint import start_logging, stop_on_signals, usage_exit
 from process.flags import Flag, UsageError
 from process.kubeconfig import KubeconfigError, load_api_client
+from process.requestcount import count_requests
 from process.opshttp import OpsServer
 
 _log = logging.getLogger("carve.controller")
@@ -359,9 +360,11 @@ class Controller:
         from kubernetes import client
 
         self.opts = opts
+        self.metrics = ControllerMetrics()
+        # Every request counted where they all pass, whichever part sends it.
+        api_client = count_requests(api_client, self.metrics.count_request)
         core = client.CoreV1Api(api_client)
         resource = client.ResourceV1Api(api_client)
-        self.metrics = ControllerMetrics()
         self.stop_event = threading.Event()
         self.exit_code = 0
         contract = Contract(opts.driver_name)

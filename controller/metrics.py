@@ -243,6 +243,14 @@ class ControllerMetrics:
             "overlapping slices); carve places nothing on them until it is resolved.",
             registry=r,
         )
+        # Every request the process sends (process.requestcount): what a placement and a
+        # release cost the apiserver, by verb and resource, and how many answered an error.
+        self.api_requests = Counter(
+            "carve_api_requests",
+            "API requests sent, by verb, resource and outcome (HTTP status code or no-answer).",
+            ["verb", "resource", "outcome"],
+            registry=r,
+        )
         self._usage_index: SliceUsageIndex | None = None
 
     def observe_allocation(self, seconds: float, profiles: Sequence[str]) -> None:
@@ -256,6 +264,9 @@ class ControllerMetrics:
 
     def set_queue_depth(self, depth: int) -> None:
         self.queue_depth.set(depth)
+
+    def count_request(self, verb: str, resource: str, outcome: str) -> None:
+        self.api_requests.labels(verb, resource, outcome).inc()
 
     def count_outcome(self, outcome: str) -> None:
         self.outcomes.labels(outcome=outcome).inc()
