@@ -42,8 +42,8 @@ from driver.contract import Contract
 from process import flags
 from process.entrypoint import start_logging, stop_on_signals, usage_exit
 from process.flags import Flag, UsageError
+from process.kube.requestcount import count_requests
 from process.kubeconfig import KubeconfigError, load_api_client
-from process.requestcount import count_requests
 from process.opshttp import OpsServer
 
 _log = logging.getLogger("carve.controller")

@@ -243,7 +243,7 @@ class ControllerMetrics:
             "overlapping slices); carve places nothing on them until it is resolved.",
             registry=r,
         )
-        # Every request the process sends (process.requestcount): what a placement and a
+        # Every request the process sends (process.kube.requestcount): what a placement and a
         # release cost the apiserver, by verb and resource, and how many answered an error.
         self.api_requests = Counter(
             "carve_api_requests",

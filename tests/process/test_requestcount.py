@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import urllib3
 
-from process.requestcount import NO_ANSWER, count_requests, request_name
+from process.kube.requestcount import NO_ANSWER, count_requests, request_name
 
 _BASE = "https://127.0.0.1:6443"
 
