@@ -285,7 +285,11 @@ def test_kueue_quota_admits_two_pods_carve_carves_them_the_third_waits_in_kueue(
     for name in bound:
         claim = _claim_of(k8s_api, namespace, name)
         assert claim is not None and claim["status"]["allocation"], name
-        assert "Placed" in _reasons(k8s_api, namespace, name)
+        wait_for(
+            f"carve's Placed event on {name}",
+            lambda name=name: "Placed" in _reasons(k8s_api, namespace, name),
+            timeout=30,
+        )
         _play_kubelet(k8s_api, namespace, name, "Running")
     assert_consistent(k8s_api, namespace)
 
@@ -298,7 +302,12 @@ def test_kueue_quota_admits_two_pods_carve_carves_them_the_third_waits_in_kueue(
     )
     claim = _claim_of(k8s_api, namespace, waiting)
     assert claim is not None and claim["status"]["allocation"]
-    assert "Placed" in _reasons(k8s_api, namespace, waiting)
+    # Events are written beside the decision thread: the bind may come first.
+    wait_for(
+        f"carve's Placed event on {waiting}",
+        lambda: "Placed" in _reasons(k8s_api, namespace, waiting),
+        timeout=30,
+    )
     # Quota held by the two running pods only; the finished one's workload is Finished.
     wl = kq.workloads(k8s_api, namespace)
     active = [w for w in wl if kq.is_admitted(w) and not kq.has_condition(w, "Finished")]

@@ -284,7 +284,11 @@ def test_the_cheapest_victim_is_evicted_and_its_placement_goes_to_the_preemptor(
     evs = events_for(k8s_api, namespace, "urgent")
     preempting = [e for e in evs if e["reason"] == "Preempting"]
     assert preempting and big in preempting[0]["note"], [e["note"] for e in evs]
-    assert "Placed" in _reasons(k8s_api, namespace, "urgent")
+    wait_for(  # events are written beside the decision thread: the bind may come first
+        "carve's Placed event on urgent",
+        lambda: "Placed" in _reasons(k8s_api, namespace, "urgent"),
+        timeout=30,
+    )
     cond = {
         c["type"]: c
         for c in raw(
