@@ -139,6 +139,12 @@ def test_a_degraded_gpu_gets_no_schedule_and_recovers_after_a_quiet_period(
         assert set().union(*_tainted(hw, m).values()) == {"NoSchedule"}
         clock.now += 61
         m.poll()
+        if m.taints():
+            # The monitor's own thread may have taken the event from NVML before the jump and
+            # read the clock after it (seen under load): the quiet period then starts at the
+            # jump. One more quiet period must still clear it.
+            clock.now += 61
+            m.poll()
         assert m.taints() == {}
     finally:
         m.stop()
