@@ -18,6 +18,7 @@ import bench/)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import tracemalloc
@@ -228,13 +229,11 @@ class ForeignBench:
         self._serial = 0
 
     def _create(self, path: str, body: dict[str, Any]) -> None:
-        from process.kube.errors import ApiError
+        """Create the object; one that already exists (409) is what was wanted."""
+        from process.kube.errors import ConflictError
 
-        try:
+        with contextlib.suppress(ConflictError):
             self.api.request("POST", path, body=body)
-        except ApiError as exc:
-            if exc.status != 409:
-                raise
 
     def install(self) -> None:
         from devcluster.waiting import wait_for

@@ -10,6 +10,7 @@ import bench/)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -125,13 +126,11 @@ class OneFileBench:
         self.churned = 0
 
     def _post(self, path: str, body: dict[str, Any]) -> None:
-        from process.kube.errors import ApiError
+        """Create the object; one that already exists (409) is what was wanted."""
+        from process.kube.errors import ConflictError
 
-        try:
+        with contextlib.suppress(ConflictError):
             self.api.request("POST", path, body=body)
-        except ApiError as exc:
-            if exc.status != 409:
-                raise
 
     def install(self) -> None:
         from nodesim.stack import INSTALL_MANIFESTS, CarveStack
