@@ -192,6 +192,11 @@ def has_finalizer(obj: Obj, finalizer: str) -> bool:
     return finalizer in (obj.get("metadata", {}).get("finalizers") or [])
 
 
+def has_condition(pod: Obj, type_: str) -> bool:
+    """Whether the pod's status carries a condition of `type_` (whatever its status)."""
+    return any(c.get("type") == type_ for c in (pod.get("status") or {}).get("conditions") or [])
+
+
 def has_gate(pod: Obj, gate: str) -> bool:
     return any(g.get("name") == gate for g in pod.get("spec", {}).get("schedulingGates") or [])
 

@@ -1,11 +1,14 @@
 """How a pod's visit ends, as its user and the metrics see it: placed, still waiting (and why),
 failed to write, or handed over to kube-scheduler.
 
-Users read pods and claims, not the controller's log, so every outcome is an event on the pod
-(and on its carve claims) and the pod's `<driver>/Placed` condition. Both are best effort
-(`defer`: a failed write is logged and never blocks a decision), and a wait is told again only
-when its message changes or `event_interval` passed, so a pod that waits an hour yields one
-event series, not one event per pass.
+Users read pods and claims, not the controller's log. A wait, a refusal or a failed write is
+told as an event on the pod and on its carve claims and as the pod's `<driver>/Placed`
+condition; a wait is told again only when its message changes or `event_interval` passed, so a
+pod that waits an hour yields one event series, not one event per pass. A placement is told as
+kube-scheduler tells a binding: one `Placed` event on the pod, nothing on the claims (their
+allocation says it), and the condition only where a wait had set it (to turn it True), since
+every request a placement sends is one the controller's single process must make (issue 29).
+All of these are best effort (`defer`: a failed write is logged and never blocks a decision).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from controller.objects import (
     Plan,
     Unplaceable,
     handed_to_scheduler,
+    has_condition,
     has_finalizer,
     has_gate,
     is_allocated,
@@ -90,17 +94,6 @@ class Outcomes:
         """Tell the user and the metrics: the plan is written (and the gate gone, unless it
         waits for the carve)."""
         key = key_of(pod)
-        for alloc in written:
-            devices = ", ".join(f"{r.request}={r.pool}/{r.device}" for r in alloc.results)
-            claim = self._store.claims.get(f"{alloc.namespace}/{alloc.name}")
-            if claim is not None:
-                self._recorder.event(
-                    claim,
-                    Kind.CLAIM,
-                    "Normal",
-                    "Allocated",
-                    f"allocated on node {alloc.node}: {devices}",
-                )
         latency = self._clock() - first_seen
         self._metrics.observe_allocation(
             latency, [r.profile for a in written for r in a.results if r.profile]
@@ -110,8 +103,7 @@ class Outcomes:
             f"{a.name}: " + ", ".join(r.device for r in a.results) for a in plan.allocations
         )
         message = f"carve placed claims on node {plan.node}: {summary}"
-        self._recorder.event(pod, Kind.POD, "Normal", "Placed", message)
-        self.condition(pod, True, "Placed", message)
+        self.tell_placed(pod, message)
         _log.info(
             "pod %s placed on %s in %.3fs",
             key,
@@ -120,6 +112,14 @@ class Outcomes:
             extra={"pod": key, "node": plan.node},
         )
         self._memory.settle(key)
+
+    def tell_placed(self, pod: Obj, message: str) -> None:
+        """One `Placed` event; the condition only if a wait set it before (see the module)."""
+        self._recorder.event(pod, Kind.POD, "Normal", "Placed", message)
+        wait = self._memory.wait_of(key_of(pod))
+        told = wait is not None and bool(wait.last_message)
+        if told or has_condition(pod, self._cfg.contract.placed_condition):
+            self.condition(pod, True, "Placed", message)
 
     # -- waiting ---------------------------------------------------------------------------
 

@@ -173,8 +173,7 @@ class Placer:
             "the pod is pinned to that node, where kube-scheduler allocates its extended "
             "resources (first fit in published order)"
         )
-        self._recorder.event(pod, Kind.POD, "Normal", "Placed", message)
-        self._outcomes.condition(pod, True, "Placed", message)
+        self._outcomes.tell_placed(pod, message)
         _log.info("pod %s pinned to %s", key, verdict.node, extra={"pod": key})
         self._memory.settle(key)
 

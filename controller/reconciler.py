@@ -138,7 +138,6 @@ class Reconciler:
             store=store,
             lost=lost,
             writer=writer,
-            recorder=recorder,
             config=cfg,
             written=written,
             post=post,

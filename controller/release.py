@@ -3,8 +3,10 @@ MIG instance is gone.
 
 An allocation is cleared only when the claim is reserved for nobody, no live pod uses it, and no
 node finalizer (`Contract.node_finalizer`, the kubelet plugin's) remains, which means the node
-has destroyed the instance; then the controller's finalizer goes. `release_action` is that rule
-as a pure decision over one claim; `Releaser` applies it to the claims that changed since the
+has destroyed the instance. The controller's finalizer goes only with the claim: a claim being
+deleted loses it (one write, the allocation goes with the object), one that stays keeps it for
+its next placement (carve's admission policy put it there at creation). `release_action` is that
+rule as a pure decision over one claim; `Releaser` applies it to the claims that changed since the
 last pass, writing on a pool beside the decision thread when it has one (`release_beside`):
 inline, every pod that ended put two apiserver round trips in front of the next placement.
 
@@ -21,8 +23,8 @@ from collections.abc import Callable, Iterable
 from controller.config import ReconcilerConfig
 from controller.messages import Message, ReleaseDone, WrittenBeside
 from controller.nodehealth.lost import LostNodes
-from controller.objects import Kind, has_finalizer, is_allocated, key_of, node_finalizers
-from controller.seams import ClaimWriter, Recorder
+from controller.objects import has_finalizer, is_allocated, key_of, node_finalizers
+from controller.seams import ClaimWriter
 from controller.status import ObjectGoneError, WriteSkippedError
 from controller.store import ClusterStore
 from driver.contract import DEFAULT_CONTRACT, Contract
@@ -64,6 +66,10 @@ def release_action(
         return ReleaseKind.WAIT_NODE
     if is_allocated(claim) and not deleting:
         return ReleaseKind.CLEAR
+    if not deleting:
+        # Unallocated and still wanted: the finalizer came with the claim (carve's admission
+        # policy) or stays from its last placement, ready for the next one.
+        return ReleaseKind.KEEP
     return ReleaseKind.DROP_FINALIZER
 
 
@@ -76,7 +82,6 @@ class Releaser:
         store: ClusterStore,
         lost: LostNodes,
         writer: ClaimWriter,
-        recorder: Recorder,
         config: ReconcilerConfig,
         written: Callable[[Obj], None],
         post: Callable[[Message], None],
@@ -91,7 +96,6 @@ class Releaser:
         self._store = store
         self._lost = lost
         self._writer = writer
-        self._recorder = recorder
         self._contract = config.contract
         self._written = written
         self._post = post
@@ -167,22 +171,15 @@ class Releaser:
         return False
 
     def _release(self, claim: Obj, action: ReleaseKind, store: Callable[[Obj], None]) -> None:
-        """Clear the allocation (the node confirmed the teardown), then drop our finalizer;
-        `store` takes each claim as the apiserver answered."""
+        """One write: clear the allocation of a claim that stays (the node confirmed the
+        teardown; the finalizer stays for its next placement), or drop our finalizer from one
+        being deleted (its allocation goes with it). No event: the claim's status says it,
+        and a release is the commonest thing the controller does. `store` takes the claim as
+        the apiserver answered."""
         key = key_of(claim)
         if action is ReleaseKind.CLEAR:
-            fresh = self._writer.clear_allocation(claim)
-            store(fresh)
+            store(self._writer.clear_allocation(claim))
             _log.info("released allocation of claim %s", key, extra={"claim": key})
-            self._recorder.event(
-                claim,
-                Kind.CLAIM,
-                "Normal",
-                "Released",
-                "node confirmed teardown; allocation cleared",
-            )
-            action = ReleaseKind.DROP_FINALIZER
-            claim = fresh
         if action is ReleaseKind.DROP_FINALIZER:
             fresh = self._writer.remove_finalizer(claim)
             store(fresh)

@@ -1,12 +1,20 @@
 """Writes the controller's decisions to the API: claim finalizer, `status.allocation`, gate removal.
 
-Every write is a JSON merge patch of only the fields carve owns (finalizers, `status.allocation`,
-scheduling gates) that carries the `resourceVersion` it was derived from, so the apiserver's
-optimistic concurrency protects us against every other writer (kube-scheduler's PostFilter,
-kube-controller-manager, a second controller that still believes it leads). On a conflict the
-object is read again and the patch is re-derived from the fresh copy; when the fresh copy shows
-that the write no longer makes sense (claim already allocated by someone else, claim gone, gate
-already removed) the mutation says so and nothing is written.
+An allocation (and its clearing) is a JSON merge patch of `status.allocation` that carries the
+`resourceVersion` it was derived from, so the apiserver's optimistic concurrency protects it
+against every other writer (kube-scheduler's PostFilter, a second controller that still
+believes it leads). On a conflict the claim is read again and the patch is re-derived from the
+fresh copy; when the fresh copy shows that the write no longer makes sense (claim already
+allocated by someone else, claim gone) the mutation says so and nothing is written.
+
+Removing carve's gate or a finalizer needs no such guard: only carve writes them, and the
+resourceVersion turned every unrelated write to the object (kube-controller-manager records a
+pod's claims in its status as carve ungates it) into a 409, a GET and a second PATCH. These are
+JSON patches whose `test` operations pin what they depend on instead: the object's uid (not a
+namesake) and the list element they remove, at the index the cached copy shows. A failed test
+(422) means that list changed: the object is read once and the patch derived again. Adding the
+finalizer (carve's admission policy normally does it at creation) is a strategic merge of the
+finalizer list, a union, which needs no index; the uid in the patch pins the object.
 
 Never a PUT of the whole object: the apiserver keeps opaque config parameters as the bytes it
 received and compares those bytes when it checks that an immutable spec did not change. A
@@ -37,12 +45,24 @@ from driver.allocation import (
 )
 from driver.contract import DEFAULT_CONTRACT, HANDED_TO_SCHEDULER, Contract
 from process.kube import Obj
-from process.kube.rmw import MERGE_PATCH, RetryPolicy, Target, WriteFencedError, read_modify_write
+from process.kube.errors import status_of
+from process.kube.rmw import (
+    MERGE_PATCH,
+    ObjectReplacedError,
+    RetryPolicy,
+    Target,
+    WriteFencedError,
+    is_transient,
+    read_modify_write,
+)
 
 # Re-exported (the `as` form is mypy's explicit export): the reconciler catches what the writer
 # raises without knowing that the read-modify-write edge defines it.
 from process.kube.rmw import ObjectGoneError as ObjectGoneError  # noqa: PLC0414
 from process.kube.rmw import WriteSkippedError as WriteSkippedError  # noqa: PLC0414
+
+JSON_PATCH = "application/json-patch+json"
+STRATEGIC_MERGE = "application/strategic-merge-patch+json"
 
 
 def node_selector_for(node: str) -> Obj:
@@ -203,6 +223,53 @@ class KubeClaimWriter:
             policy=RetryPolicy(attempts=self._attempts),
         )
 
+    def _edit(
+        self,
+        obj: Obj,
+        get: Callable[[str, str], Obj],
+        patch: Callable[[str, str, Any, str], Obj],
+        ops: Callable[[Obj], list[Obj] | None],
+    ) -> Obj:
+        """Send the JSON patch `ops` derives from `obj` (an informer copy; None: nothing to
+        do), pinned to the object's uid, without a resourceVersion (see the module). A failed
+        `test` (422) or a transient error: read again and derive again, a bounded number of
+        times."""
+        meta = obj["metadata"]
+        name, namespace, uid = meta["name"], meta.get("namespace", ""), meta["uid"]
+        current = obj
+        for attempt in range(self._attempts):
+            self._check_fence()
+            body = ops(current)
+            if body is None:
+                return current
+            try:
+                return patch(
+                    name,
+                    namespace,
+                    [{"op": "test", "path": "/metadata/uid", "value": uid}, *body],
+                    JSON_PATCH,
+                )
+            except Exception as exc:
+                if status_of(exc) == 404:
+                    raise ObjectGoneError(f"{namespace}/{name} was deleted") from exc
+                if (status_of(exc) != 422 and not is_transient(exc)) or (
+                    attempt + 1 == self._attempts
+                ):
+                    raise
+            current = self._reread(get, name, namespace, uid)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _reread(self, get: Callable[[str, str], Obj], name: str, namespace: str, uid: str) -> Obj:
+        try:
+            fresh = get(name, namespace)
+        except Exception as exc:
+            if status_of(exc) == 404:
+                raise ObjectGoneError(f"{namespace}/{name} was deleted") from exc
+            raise
+        if fresh.get("metadata", {}).get("uid") != uid:
+            raise ObjectReplacedError(f"object was replaced (uid {uid} is gone)")
+        return fresh
+
     # -- claims ---------------------------------------------------------------------------------
 
     def _get_claim(self, name: str, namespace: str) -> Obj:
@@ -214,6 +281,13 @@ class KubeClaimWriter:
         return _loads(
             self._res.patch_namespaced_resource_claim(
                 name, namespace, body, _content_type=MERGE_PATCH, _preload_content=False
+            )
+        )
+
+    def _edit_claim(self, name: str, namespace: str, body: Any, content_type: str) -> Obj:
+        return _loads(
+            self._res.patch_namespaced_resource_claim(
+                name, namespace, body, _content_type=content_type, _preload_content=False
             )
         )
 
@@ -229,15 +303,28 @@ class KubeClaimWriter:
         return self._get_claim(meta["name"], meta.get("namespace", ""))
 
     def add_finalizer(self, claim: Obj) -> Obj:
-        def mutate(cur: Obj) -> Obj | None:
-            if cur["metadata"].get("deletionTimestamp"):
-                raise WriteSkippedError("claim is being deleted")
-            if has_finalizer(cur, self._finalizer):
-                return None
-            finalizers = [*(cur["metadata"].get("finalizers") or []), self._finalizer]
-            return {"metadata": {"finalizers": finalizers}}
-
-        return self._rmw(claim, self._get_claim, self._patch_claim, mutate)
+        """Nothing to send when the claim has it (carve's admission policy adds it at
+        creation); else a strategic merge of the list, which adds without replacing."""
+        if has_finalizer(claim, self._finalizer):
+            return claim
+        if claim["metadata"].get("deletionTimestamp"):
+            raise WriteSkippedError("claim is being deleted")
+        self._check_fence()
+        meta = claim["metadata"]
+        name, namespace = meta["name"], meta.get("namespace", "")
+        body = {"metadata": {"uid": meta["uid"], "finalizers": [self._finalizer]}}
+        try:
+            return self._edit_claim(name, namespace, body, STRATEGIC_MERGE)
+        except Exception as exc:
+            if status_of(exc) == 404:
+                raise ObjectGoneError(f"{namespace}/{name} was deleted") from exc
+            if status_of(exc) != 422:
+                raise
+            # A replaced claim (the uid is immutable) or one being deleted (no new finalizers).
+            fresh = self._reread(self._get_claim, name, namespace, meta["uid"])
+            if fresh["metadata"].get("deletionTimestamp"):
+                raise WriteSkippedError("claim is being deleted") from exc
+            raise
 
     def write_allocation(
         self, claim: Obj, allocation: ClaimAllocation, classes: Mapping[str, Obj]
@@ -277,13 +364,9 @@ class KubeClaimWriter:
         return self._rmw(claim, self._get_claim, self._patch_claim_status, mutate)
 
     def remove_finalizer(self, claim: Obj) -> Obj:
-        def mutate(cur: Obj) -> Obj | None:
-            if not has_finalizer(cur, self._finalizer):
-                return None
-            kept = [f for f in cur["metadata"]["finalizers"] if f != self._finalizer]
-            return {"metadata": {"finalizers": kept}}
-
-        return self._rmw(claim, self._get_claim, self._patch_claim, mutate)
+        return self._edit(
+            claim, self._get_claim, self._edit_claim, _removal("finalizers", self._finalizer)
+        )
 
     def hand_to_scheduler(self, claim: Obj) -> Obj:
         """Leave an unallocated claim to kube-scheduler: drop our finalizer and mark it
@@ -309,17 +392,13 @@ class KubeClaimWriter:
 
     def remove_node_finalizer(self, claim: Obj, finalizer: str) -> Obj:
         """Drop ``finalizer`` (a lost node's ``<driver>/node-<node>``) from the claim; only the
-        finalizers list is patched, guarded by the resourceVersion like every write."""
+        finalizers list is patched, pinned as every removal is (see the module)."""
         if not self._contract.is_node_finalizer(finalizer):
             raise ValueError(f"{finalizer!r} is not a node finalizer of {self._contract.driver}")
 
-        def mutate(cur: Obj) -> Obj | None:
-            if not has_finalizer(cur, finalizer):
-                return None
-            kept = [f for f in cur["metadata"]["finalizers"] if f != finalizer]
-            return {"metadata": {"finalizers": kept}}
-
-        return self._rmw(claim, self._get_claim, self._patch_claim, mutate)
+        return self._edit(
+            claim, self._get_claim, self._edit_claim, _removal("finalizers", finalizer)
+        )
 
     # -- pods -----------------------------------------------------------------------------------
 
@@ -333,14 +412,17 @@ class KubeClaimWriter:
             )
         )
 
-    def remove_gate(self, pod: Obj) -> Obj:
-        def mutate(cur: Obj) -> Obj | None:
-            if not has_gate(cur, self._gate):
-                return None
-            gates = [g for g in cur["spec"]["schedulingGates"] if g.get("name") != self._gate]
-            return {"spec": {"schedulingGates": gates}}
+    def _edit_pod(self, name: str, namespace: str, body: Any, content_type: str) -> Obj:
+        return _loads(
+            self._core.patch_namespaced_pod(
+                name, namespace, body, _content_type=content_type, _preload_content=False
+            )
+        )
 
-        return self._rmw(pod, self._get_pod, self._patch_pod, mutate)
+    def remove_gate(self, pod: Obj) -> Obj:
+        return self._edit(
+            pod, self._get_pod, self._edit_pod, _removal("schedulingGates", self._gate)
+        )
 
     def pin_and_ungate(self, pod: Obj, node: str) -> Obj:
         def mutate(cur: Obj) -> Obj | None:
@@ -368,6 +450,24 @@ class KubeClaimWriter:
             _preload_content=False,
         )
         discard_response(resp)
+
+
+def _removal(field: str, name: str) -> Callable[[Obj], list[Obj] | None]:
+    """JSON patch operations removing `name` from the finalizer list (`finalizers`) or the
+    scheduling gates (`schedulingGates`), tested at the index where they are now."""
+    parent = "metadata" if field == "finalizers" else "spec"
+
+    def ops(cur: Obj) -> list[Obj] | None:
+        entries = (cur.get(parent) or {}).get(field) or []
+        for i, entry in enumerate(entries):
+            value = entry if field == "finalizers" else entry.get("name")
+            if value == name:
+                path = f"/{parent}/{field}/{i}"
+                test = path if field == "finalizers" else f"{path}/name"
+                return [{"op": "test", "path": test, "value": name}, {"op": "remove", "path": path}]
+        return None
+
+    return ops
 
 
 def pod_condition(

@@ -37,6 +37,7 @@ INSTALL_MANIFESTS = (
     "10-deviceclasses.yaml",
     "30-admission-gate.yaml",
     "31-sole-allocator.yaml",
+    "32-claim-finalizer.yaml",
 )
 _CONTROLLER_ACCOUNT = "system:serviceaccount:carve-system:carve-controller"
 # The scheduling gate carve's admission policy puts on pods with carve claims.
@@ -68,6 +69,7 @@ def render_manifest(text: str, contract: Contract) -> str:
         .replace(_GATE_POLICY_PREFIX, f"{_GATE_POLICY_PREFIX}-{slug}")
         .replace("carve-sole-allocator", f"carve-sole-allocator-{slug}")
         .replace("carve-claim-markers", f"carve-claim-markers-{slug}")
+        .replace("carve-claim-finalizer", f"carve-claim-finalizer-{slug}")
         # The chart's migPrefix and wholeGpu: two installs naming one extended resource would
         # take each other's pods (kube-scheduler maps a name to the newest class), so each gets
         # its own.

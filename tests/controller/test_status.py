@@ -52,14 +52,39 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return out
 
 
+def json_patch(target: Obj, ops: list[Obj]) -> Obj:
+    """RFC 6902 `test`, `remove` and `add` as the apiserver applies them (422 on a failed
+    test or a missing path)."""
+    out = copy.deepcopy(target)
+    for op in ops:
+        *parents, last = op["path"].strip("/").split("/")
+        node: Any = out
+        try:
+            for part in parents:
+                node = node[int(part)] if isinstance(node, list) else node[part]
+            key: Any = int(last) if isinstance(node, list) and last != "-" else last
+            if op["op"] == "test" and node[key] != op["value"]:
+                raise KeyError(op["path"])
+            if op["op"] == "remove":
+                del node[key]
+            if op["op"] == "add":
+                node.append(op["value"]) if key == "-" else node.insert(key, op["value"])
+        except (KeyError, IndexError, TypeError) as exc:
+            raise ApiException(status=422, reason="Unprocessable Entity") from exc
+    return out
+
+
 class VersionedStore:
-    """Merge patches guarded by `metadata.resourceVersion` (409 when stale); only the status
-    subresource changes status, and nothing may change a claim's spec."""
+    """Merge patches guarded by `metadata.resourceVersion` (409 when stale), JSON patches
+    (their `test` operations guard them) and strategic merges of the finalizer list (a union;
+    the uid they carry must match); only the status subresource changes status, and nothing
+    may change a claim's spec."""
 
     def __init__(self) -> None:
         self.objs: dict[tuple[str, str], Obj] = {}
         self.rv = 10
         self.puts = 0
+        self.kinds: list[str] = []  # the content type of every patch, in order
         self.before_put: Callable[[Obj], None] | None = None
 
     def add(self, obj: Obj) -> Obj:
@@ -74,15 +99,27 @@ class VersionedStore:
             raise ApiException(status=404, reason="Not Found")
         return _Resp(self.objs[(ns, name)])
 
-    def _patch(self, name: str, ns: str, body: Obj, status: bool, content_type: str) -> _Resp:
-        assert content_type == "application/merge-patch+json"
+    def _patch(self, name: str, ns: str, body: Any, status: bool, content_type: str) -> _Resp:
         self.puts += 1
+        self.kinds.append(content_type)
         if self.before_put is not None:
             hook, self.before_put = self.before_put, None
             hook(self.objs[(ns, name)])
         cur = self.objs.get((ns, name))
         if cur is None:
             raise ApiException(status=404, reason="Not Found")
+        if content_type == "application/json-patch+json":
+            return _Resp(self.add(json_patch(cur, body)))
+        if content_type == "application/strategic-merge-patch+json":
+            if body["metadata"].get("uid") != cur["metadata"]["uid"]:
+                raise ApiException(status=422, reason="metadata.uid: field is immutable")
+            if cur["metadata"].get("deletionTimestamp"):
+                raise ApiException(status=422, reason="no new finalizers while deleting")
+            new = copy.deepcopy(cur)
+            have = new["metadata"].setdefault("finalizers", [])
+            have.extend(f for f in body["metadata"]["finalizers"] if f not in have)
+            return _Resp(self.add(new))
+        assert content_type == "application/merge-patch+json"
         if body["metadata"]["resourceVersion"] != cur["metadata"]["resourceVersion"]:
             raise ApiException(status=409, reason="Conflict")
         assert "spec" not in body or "schedulingGates" in body["spec"], "spec patched"
@@ -97,7 +134,7 @@ class VersionedStore:
     read_namespaced_pod = _read
 
     def patch_namespaced_resource_claim(
-        self, name: str, ns: str, body: Obj, _content_type: str = "", **_: Any
+        self, name: str, ns: str, body: Any, _content_type: str = "", **_: Any
     ) -> _Resp:
         return self._patch(name, ns, body, False, _content_type)
 
@@ -107,7 +144,7 @@ class VersionedStore:
         return self._patch(name, ns, body, True, _content_type)
 
     def patch_namespaced_pod(
-        self, name: str, ns: str, body: Obj, _content_type: str = "", **_: Any
+        self, name: str, ns: str, body: Any, _content_type: str = "", **_: Any
     ) -> _Resp:
         return self._patch(name, ns, body, False, _content_type)
 
@@ -195,16 +232,75 @@ def _writer(store: VersionedStore, **kw: Any) -> KubeClaimWriter:
 
 def test_conflict_is_retried_on_the_fresh_object() -> None:
     store = VersionedStore()
-    c = store.add(_claim())
+    w = _writer(store)
+    c = w.add_finalizer(store.add(_claim()))
+    puts = store.puts
 
     def someone_else_adds_a_finalizer(cur: Obj) -> None:
         cur["metadata"]["finalizers"].append("example.com/other")
         store.add(cur)
 
     store.before_put = someone_else_adds_a_finalizer
-    out = _writer(store).add_finalizer(c)
+    out = w.write_allocation(c, ALLOC, CLASSES)
+    assert out["metadata"]["finalizers"] == [ALLOCATION_FINALIZER, "example.com/other"]
+    assert out["status"]["allocation"]
+    assert store.puts - puts == 2, "the allocation is guarded: 409, read, written again"
+
+
+def test_finalizer_and_gate_edits_need_no_resource_version_and_never_conflict() -> None:
+    """kube-controller-manager writing a pod (its claims in the status) as carve ungates it
+    used to cost a 409, a GET and a second PATCH; a JSON patch pinned by `test` does not."""
+    store = VersionedStore()
+    pod = store.add(
+        {
+            "metadata": {"name": "p", "namespace": "ns", "uid": "pu"},
+            "spec": {"schedulingGates": [{"name": SCHEDULING_GATE}]},
+        }
+    )
+    store.before_put = lambda cur: store.add({**cur, "status": {"resourceClaimStatuses": []}})
+    out = _writer(store).remove_gate(pod)
+    assert out["spec"]["schedulingGates"] == []
+    assert store.kinds == ["application/json-patch+json"], "one request, no GET, no retry"
+
+    claim = store.add(_claim())
+    store.before_put = lambda cur: store.add(
+        {**cur, "metadata": {**cur["metadata"], "finalizers": ["example.com/other"]}}
+    )
+    out = _writer(store).add_finalizer(claim)
     assert out["metadata"]["finalizers"] == ["example.com/other", ALLOCATION_FINALIZER]
-    assert store.puts == 2
+    assert store.kinds[1:] == ["application/strategic-merge-patch+json"]
+
+
+def test_the_finalizer_the_admission_policy_added_costs_no_request() -> None:
+    store = VersionedStore()
+    c = store.add(_claim())
+    c["metadata"]["finalizers"] = [ALLOCATION_FINALIZER]
+    assert _writer(store).add_finalizer(c) is c
+    assert store.puts == 0
+
+
+def test_a_removal_whose_list_moved_reads_once_and_removes_at_the_new_index() -> None:
+    store = VersionedStore()
+    c = _claim()
+    c["metadata"]["finalizers"] = ["example.com/a", ALLOCATION_FINALIZER]
+    c = store.add(c)
+    store.before_put = lambda cur: store.add(
+        {**cur, "metadata": {**cur["metadata"], "finalizers": [ALLOCATION_FINALIZER]}}
+    )
+    out = _writer(store).remove_finalizer(c)
+    assert out["metadata"]["finalizers"] == []
+    assert store.puts == 2, "the test at index 1 failed (422); read, removed at index 0"
+
+
+def test_a_removal_on_a_namesake_is_refused_by_its_uid() -> None:
+    store = VersionedStore()
+    c = _claim()
+    c["metadata"]["finalizers"] = [ALLOCATION_FINALIZER]
+    c = store.add(c)
+    store.add({**c, "metadata": {**c["metadata"], "uid": "u2"}})
+    with pytest.raises(ObjectGoneError, match="replaced"):
+        _writer(store).remove_finalizer(c)
+    assert store.objs[("ns", "c")]["metadata"]["finalizers"] == [ALLOCATION_FINALIZER]
 
 
 def test_allocation_requires_our_finalizer_and_skips_foreign_allocation() -> None:
@@ -304,19 +400,21 @@ def test_remove_gate_keeps_other_gates() -> None:
 
 def test_conflict_storm_gives_up_after_bounded_attempts() -> None:
     store = VersionedStore()
-    c = store.add(_claim())
+    c = _claim()
+    c["metadata"]["finalizers"] = [ALLOCATION_FINALIZER]
+    c = store.add(c)
 
     calls = {"n": 0}
-    original = store.patch_namespaced_resource_claim
+    original = store.patch_namespaced_resource_claim_status
 
     def always_conflict(name: str, ns: str, body: Obj, **kw: Any) -> _Resp:
         calls["n"] += 1
         store.add(store.objs[(ns, name)])  # bump resourceVersion under the writer's feet
         return original(name, ns, body, **kw)
 
-    store.patch_namespaced_resource_claim = always_conflict  # type: ignore[method-assign]
+    store.patch_namespaced_resource_claim_status = always_conflict  # type: ignore[method-assign]
     with pytest.raises(ApiException):
-        _writer(store, attempts=4).add_finalizer(c)
+        _writer(store, attempts=4).write_allocation(c, ALLOC, CLASSES)
     assert calls["n"] == 4
 
 

@@ -45,7 +45,10 @@ def gate_policies(k8s_api: ApiClient) -> Iterator[None]:  # noqa: F811
     for obj in load_manifests("10-deviceclasses.yaml"):
         ensure_cluster_object(k8s_api, obj)
     names = []
-    for obj in load_manifests("30-admission-gate.yaml"):
+    for obj in [
+        *load_manifests("30-admission-gate.yaml"),
+        *load_manifests("32-claim-finalizer.yaml"),
+    ]:
         if obj["kind"] == "MutatingAdmissionPolicyBinding":
             obj["spec"]["matchResources"] = {
                 "namespaceSelector": {"matchLabels": {GATE_LABEL: "on"}}

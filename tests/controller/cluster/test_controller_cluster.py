@@ -70,11 +70,36 @@ def test_gated_pods_are_placed_and_bound_and_overflow_waits_with_reason(
     placed_cond = conds["mig.carve.dev/Placed"]
     assert placed_cond["status"] == "False"
     assert "3g.20gb" in placed_cond["message"]
-    claim = next(
-        c for c in claims_of(k8s_api, namespace) if (c.get("status") or {}).get("allocation")
+    # The waiting pod's claim says why too; a placed pod's claim carries no event (its
+    # allocation says it) but the finalizer carve's admission policy gave it at creation.
+    mine = next(
+        c for c in claims_of(k8s_api, namespace) if not (c.get("status") or {}).get("allocation")
     )
-    placed = events_for(k8s_api, namespace, claim["metadata"]["name"])
-    assert placed and placed[0]["reason"] == "Allocated"
+    told = wait_for(
+        "the claim's event", lambda: events_for(k8s_api, namespace, mine["metadata"]["name"])
+    )
+    assert told[0]["type"] == "Warning" and "3g.20gb" in told[0]["note"]
+    placed = [c for c in claims_of(k8s_api, namespace) if (c.get("status") or {}).get("allocation")]
+    assert all(not events_for(k8s_api, namespace, c["metadata"]["name"]) for c in placed)
+    assert all("mig.carve.dev/allocation" in c["metadata"]["finalizers"] for c in placed)
+    first = _bound(k8s_api, namespace)[0]
+    assert [e["reason"] for e in events_for(k8s_api, namespace, first["metadata"]["name"])] == [
+        "Placed"
+    ], "one event for a pod placed at once, and no condition"
+    assert "mig.carve.dev/Placed" not in {
+        c["type"] for c in (first.get("status") or {}).get("conditions") or []
+    }
+    # Once there is room the waiting pod is placed, and its condition turns True.
+    core.delete_namespaced_pod(first["metadata"]["name"], namespace, grace_period_seconds=0)
+
+    def placed_condition() -> str:
+        now = raw(core.read_namespaced_pod(name, namespace, _preload_content=False))
+        by_type = {c["type"]: c for c in (now.get("status") or {}).get("conditions") or []}
+        return str(by_type.get("mig.carve.dev/Placed", {}).get("status", ""))
+
+    wait_for(
+        "the waiting pod's condition to turn True", lambda: placed_condition() == "True", timeout=60
+    )
 
 
 def test_killed_leader_fails_over_without_double_allocation(
