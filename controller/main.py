@@ -45,7 +45,6 @@ from process.flags import Flag, UsageError
 from process.kube.requestcount import count_requests
 from process.kubeconfig import KubeconfigError, load_api_client
 from process.opshttp import OpsServer
-from process.requestcount import count_requests
 
 _log = logging.getLogger("carve.controller")
 

@@ -434,6 +434,7 @@ def test_a_plugin_may_add_and_remove_only_its_own_finalizer_on_its_nodes_claims(
     core, admin = client.CoreV1Api(k8s_api), client.ResourceV1Api(k8s_api)
     controller = _as_token(installed, _token(core, None, "carve-controller"))
     own, theirs = CONTRACT.node_finalizer(here), CONTRACT.node_finalizer(there)
+    kept = CONTRACT.allocation_finalizer  # put there at creation by 32-claim-finalizer.yaml
     try:
         for name, node in (("on-here", here), ("on-there", there)):
             admin.create_namespaced_resource_claim(NAMESPACE, _claim_body(name, CONTRACT.driver))
@@ -441,14 +442,14 @@ def test_a_plugin_may_add_and_remove_only_its_own_finalizer_on_its_nodes_claims(
                 name, NAMESPACE, _allocation(CONTRACT.driver, node), _content_type=MERGE
             )
         admin.patch_namespaced_resource_claim(
-            "on-there", NAMESPACE, {"metadata": {"finalizers": [theirs]}}, _content_type=MERGE
+            "on-there", NAMESPACE, {"metadata": {"finalizers": [kept, theirs]}}, _content_type=MERGE
         )
         with _plugin_on(installed, core, here) as api:
             plugin = client.ResourceV1Api(api)
 
             def finalizers(name: str, wanted: list[str]) -> Any:
                 return lambda: plugin.patch_namespaced_resource_claim(
-                    name, NAMESPACE, {"metadata": {"finalizers": wanted}}, _content_type=MERGE
+                    name, NAMESPACE, {"metadata": {"finalizers": [kept, *wanted]}}, _content_type=MERGE
                 )
 
             finalizers("on-here", [own])()  # carving on its node: allowed
