@@ -49,6 +49,7 @@ fleet and checks only that it works).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -60,17 +61,20 @@ from pathlib import Path
 
 from tests.support.scale import (
     HEADER,
-    PROFILES,
     ScaleBench,
     ScaleConfig,
     ScaleFigures,
     format_row,
 )
+from tests.support.scale_burst import BurstFigures, summary_line
+from tests.support.scale_pods import PROFILES
 
 # -- report ------------------------------------------------------------------------------------
 
 
-def print_report(figures: Sequence[ScaleFigures], cfg: ScaleConfig) -> None:
+def print_report(
+    figures: Sequence[ScaleFigures], cfg: ScaleConfig, native: Sequence[BurstFigures] = ()
+) -> None:
     print(
         f"scale: pods offered at {cfg.rate:g}/s for {cfg.duration_s:g}s "
         f"({'/'.join(PROFILES)} slices), deleted {cfg.hold_s:g}s after binding; "
@@ -97,8 +101,19 @@ def print_report(figures: Sequence[ScaleFigures], cfg: ScaleConfig) -> None:
                 f"decision p99 x{_ratio(f.decision_p99_ms, b.decision_p99_ms)}, "
                 f"placed/s x{_ratio(f.overall_rate, b.overall_rate)}, "
                 f"queue/s x{_ratio(f.backlog_rate, b.backlog_rate)}, "
-                f"requests/placement x{_ratio(f.requests_per_placement, b.requests_per_placement)}"
+                f"requests/pod x{_ratio(f.requests_per_pod, b.requests_per_pod)}"
             )
+    for f in figures:
+        if f.burst is not None:
+            print(f.burst.describe())
+    for n in native:
+        print(n.describe())
+    for f in figures:
+        if f.controller != "this" or f.burst is None:
+            continue
+        same = [n for n in native if n.nodes == f.nodes]
+        if same:
+            print(summary_line(f.nodes, f.burst, same[0], f.rss_peak_mb))
 
 
 def _ratio(a: float, b: float) -> str:
@@ -106,7 +121,7 @@ def _ratio(a: float, b: float) -> str:
 
 
 def figures_json(figures: Sequence[ScaleFigures]) -> str:
-    return json.dumps([f.__dict__ for f in figures], indent=1)
+    return json.dumps([dataclasses.asdict(f) for f in figures], indent=1, default=str)
 
 
 def _controllers(specs: Sequence[str]) -> tuple[tuple[str, Path | None], ...]:
@@ -184,6 +199,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "use) and run everything else on the rest, as a controller with a CPU of its own on "
         "a real cluster runs; 0: all share every CPU",
     )
+    parser.add_argument(
+        "--burst",
+        type=int,
+        default=1000,
+        help="pods created at once after the churn, on the carve path (per controller) and on "
+        "the native path (kube-scheduler alone, no controller running); 0: no burst",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
     controller_cpus = _split_cpus(args.controller_cpus)
@@ -198,6 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         controllers=_controllers(args.compare),
         creators=args.creators,
         controller_cpus=controller_cpus,
+        burst=args.burst,
     )
     from devcluster.binaries import BinariesUnavailableError
     from devcluster.cluster import LocalCluster
@@ -225,7 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             figures.extend(bench.run_size(n))
     finally:
         bench.close()
-        print_report(figures, cfg)
+        print_report(figures, cfg, bench.native)
         if args.json:
             args.json.write_text(figures_json(figures))
         cluster.stop()

@@ -449,7 +449,10 @@ def test_a_plugin_may_add_and_remove_only_its_own_finalizer_on_its_nodes_claims(
 
             def finalizers(name: str, wanted: list[str]) -> Any:
                 return lambda: plugin.patch_namespaced_resource_claim(
-                    name, NAMESPACE, {"metadata": {"finalizers": [kept, *wanted]}}, _content_type=MERGE
+                    name,
+                    NAMESPACE,
+                    {"metadata": {"finalizers": [kept, *wanted]}},
+                    _content_type=MERGE,
                 )
 
             finalizers("on-here", [own])()  # carving on its node: allowed

@@ -360,7 +360,7 @@ class ClusterPacking:
         """Every arm at once, from one start; one ArmRun per arm, in the arms' order."""
         from controller.informers import Informer, InformerConfig
         from controller.objects import Kind
-        from tests.support.scale import ControllerUnderTest
+        from tests.support.scale_processes import ControllerUnderTest
 
         begin = [time.monotonic()]
 

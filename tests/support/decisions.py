@@ -19,7 +19,7 @@ from controller.status import build_allocation_status
 from devcluster.nodes import FakeNode, node_manifest, node_status
 from tests.support.gpufleet import FLEET_LABEL, fleet_node, node_slices
 from tests.support.real_allocator import device_classes
-from tests.support.scale import PROFILES, claim_template
+from tests.support.scale_pods import PROFILES, claim_template
 
 Obj = dict[str, Any]
 _NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)

@@ -31,7 +31,8 @@ from typing import Any
 from driver.contract import DEFAULT_CONTRACT
 from tests.support import promtext
 from tests.support.gpufleet import GpuFleet, fleet_node, node_slices
-from tests.support.scale import ControllerUnderTest, claim_template, pod_manifest
+from tests.support.scale_pods import claim_template, pod_manifest
+from tests.support.scale_processes import ControllerUnderTest
 
 NAMESPACE = "foreign-bench"
 FOREIGN_DRIVER = "nic.example.com"

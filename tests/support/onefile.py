@@ -23,7 +23,7 @@ import yaml
 
 from driver.contract import DEFAULT_CONTRACT
 from tests.support.gpufleet import GpuFleet
-from tests.support.scale import ControllerUnderTest
+from tests.support.scale_processes import ControllerUnderTest
 
 NAMESPACE = "one-file"
 CHURN_NAMESPACE = "one-file-churn"

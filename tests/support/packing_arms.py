@@ -169,7 +169,7 @@ class ArmScheduler:
         from devcluster.binaries import ensure_binaries
         from devcluster.components import Layout, Ports
         from devcluster.processes import ManagedProcess
-        from tests.support.scale import free_port
+        from tests.support.scale_processes import free_port
 
         self.root = Path(info.root)
         self.profile = arm.scheduler

@@ -10,31 +10,45 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import os
-import socket
 import sys
 import threading
 import time
-import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from driver.contract import DEFAULT_CONTRACT
 from tests.support import promtext
 from tests.support.gpufleet import GpuFleet
+from tests.support.scale_burst import (
+    NATIVE_CLASS,
+    BurstFigures,
+    BurstRun,
+    native_class,
+    run_burst,
+)
+from tests.support.scale_cost import CostMeter, carve_requests, component_pids
+from tests.support.scale_pods import (
+    NATIVE_TEMPLATES,
+    PROFILES,
+    PodTracker,
+    claim_template,
+    pod_manifest,
+)
+from tests.support.scale_processes import (
+    CONTROLLER_USER,
+    FLOW_SCHEMA,
+    ControllerUnderTest,
+    apiserver_metrics,
+    controller_requests,
+)
 
 _T = TypeVar("_T")
 
 NAMESPACE = "scale"
 PLAIN_NAMESPACE = "plain"
-CONTROLLER_USER = "carve-scale-controller"
-FLOW_SCHEMA = CONTROLLER_USER
-PROFILES = ("1g", "1g", "2g", "3g")
-_ATTRS = f'device.attributes["{DEFAULT_CONTRACT.driver}"]'
-_GATE = DEFAULT_CONTRACT.scheduling_gate
 
 
 @dataclass(frozen=True)
@@ -55,6 +69,10 @@ class ScaleConfig:
     # CPUs the controller process runs on (empty: wherever the kernel puts it). The bench
     # gives the rest of the machine to everything else, so the controller has them alone.
     controller_cpus: frozenset[int] = frozenset()
+    # Pods created at once, placed and released on the carve path (per controller) and on the
+    # native path (once per size, no controller running): tests.support.scale_burst. 0: none.
+    burst: int = 0
+    burst_creators: int = 16
 
 
 @dataclass(frozen=True)
@@ -77,8 +95,8 @@ class ScaleFigures:
     decisions: int
     decision_p50_ms: float
     decision_p99_ms: float
-    requests: float
-    requests_per_placement: float
+    requests: float  # the controller's own count (carve_api_requests_total) over the churn
+    requests_per_pod: float  # ... per pod churned, placed and released
     bound_off_fleet: int = 0  # pods bound to a node that is not a fleet node (a bench bug)
     left_behind: bool = False  # pods or claims still there after the clean-up wait
     backlog: int = 0  # pods waiting, claims generated, when the controller started
@@ -89,6 +107,8 @@ class ScaleFigures:
     # carve_decision_cpu_seconds: the deciding thread's CPU time; NaN for a controller that
     # does not export it (an older tree under --compare).
     decision_cpu_p99_ms: float = math.nan
+    apf_requests: float = math.nan  # the same requests as kube-apiserver's APF counted them
+    burst: BurstFigures | None = None  # this controller's burst (ScaleConfig.burst)
 
     @property
     def backlog_rate(self) -> float:
@@ -114,43 +134,6 @@ class ScaleFigures:
         return self.placed / self.run_s if self.run_s else math.nan
 
 
-# -- pods --------------------------------------------------------------------------------------
-
-
-def claim_template(profile: str) -> dict[str, Any]:
-    selector = {"cel": {"expression": f'{_ATTRS}.profile.startsWith("{profile}.")'}}
-    request = {"deviceClassName": DEFAULT_CONTRACT.mig_class, "selectors": [selector]}
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": f"slice-{profile}"},
-        "spec": {"spec": {"devices": {"requests": [{"name": "mig", "exactly": request}]}}},
-    }
-
-
-def pod_manifest(name: str, profile: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 0,
-            "resourceClaims": [{"name": "mig", "resourceClaimTemplateName": f"slice-{profile}"}],
-            "containers": [
-                {
-                    "name": "work",
-                    "image": "registry.invalid/bench:never-pulled",
-                    "resources": {
-                        "requests": {"cpu": "100m", "memory": "128Mi"},
-                        "claims": [{"name": "mig"}],
-                    },
-                }
-            ],
-        },
-    }
-
-
 @dataclass(frozen=True)
 class _Startup:
     ready_s: float
@@ -164,171 +147,6 @@ class _Backlog:
     placed: int
     seconds: float
     cpu_ms: float = math.nan  # the controller's, per placement
-
-
-@dataclass
-class _PodTimes:
-    created: float = math.nan
-    placed: float = math.nan
-    bound: float = math.nan
-    node: str = ""
-
-
-@dataclass
-class PodTracker:
-    """Watch-fed times at which each bench pod was created, placed (gate gone) and bound."""
-
-    pods: dict[str, _PodTimes] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def created(self, name: str, when: float) -> None:
-        with self.lock:
-            self.pods.setdefault(name, _PodTimes()).created = when
-
-    def on_pod(self, _kind: Any, type_: Any, obj: dict[str, Any]) -> None:
-        now = time.monotonic()
-        if str(type_) == "DELETED":
-            return
-        name = obj["metadata"]["name"]
-        spec = obj.get("spec") or {}
-        gates = {g.get("name") for g in spec.get("schedulingGates") or []}
-        with self.lock:
-            times = self.pods.setdefault(name, _PodTimes())
-            if _GATE not in gates and math.isnan(times.placed):
-                times.placed = now
-            if spec.get("nodeName") and math.isnan(times.bound):
-                times.bound = now
-                times.node = str(spec["nodeName"])
-
-    def snapshot(self) -> dict[str, _PodTimes]:
-        with self.lock:
-            return {
-                k: _PodTimes(v.created, v.placed, v.bound, v.node) for k, v in self.pods.items()
-            }
-
-
-# -- processes and endpoints -------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def rss_mb(pid: int) -> float:
-    """Resident set size from /proc (what the kernel charges the process)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return math.nan
-
-
-def cpu_s(pid: int) -> float:
-    """CPU time the process has used so far (user and system), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _http_text(url: str, timeout: float = 10.0) -> str:
-    with urllib.request.urlopen(url, timeout=timeout) as resp:
-        return str(resp.read().decode())
-
-
-def _ready(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return int(resp.status) == 200
-    except OSError:
-        return False
-
-
-def apiserver_metrics(api_client: Any) -> str:
-    method, url, headers, body, _ = api_client.param_serialize(
-        method="GET",
-        resource_path="/metrics",
-        header_params={"Accept": "text/plain"},
-        auth_settings=["BearerToken"],
-    )
-    resp = api_client.call_api(method, url, header_params=headers, body=body, _request_timeout=30)
-    data = resp.read() or b""
-    return data.decode() if isinstance(data, bytes) else str(data)
-
-
-def controller_requests(apiserver_text: str) -> float:
-    return promtext.counter_sum(
-        apiserver_text, "apiserver_flowcontrol_dispatched_requests_total", flow_schema=FLOW_SCHEMA
-    )
-
-
-def started_on_cpus(cpus: frozenset[int], start: Callable[[], _T]) -> _T:
-    """Run `start` (which forks a process) with this thread bound to `cpus`, so the child and
-    every thread it makes inherit them; this thread gets its own CPUs back afterwards. Binding
-    the child after it started would miss the threads it made meanwhile."""
-    if not cpus:
-        return start()
-    before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, cpus)
-    try:
-        return start()
-    finally:
-        os.sched_setaffinity(0, before)
-
-
-class ControllerUnderTest:
-    """One carve-controller process as the benchmark runs it: its own user (so the apiserver
-    can count its requests), its metrics port, optionally another source tree's code, and
-    optionally CPUs of its own."""
-
-    def __init__(
-        self,
-        kubeconfig: Path,
-        log: Path,
-        source: Path | None,
-        cpus: frozenset[int] = frozenset(),
-        extra: Sequence[str] = (),
-    ) -> None:
-        """`extra`: more flags for the controller (e.g. `--packing-policy=least-waste`)."""
-        from devcluster.processes import ManagedProcess, console_script
-
-        self.port = free_port()
-        env = dict(os.environ)
-        if source is not None:
-            env["PYTHONPATH"] = os.pathsep.join(
-                p for p in (str(source), env.get("PYTHONPATH", "")) if p
-            )
-        argv = [
-            *console_script("carve-controller", "controller.main"),
-            f"--kubeconfig={kubeconfig}",
-            "--leader-elect=false",
-            f"--http-address=127.0.0.1:{self.port}",
-            "--log-format=text",
-            f"--driver-name={DEFAULT_CONTRACT.driver}",
-            *extra,
-        ]
-        self.started = time.monotonic()
-        self.process = started_on_cpus(
-            cpus,
-            lambda: ManagedProcess("carve-controller", argv, log, tie_to_parent=True, env=env),
-        )
-
-    def metrics(self) -> str:
-        return _http_text(f"http://127.0.0.1:{self.port}/metrics")
-
-    def ready(self) -> bool:
-        return _ready(f"http://127.0.0.1:{self.port}/readyz")
-
-    def rss_mb(self) -> float:
-        return rss_mb(self.process.pid)
-
-    def cpu_s(self) -> float:
-        return cpu_s(self.process.pid)
-
-    def alive(self) -> bool:
-        return self.process.exit_code() is None
-
-    def stop(self) -> None:
-        self.process.stop(grace_seconds=10.0)
 
 
 # -- the benchmark -----------------------------------------------------------------------------
@@ -362,6 +180,12 @@ class ScaleBench:
         )
         self.kubeconfig = self._controller_identity()
         self._serial = 0
+        self.meter = CostMeter(
+            component_pids(cluster_info.processes),
+            lambda: apiserver_metrics(self.admin),
+            FLOW_SCHEMA,
+        )
+        self.native: list[BurstFigures] = []  # one native burst per size (ScaleConfig.burst)
 
     # -- set-up --------------------------------------------------------------------------------
 
@@ -443,11 +267,16 @@ class ScaleBench:
                 f"the {ns} namespace's default ServiceAccount",
                 lambda p=path: self.api.request("GET", p).get("items"),  # type: ignore[misc]
             )
+        self._create("/apis/resource.k8s.io/v1/deviceclasses", native_class())
         for profile in sorted(set(PROFILES)):
-            self._create(
-                f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaimtemplates",
+            for template in (
                 claim_template(profile),
-            )
+                claim_template(profile, NATIVE_CLASS, NATIVE_TEMPLATES),
+            ):
+                self._create(
+                    f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaimtemplates",
+                    template,
+                )
         for profile in sorted(set(PROFILES)):
             wait_for(
                 "the admission policy to see the templates",
@@ -469,7 +298,64 @@ class ScaleBench:
             f"{self.fleet.slices} ResourceSlices, {self.fleet.plain_pods} other pods "
             f"(grew in {took:.0f}s)"
         )
-        return [self.run_controller(label, source) for label, source in self.cfg.controllers]
+        figures = [self.run_controller(label, source) for label, source in self.cfg.controllers]
+        if self.cfg.burst:
+            self.native.append(self._native_burst())
+        return figures
+
+    def _watched(self) -> tuple[PodTracker, Any]:
+        """A tracker fed by a watch on the bench namespace's pods, synced; and the watch."""
+        from controller.informers import Informer, InformerConfig
+        from controller.objects import Kind
+
+        tracker = PodTracker()
+
+        def list_pods(**kwargs: Any) -> Any:
+            from kubernetes import client
+
+            return client.CoreV1Api(self.admin).list_namespaced_pod(NAMESPACE, **kwargs)
+
+        watcher = Informer(
+            Kind.POD,
+            list_pods,
+            tracker.on_pod,
+            lambda _k: None,
+            InformerConfig(watch_timeout_s=120, resync_period_s=3600.0),
+        )
+        threading.Thread(target=watcher.run, args=(time.monotonic,), daemon=True).start()
+        while not watcher.has_synced:
+            time.sleep(0.05)
+        return tracker, watcher
+
+    def _burst_run(self, tracker: PodTracker, ctl: ControllerUnderTest | None) -> BurstRun:
+        return BurstRun(
+            api=self.api,
+            namespace=NAMESPACE,
+            meter=self.meter,
+            tracker=tracker,
+            creators=self.cfg.burst_creators,
+            timeout_s=max(self.cfg.drain_s, 600.0),
+            controller_pid=ctl.process.pid if ctl else None,
+            controller_text=ctl.metrics if ctl else None,
+            alive=ctl.alive if ctl else lambda: True,
+        )
+
+    def _native_burst(self) -> BurstFigures:
+        """The same burst with no carve-controller running: kube-scheduler allocates claims
+        of a class that is not carve's on the same devices (the native path)."""
+        tracker, watcher = self._watched()
+        try:
+            burst = run_burst(
+                self._burst_run(tracker, None),
+                "native",
+                len(self.fleet.nodes),
+                self.cfg.burst,
+                NATIVE_TEMPLATES,
+            )
+        finally:
+            watcher.stop()
+        self.say(burst.describe())
+        return burst
 
     def _new_name(self, what: str) -> str:
         self._serial += 1
@@ -492,27 +378,8 @@ class ScaleBench:
             )
 
     def run_controller(self, label: str, source: Path | None) -> ScaleFigures:
-        from controller.informers import Informer, InformerConfig
-        from controller.objects import Kind
-
-        tracker = PodTracker()
+        tracker, watcher = self._watched()
         pods_path = f"/api/v1/namespaces/{NAMESPACE}/pods"
-
-        def list_pods(**kwargs: Any) -> Any:
-            from kubernetes import client
-
-            return client.CoreV1Api(self.admin).list_namespaced_pod(NAMESPACE, **kwargs)
-
-        watcher = Informer(
-            Kind.POD,
-            list_pods,
-            tracker.on_pod,
-            lambda _k: None,
-            InformerConfig(watch_timeout_s=120, resync_period_s=3600.0),
-        )
-        threading.Thread(target=watcher.run, args=(time.monotonic,), daemon=True).start()
-        while not watcher.has_synced:
-            time.sleep(0.05)
         probe = self._new_name("probe")
         self._create_pod(probe, "1g", tracker)
         backlog = self._create_backlog(tracker)
@@ -535,6 +402,8 @@ class ScaleBench:
                 f"first placement {model_s:.1f}s after start, RSS {rss_start:.0f} MB; churning"
             )
             queued = self._drain_backlog(label, ctl, tracker, backlog)
+            # The churn's window holds every release of its own pods and nobody else's.
+            self._clean_up(pods_path, ctl)
             figures = self._churn(label, ctl, tracker, _Startup(ready_s, model_s, rss_start))
             figures = dataclasses.replace(
                 figures,
@@ -543,6 +412,8 @@ class ScaleBench:
                 backlog_s=queued.seconds,
                 backlog_cpu_ms=queued.cpu_ms,
             )
+            if self.cfg.burst:
+                figures = self._carve_burst(label, ctl, tracker, figures)
         finally:
             clean = self._clean_up(pods_path, ctl)
             ctl.stop()
@@ -550,6 +421,34 @@ class ScaleBench:
         figures = dataclasses.replace(figures, left_behind=not clean)
         self.say(f"[{label} @ {figures.nodes} nodes] {format_row(figures)}")
         return figures
+
+    def _carve_burst(
+        self, label: str, ctl: ControllerUnderTest, tracker: PodTracker, figures: ScaleFigures
+    ) -> ScaleFigures:
+        """The burst on the carve path, with the controller's RSS sampled throughout."""
+        peak = [figures.rss_peak_mb]
+        stop = threading.Event()
+
+        def sample() -> None:
+            while not stop.wait(0.5):
+                with contextlib.suppress(OSError):
+                    peak[0] = max(peak[0], ctl.rss_mb())
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        try:
+            burst = run_burst(
+                self._burst_run(tracker, ctl),
+                label,
+                len(self.fleet.nodes),
+                self.cfg.burst,
+                "slice-",
+            )
+        finally:
+            stop.set()
+            sampler.join(timeout=5)
+        self.say(burst.describe())
+        return dataclasses.replace(figures, burst=burst, rss_peak_mb=peak[0])
 
     def _create_backlog(self, tracker: PodTracker) -> list[str]:
         """`backlog` pods, created while no controller runs, and their claims generated."""
@@ -634,7 +533,6 @@ class ScaleBench:
     ) -> ScaleFigures:
         cfg = self.cfg
         m0, a0 = ctl.metrics(), apiserver_metrics(self.admin)
-        placed0 = promtext.counter_sum(m0, "carve_placement_outcomes_total", outcome="allocated")
         total = max(1, round(cfg.rate * cfg.duration_s))
         names = [self._new_name("pod") for _ in range(total)]
         stop = threading.Event()
@@ -680,16 +578,15 @@ class ScaleBench:
             if all(not math.isnan(snap[n].placed) for n in names):
                 break
             time.sleep(0.2)
-        m1, a1 = ctl.metrics(), apiserver_metrics(self.admin)
+        # The window runs on until every churned pod is deleted and its claim released.
+        self._until_released(ctl, lambda: deleted.issuperset(names), cfg.drain_s)
         stop.set()
         janitor.join(timeout=30)
+        self.meter.settled(ctl.process.pid, ctl.metrics)
+        m1, a1 = ctl.metrics(), apiserver_metrics(self.admin)
         snap = tracker.snapshot()
         placed_times = [snap[n].placed for n in names if not math.isnan(snap[n].placed)]
-        placements = (
-            promtext.counter_sum(m1, "carve_placement_outcomes_total", outcome="allocated")
-            - placed0
-        )
-        requests = controller_requests(a1) - controller_requests(a0)
+        requests = sum(carve_requests(m1).values()) - sum(carve_requests(m0).values())
         b0 = promtext.buckets(m0, "carve_decision_seconds")
         b1 = promtext.buckets(m1, "carve_decision_seconds")
         decisions = int(b1.get(math.inf, 0.0) - b0.get(math.inf, 0.0))
@@ -716,11 +613,29 @@ class ScaleBench:
             decision_p99_ms=promtext.quantile(b0, b1, 0.99) * 1000,
             decision_cpu_p99_ms=promtext.quantile(c0, c1, 0.99) * 1000,
             requests=requests,
-            requests_per_placement=requests / placements if placements else math.nan,
+            requests_per_pod=requests / total,
+            apf_requests=controller_requests(a1) - controller_requests(a0),
             bound_off_fleet=sum(
                 1 for n in names if snap[n].node and snap[n].node not in self.fleet.nodes
             ),
         )
+
+    def _until_released(
+        self, ctl: ControllerUnderTest, all_deleted: Callable[[], bool], timeout: float
+    ) -> bool:
+        """Wait until every pod is deleted and no claim is left in the bench namespace."""
+        claims = f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims"
+        pods = f"/api/v1/namespaces/{NAMESPACE}/pods"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and ctl.alive():
+            if (
+                all_deleted()
+                and not self.api.request("GET", pods, query=[("limit", "1")]).get("items")
+                and not self.api.request("GET", claims, query=[("limit", "1")]).get("items")
+            ):
+                return True
+            time.sleep(0.5)
+        return False
 
     def _clean_up(self, pods_path: str, ctl: ControllerUnderTest, timeout: float = 300.0) -> bool:
         """Delete every bench pod and wait for their claims to go (the controller, still
@@ -747,7 +662,7 @@ HEADER = (
     f"{'controller':<11}{'nodes':>6}{'GPUs':>6}{'ready s':>8}{'model s':>8}{'RSS MB':>8}"
     f"{'peak MB':>8}{'dec p50':>8}{'dec p99':>8}{'cpu p99':>8}{'create/s':>9}{'placed/s':>9}"
     f"{'bound/s':>8}"
-    f"{'all/s':>7}{'req/pl':>7}{'placed':>9}{'queue/s':>8}{'cpu/pl':>7}"
+    f"{'all/s':>7}{'req/pod':>8}{'placed':>9}{'queue/s':>8}{'cpu/pl':>7}"
 )
 
 
@@ -756,6 +671,6 @@ def format_row(f: ScaleFigures) -> str:
         f"{f.controller:<11}{f.nodes:>6}{f.gpus:>6}{f.ready_s:>8.1f}{f.model_s:>8.1f}"
         f"{f.rss_start_mb:>8.0f}{f.rss_peak_mb:>8.0f}{f.decision_p50_ms:>8.2f}"
         f"{f.decision_p99_ms:>8.2f}{f.decision_cpu_p99_ms:>8.2f}{f.create_rate:>9.1f}{f.placement_rate:>9.1f}"
-        f"{f.bound_rate:>8.1f}{f.overall_rate:>7.1f}{f.requests_per_placement:>7.1f}"
+        f"{f.bound_rate:>8.1f}{f.overall_rate:>7.1f}{f.requests_per_pod:>8.2f}"
         f"{f.placed:>5}/{f.created:<4}{f.backlog_rate:>8.1f}{f.backlog_cpu_ms:>7.1f}"
     )

@@ -15,7 +15,7 @@ from controller.planner import EnginePlanner
 from controller.reconciler import Reconciler
 from tests.support.decisions import fleet_objects
 from tests.support.reconciler import ListRecorder, MemoryWriter, pod
-from tests.support.scale import PROFILES, claim_template
+from tests.support.scale_pods import PROFILES, claim_template
 
 Obj = dict[str, Any]
 _NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)

@@ -82,7 +82,7 @@ def test_gated_pods_are_placed_and_bound_and_overflow_waits_with_reason(
     placed = [c for c in claims_of(k8s_api, namespace) if (c.get("status") or {}).get("allocation")]
     assert all(not events_for(k8s_api, namespace, c["metadata"]["name"]) for c in placed)
     assert all("mig.carve.dev/allocation" in c["metadata"]["finalizers"] for c in placed)
-    first = _bound(k8s_api, namespace)[0]
+    first = bound_pods(k8s_api, namespace)[0]
     carve_told = [
         e["reason"]
         for e in events_for(k8s_api, namespace, first["metadata"]["name"])
