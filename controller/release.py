@@ -5,7 +5,9 @@ An allocation is cleared only when the claim is reserved for nobody, no live pod
 node finalizer (`Contract.node_finalizer`, the kubelet plugin's) remains, which means the node
 has destroyed the instance. The controller's finalizer goes only with the claim: a claim being
 deleted loses it (one write, the allocation goes with the object), one that stays keeps it for
-its next placement (carve's admission policy put it there at creation). `release_action` is that
+its next placement (carve's admission policy put it there at creation). A claim made from a
+pod's template is not cleared at all: kube-controller-manager deletes it once its pod is done,
+so its release is the one finalizer write. `release_action` is that
 rule as a pure decision over one claim; `Releaser` applies it to the claims that changed since the
 last pass, writing on a pool beside the decision thread when it has one (`release_beside`):
 inline, every pod that ended put two apiserver round trips in front of the next placement.
@@ -65,12 +67,27 @@ def release_action(
     if node_finalizers(claim, contract):
         return ReleaseKind.WAIT_NODE
     if is_allocated(claim) and not deleting:
+        if generated_for_a_pod(claim):
+            # kube-controller-manager deletes a claim made from a template once its pod is
+            # done or gone, and no other pod can use it: clearing the allocation first would
+            # be a second write (racing kube-controller-manager's own, a 409 and a GET), and
+            # the devices come free with the deletion, one write later.
+            return ReleaseKind.KEEP
         return ReleaseKind.CLEAR
     if not deleting:
         # Unallocated and still wanted: the finalizer came with the claim (carve's admission
         # policy) or stays from its last placement, ready for the next one.
         return ReleaseKind.KEEP
     return ReleaseKind.DROP_FINALIZER
+
+
+def generated_for_a_pod(claim: Obj) -> bool:
+    """Made from a pod's ResourceClaimTemplate (or kube-scheduler's for extended resources):
+    the pod is its controlling owner, so it is never shared and goes when the pod is done."""
+    return any(
+        ref.get("kind") == "Pod" and ref.get("controller") is True
+        for ref in claim.get("metadata", {}).get("ownerReferences") or []
+    )
 
 
 class Releaser:

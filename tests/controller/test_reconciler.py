@@ -507,6 +507,20 @@ def test_no_device_is_ever_double_booked(arrivals: list[tuple[int, bool]], capac
         assert len(devices) <= 2 * capacity
 
 
+def test_a_generated_claim_is_kept_allocated_until_its_deletion() -> None:
+    """Its pod is done or gone; kube-controller-manager deletes it, which releases it."""
+    c = _allocated_claim(ALLOCATION_FINALIZER)
+    owner = {"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": "u", "controller": True}
+    c["metadata"]["ownerReferences"] = [owner]
+    assert release_action(c, 0) is ReleaseKind.KEEP
+    c["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    assert release_action(c, 0) is ReleaseKind.DROP_FINALIZER
+    # Owned but not controlled by a pod (a user's own claim with an owner): cleared as before.
+    c = _allocated_claim(ALLOCATION_FINALIZER)
+    c["metadata"]["ownerReferences"] = [{**owner, "controller": False}]
+    assert release_action(c, 0) is ReleaseKind.CLEAR
+
+
 def test_the_node_finalizer_of_the_contract_holds_the_release() -> None:
     """The controller waits for exactly the finalizer the plugin writes, for any driver name."""
     c = _allocated_claim(ALLOCATION_FINALIZER, DEFAULT_CONTRACT.node_finalizer("gpu-node-1"))

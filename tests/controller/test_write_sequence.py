@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from controller.objects import EventType, Kind, Unplaceable
-from tests.controller.test_reconciler import ALLOCATION_FINALIZER, Harness, claim, pod
+from tests.support.reconciler import ALLOCATION_FINALIZER, Harness, claim, pod
 
 _READY = {"conditions": [{"type": "Ready", "status": "True"}]}
 
@@ -107,3 +107,35 @@ def test_a_release_is_one_write_and_no_event() -> None:
     h.step()
     assert _writes(h) == ["remove_finalizer"], "a claim being deleted loses only its finalizer"
     assert h.recorder.events == []
+
+
+def test_a_claim_from_a_template_is_released_by_its_deletion_alone() -> None:
+    """kube-controller-manager deletes a pod's generated claim once the pod is gone: clearing
+    its allocation first would be a write racing kube-controller-manager's (a 409, a GET)."""
+    h = Harness()
+    h.add(Kind.NODE, {"metadata": {"name": "n1", "uid": "n1"}, "status": _READY})
+    p = pod("p", ["p-gpu"])
+    generated = _ours("p-gpu")
+    generated["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": "p",
+            "uid": p["metadata"]["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    h.add(Kind.CLAIM, generated)
+    h.add(Kind.POD, p)
+    h.step()
+    h.writer.calls.clear()
+    h.rec.enqueue(Kind.POD, EventType.DELETED, h.current("p"))
+    h.step()
+    assert _writes(h) == [], "the allocation stays until the claim is deleted"
+    gone = h.current("p-gpu")
+    gone["metadata"]["deletionTimestamp"] = "2026-01-01T00:01:00Z"
+    h.update(Kind.CLAIM, gone)
+    h.step()
+    assert _writes(h) == ["remove_finalizer"]
+    assert ALLOCATION_FINALIZER not in h.current("p-gpu")["metadata"]["finalizers"]

@@ -37,12 +37,15 @@ from tests.support.scale_pods import PROFILES, PodTracker, pod_manifest
 
 NATIVE_CLASS = "scale-native"
 """A DeviceClass that is not carve's (no gate, carve leaves its claims alone) and selects
-carve's devices: kube-scheduler allocates them as it would any partitionable device."""
+carve's MIG devices: kube-scheduler allocates them as it would any partitionable device."""
 BURST_LABEL = "scale.carve.dev/burst"
 
 
 def native_class() -> dict[str, Any]:
-    expression = f'device.driver == "{DEFAULT_CONTRACT.driver}"'
+    # The MIG devices carve's own class selects (not the whole-GPU ones, which have no
+    # profile attribute for the templates' selectors to read).
+    driver = DEFAULT_CONTRACT.driver
+    expression = f'device.driver == "{driver}" && device.attributes["{driver}"].type == "mig"'
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "DeviceClass",
