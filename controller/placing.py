@@ -35,7 +35,6 @@ from controller.objects import (
     Plan,
     Unplaceable,
     claim_class_names,
-    has_finalizer,
     has_gate,
     key_of,
 )
@@ -201,7 +200,7 @@ class Placer:
         Re-planning at once could loop forever, so each round waits longer, and after
         `max_replans` rounds the pod is left to kube-scheduler's own allocator.
         """
-        if not any(has_finalizer(c, self._cfg.finalizer) for c in claims):
+        if not any(self._store.was_allocated(c) for c in claims):
             self._place_escaped(pod, wait, claims)
             return
         lost = self._lost.cleared_by_loss(claims)

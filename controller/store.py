@@ -43,6 +43,12 @@ class ClusterStore:
         # Claim key -> UID of a claim a live pod names that exists but is not carve's (the
         # informer keeps only carve's claims; `controller.lookup` finds these out).
         self._foreign: dict[str, str] = {}
+        # Claim key -> UID of a claim seen allocated since this process started: an ungated
+        # pod whose such claim is unallocated again had it cleared (kube-scheduler's
+        # PostFilter); one whose claims never were allocated escaped carve's gate. (The
+        # allocation finalizer cannot tell them apart: carve's admission policy adds it at
+        # creation.)
+        self._seen_allocated: dict[str, str] = {}
 
     @property
     def claims(self) -> Mapping[str, Obj]:
@@ -71,6 +77,7 @@ class ClusterStore:
         key = key_of(obj)
         if kind is Kind.CLAIM:
             self._foreign.pop(key, None)  # the informer delivers carve's claims only
+            self._note_allocated(key, None if type_ is EventType.DELETED else obj)
         if kind is Kind.CLAIM and key in self._assumed and self._keeps_assumption(type_, obj):
             return False
         store = self.objects[kind]
@@ -117,6 +124,17 @@ class ClusterStore:
             if claim_key not in self._users:
                 self._foreign.pop(claim_key, None)  # no live pod names it any more
 
+    def was_allocated(self, claim: Obj) -> bool:
+        """Whether this claim (same UID) was seen allocated since this process started."""
+        uid = str(claim.get("metadata", {}).get("uid", ""))
+        return self._seen_allocated.get(key_of(claim)) == uid
+
+    def _note_allocated(self, key: str, claim: Obj | None) -> None:
+        if claim is None:
+            self._seen_allocated.pop(key, None)
+        elif is_allocated(claim):
+            self._seen_allocated[key] = str(claim.get("metadata", {}).get("uid", ""))
+
     def users_of(self, claim_key: str) -> Collection[str]:
         """Keys of the live (not terminated) pods that name the claim."""
         return self._users.get(claim_key, ())
@@ -137,6 +155,7 @@ class ClusterStore:
         if is_older(claim, old):
             return False
         self.objects[Kind.CLAIM][key] = claim
+        self._note_allocated(key, claim)
         self._planner.observe(Kind.CLAIM, claim)
         self._memory.claim_changed(self.users_of(key))
         if _allocation_dropped(old, claim):

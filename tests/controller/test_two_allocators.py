@@ -58,6 +58,21 @@ def test_an_escaped_pod_is_placed_ungated_and_told_why() -> None:
     assert ("p", "AllocationCleared") not in reasons  # nothing of carve's was cleared
 
 
+def test_an_escaped_pod_whose_claim_has_the_finalizer_from_creation_is_placed_ungated() -> None:
+    """carve's admission policy puts the finalizer on the claim at creation, so the finalizer
+    does not say carve ever allocated it: this is an escape, not kube-scheduler's clearing."""
+    h = Harness(nodes={"n1": 1})
+    c = claim("c")
+    c["metadata"]["finalizers"] = [ALLOCATION_FINALIZER]
+    h.add(Kind.CLAIM, c)
+    h.add(Kind.POD, pod("p", ["c"], gated=False))
+    h.step()
+    assert h.writer.calls == [("write_allocation", "c")]
+    reasons = [(name, reason) for name, _, reason, _ in h.recorder.events]
+    assert ("p", "PlacingUngated") in reasons
+    assert ("p", "AllocationCleared") not in reasons
+
+
 def test_native_fallback_marks_every_unallocated_carve_claim_handed_over() -> None:
     h = Harness(nodes={"n1": 0}, native_fallback_after=30.0)
     h.add(Kind.CLAIM, claim("c"))

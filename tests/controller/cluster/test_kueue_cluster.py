@@ -40,7 +40,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 Obj = dict[str, Any]
 CARVE_GATE = DEFAULT_CONTRACT.scheduling_gate
-FINALIZER = DEFAULT_CONTRACT.allocation_finalizer
 PROFILE = "1g.5gb"
 PROFILE_CLASS = "mig-1g-5gb.mig.carve.dev"  # a class per profile, as the chart renders them
 QUOTA = "carve.dev/mig-1g.5gb"  # Kueue's logical resource for that class
@@ -94,11 +93,10 @@ def _claim_of(api: ApiClient, ns: str, pod_name: str) -> Obj | None:
 
 def _untouched_by_carve(claim: Obj | None) -> bool:
     """The pod's claim exists (kube-controller-manager creates it for a gated pod too) and
-    carve has neither allocated it nor put its finalizer on it."""
+    carve has not allocated it (its finalizer is there from creation: carve's admission
+    policy adds it, whoever places the pod)."""
     assert claim is not None, "kube-controller-manager has not created the pod's claim"
-    return not (claim.get("status") or {}).get("allocation") and FINALIZER not in (
-        claim["metadata"].get("finalizers") or []
-    )
+    return not (claim.get("status") or {}).get("allocation")
 
 
 def _reasons(api: ApiClient, ns: str, name: str) -> list[str]:
