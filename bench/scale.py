@@ -49,8 +49,6 @@ fleet and checks only that it works).
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import math
 import os
 import shutil
@@ -64,6 +62,7 @@ from tests.support.scale import (
     ScaleBench,
     ScaleConfig,
     ScaleFigures,
+    figures_json,
     format_row,
 )
 from tests.support.scale_burst import BurstFigures, summary_line
@@ -118,10 +117,6 @@ def print_report(
 
 def _ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}" if b and not math.isnan(a) and not math.isnan(b) else "n/a"
-
-
-def figures_json(figures: Sequence[ScaleFigures]) -> str:
-    return json.dumps([dataclasses.asdict(f) for f in figures], indent=1, default=str)
 
 
 def _controllers(specs: Sequence[str]) -> tuple[tuple[str, Path | None], ...]:
@@ -250,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         bench.close()
         print_report(figures, cfg, bench.native)
         if args.json:
-            args.json.write_text(figures_json(figures))
+            args.json.write_text(figures_json(figures, bench.native))
         cluster.stop()
         shutil.rmtree(root, ignore_errors=True)
     return 0

@@ -4,6 +4,7 @@ process, pods churned through it. Only outcomes are checked, never timings."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -14,7 +15,7 @@ import pytest
 
 from devcluster.cluster import LocalCluster
 from tests.support.gpufleet import fleet_node, node_slices
-from tests.support.scale import ScaleBench, ScaleConfig
+from tests.support.scale import ScaleBench, ScaleConfig, figures_json
 from tests.support.scale_burst import summary_line
 from tests.support.scale_processes import started_on_cpus
 
@@ -97,6 +98,9 @@ def test_scale_machinery_places_and_releases_every_pod(
     assert carve.requests_per_release >= 1, "at least the finalizer"
     assert native.cpu_ms_per_pod("kube-scheduler") > 0
     assert native.placing.carve == {}, "no controller ran on the native path"
+    written = json.loads(figures_json([figures], [native]))  # what `--json` writes
+    assert written["controllers"][0]["burst"]["placing"]["carve"]["patch pods"] == carve.bound
+    assert written["native"][0]["bound"] == 8
     line = summary_line(NODES, carve, native, figures.rss_peak_mb)
     assert line.startswith(f"nodes={NODES} requests_per_placement=")
     assert "nan" not in line, line

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import math
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -674,3 +675,21 @@ def format_row(f: ScaleFigures) -> str:
         f"{f.bound_rate:>8.1f}{f.overall_rate:>7.1f}{f.requests_per_pod:>8.2f}"
         f"{f.placed:>5}/{f.created:<4}{f.backlog_rate:>8.1f}{f.backlog_cpu_ms:>7.1f}"
     )
+
+
+def figures_json(figures: Sequence[ScaleFigures], native: Sequence[BurstFigures] = ()) -> str:
+    """The run's figures for a script: each controller's, and the native path's bursts. The
+    controller's request counts are keyed `"<verb> <resource>"` (JSON keys are strings)."""
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {" ".join(k) if isinstance(k, tuple) else k: plain(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [plain(v) for v in value]
+        return value
+
+    body = {
+        "controllers": [plain(dataclasses.asdict(f)) for f in figures],
+        "native": [plain(dataclasses.asdict(n)) for n in native],
+    }
+    return json.dumps(body, indent=1, default=str)
