@@ -42,6 +42,7 @@ from driver.contract import Contract
 from process import flags
 from process.entrypoint import start_logging, stop_on_signals, usage_exit
 from process.flags import Flag, UsageError
+from process.kube.jsonclient import KubeJson
 from process.kube.requestcount import count_requests
 from process.kubeconfig import KubeconfigError, load_api_client
 from process.opshttp import OpsServer
@@ -365,6 +366,7 @@ class Controller:
         api_client = count_requests(api_client, self.metrics.count_request)
         core = client.CoreV1Api(api_client)
         resource = client.ResourceV1Api(api_client)
+        kube = KubeJson(api_client)
         self.stop_event = threading.Event()
         self.exit_code = 0
         contract = Contract(opts.driver_name)
@@ -383,7 +385,7 @@ class Controller:
         fence = self.elector.is_leader if self.elector else (lambda: True)
         self.writer = KubeClaimWriter(resource, core, contract=contract, fence=fence)
         self.recorder = KubeRecorder(
-            client.EventsV1Api(api_client),
+            kube,
             controller=contract.event_source,
             instance=opts.identity,
         )

@@ -15,7 +15,6 @@ import contextlib
 import datetime as dt
 import logging
 import threading
-import uuid as uuidlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -24,7 +23,8 @@ from driver.allocation import AllocatedDevice, AllocationFormatError, parse_allo
 from driver.config import OpaqueConfigEntry
 from process.kube import Obj
 from process.kube.errors import ConflictError, NotFoundError
-from process.kube.jsonclient import KubeJson
+from process.kube.events import EventWriter
+from process.kube.jsonclient import JsonRequests, KubeJson
 from process.kube.rmw import (
     MERGE_PATCH,
     ObjectGoneError,
@@ -260,71 +260,17 @@ def plugin_component(driver: str) -> str:
     return f"{driver}/kubelet-plugin"
 
 
-def plugin_event_body(
-    namespace: str,
-    regarding: Mapping[str, str],
+def plugin_event_writer(
+    api: JsonRequests,
     *,
-    type_: str,
-    reason: str,
-    message: str,
-    action: str,
     driver: str,
     node: str,
-    now: dt.datetime,
-) -> dict[str, Any]:
-    """An events.k8s.io/v1 Event reported by this node's plugin about `regarding`.
-
-    events.k8s.io (not core/v1) because that is the API the plugin's ClusterRole grants
-    ``create`` on; ``kubectl describe`` shows both."""
-    return {
-        "apiVersion": "events.k8s.io/v1",
-        "kind": "Event",
-        "metadata": {
-            "name": f"{regarding['name']}.{uuidlib.uuid4().hex[:16]}"[:253],
-            "namespace": namespace,
-        },
-        "eventTime": now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-        "reportingController": plugin_component(driver),
-        "reportingInstance": f"{plugin_component(driver)}-{node}"[:128],
-        "action": action,
-        "reason": reason,
-        "note": message[:1024],
-        "type": type_,
-        "regarding": dict(regarding),
-    }
-
-
-def claim_event_body(
-    namespace: str,
-    name: str,
-    uid: str,
-    *,
-    type_: str,
-    reason: str,
-    message: str,
-    driver: str,
-    node: str,
-    now: dt.datetime,
-) -> dict[str, Any]:
-    """An Event about a ResourceClaim, reported by this node's plugin."""
-    regarding = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "namespace": namespace,
-        "name": name,
-        "uid": uid,
-    }
-    return plugin_event_body(
-        namespace,
-        regarding,
-        type_=type_,
-        reason=reason,
-        message=message,
-        action="Prepare",
-        driver=driver,
-        node=node,
-        now=now,
-    )
+    clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+) -> EventWriter:
+    """The writer of this node's plugin's Events (`process.kube.events`, shared with the
+    controller): reported by ``<driver>/kubelet-plugin``, instance ``<that>-<node>``."""
+    component = plugin_component(driver)
+    return EventWriter(api, controller=component, instance=f"{component}-{node}", clock=clock)
 
 
 class KubernetesClaimEvents:
@@ -332,39 +278,27 @@ class KubernetesClaimEvents:
 
     def __init__(
         self,
-        api: KubeJson,
+        api: JsonRequests,
         *,
         driver: str,
         node: str,
         clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
     ) -> None:
-        self._api = api
-        self._driver = driver
-        self._node = node
-        self._clock = clock
+        self._writer = plugin_event_writer(api, driver=driver, node=node, clock=clock)
 
     def event(
         self, namespace: str, name: str, uid: str, *, type_: str, reason: str, message: str
     ) -> None:
-        body = claim_event_body(
-            namespace,
-            name,
-            uid,
-            type_=type_,
-            reason=reason,
-            message=message,
-            driver=self._driver,
-            node=self._node,
-            now=self._clock(),
+        regarding = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "namespace": namespace,
+            "name": name,
+            "uid": uid,
+        }
+        self._writer.write(
+            namespace, regarding, type_=type_, reason=reason, message=message, action="Prepare"
         )
-        path = f"/apis/events.k8s.io/v1/namespaces/{namespace}/events"
-        try:
-            self._api.request("POST", path, body=body)
-        except Exception as e:
-            log.warning(
-                "could not post event on claim",
-                extra={"claim": f"{namespace}/{name}", "reason": reason, "error": str(e)},
-            )
 
 
 def describe_results(results: Sequence[AllocatedDevice]) -> str:

@@ -13,10 +13,10 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
-from kubeletplugin.claims import plugin_event_body
-from process.kube.jsonclient import KubeJson
+from kubeletplugin.claims import plugin_event_writer
+from process.kube.jsonclient import JsonRequests
 
 log = logging.getLogger(__name__)
 
@@ -28,46 +28,20 @@ class NodeEvents(Protocol):
         """Post an Event about the node; a failure is logged, not raised."""
 
 
-def node_event_body(
-    node: str,
-    node_uid: str,
-    *,
-    type_: str,
-    reason: str,
-    message: str,
-    driver: str,
-    now: dt.datetime,
-    action: str = "GpuHealth",
-) -> dict[str, Any]:
-    regarding = {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid}
-    return plugin_event_body(
-        NODE_EVENT_NAMESPACE,
-        regarding,
-        type_=type_,
-        reason=reason,
-        message=message,
-        action=action,
-        driver=driver,
-        node=node,
-        now=now,
-    )
-
-
 class KubernetesNodeEvents:
     """NodeEvents over the apiserver."""
 
     def __init__(
         self,
-        api: KubeJson,
+        api: JsonRequests,
         *,
         driver: str,
         node: str,
         clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
     ) -> None:
         self._api = api
-        self._driver = driver
+        self._writer = plugin_event_writer(api, driver=driver, node=node, clock=clock)
         self._node = node
-        self._clock = clock
         self._uid: str | None = None
 
     def _node_uid(self) -> str:
@@ -81,24 +55,13 @@ class KubernetesNodeEvents:
         return self._uid
 
     def event(self, *, type_: str, reason: str, message: str, action: str = "GpuHealth") -> None:
-        body = node_event_body(
-            self._node,
-            self._node_uid(),
+        uid = self._node_uid()
+        regarding = {"apiVersion": "v1", "kind": "Node", "name": self._node, "uid": uid}
+        self._writer.write(
+            NODE_EVENT_NAMESPACE,
+            regarding,
             type_=type_,
             reason=reason,
             message=message,
-            driver=self._driver,
-            now=self._clock(),
             action=action,
         )
-        try:
-            self._api.request(
-                "POST",
-                f"/apis/events.k8s.io/v1/namespaces/{NODE_EVENT_NAMESPACE}/events",
-                body=body,
-            )
-        except Exception as e:
-            log.warning(
-                "could not post event on node",
-                extra={"node": self._node, "reason": reason, "error": str(e)},
-            )

@@ -10,9 +10,31 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from process.kube.errors import api_error
+
+
+class JsonRequests(Protocol):
+    """The request half of `KubeJson`: what a writer needs, and the seam tests fake."""
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        query: Sequence[tuple[str, str]] = (),
+        content_type: str = "application/json",
+    ) -> dict[str, Any]: ...
+
+
+class JsonApi(JsonRequests, Protocol):
+    """`KubeJson` as a list-and-watch needs it: requests and streamed watches."""
+
+    def stream(
+        self, path: str, *, query: Sequence[tuple[str, str]] = (), timeout: float
+    ) -> Iterator[str]: ...
 
 
 class KubeJson:

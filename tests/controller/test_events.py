@@ -1,53 +1,40 @@
-"""KubeRecorder against a fake EventsV1Api; the real apiserver's answers are in
-tests/controller/cluster/test_status_cluster.py (repeated events fold into one series)."""
+"""KubeRecorder: the controller's events name the pod or claim they are about and go through
+the one writer (`process.kube.events`, tested in tests/process/test_events.py); the real
+apiserver's answers are in tests/controller/cluster/test_status_cluster.py."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from controller.events import KubeRecorder
 from controller.objects import Kind
-
-Obj = dict[str, Any]
-
-
-class _RawAnswer:
-    """A raw urllib3 answer: counts whether anyone read it (reading returns the connection)."""
-
-    def __init__(self) -> None:
-        self.reads = 0
-
-    @property
-    def data(self) -> bytes:
-        self.reads += 1
-        return b"{}"
+from tests.support.fake_events import FakeEventsApi
 
 
-class _Api:
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, dict[str, Any]]] = []
-        self.answers: list[_RawAnswer] = []
+def test_a_claim_event_names_the_claim_and_repeats_fold() -> None:
+    api = FakeEventsApi()
+    rec = KubeRecorder(api, controller="mig.carve.dev/controller", instance="ctl-0")
+    claim = {"metadata": {"name": "c", "namespace": "ns", "uid": "u", "resourceVersion": "3"}}
+    rec.event(claim, Kind.CLAIM, "Warning", "NodeLost", "node n is lost")
+    rec.event(claim, Kind.CLAIM, "Warning", "NodeLost", "node n is lost")
+    (event,) = api.events.values()
+    assert event["metadata"]["namespace"] == "ns"
+    assert event["regarding"] == {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "name": "c",
+        "namespace": "ns",
+        "uid": "u",
+        "resourceVersion": "3",
+    }
+    assert (event["action"], event["type"], event["reason"]) == ("Allocate", "Warning", "NodeLost")
+    assert event["reportingInstance"] == "ctl-0"
+    assert event["series"]["count"] == 2
 
-    def _answer(self, op: str, options: dict[str, Any]) -> _RawAnswer:
-        self.calls.append((op, options))
-        self.answers.append(_RawAnswer())
-        return self.answers[-1]
 
-    def create_namespaced_event(self, ns: str, body: Obj, **options: Any) -> _RawAnswer:
-        return self._answer("create", options)
-
-    def patch_namespaced_event(self, name: str, ns: str, body: Obj, **options: Any) -> _RawAnswer:
-        return self._answer("patch", options)
-
-
-def test_events_are_written_without_building_the_clients_model_of_the_answer() -> None:
-    """The client's typed model of each answer cost more CPU than the write; the raw answer
-    is read all the same, so the connection goes back to the pool."""
-    api = _Api()
-    rec = KubeRecorder(api)
+def test_a_pod_event_is_a_placement() -> None:
+    api = FakeEventsApi()
     pod = {"metadata": {"name": "p", "namespace": "ns", "uid": "u"}}
-    rec.event(pod, Kind.POD, "Normal", "Placed", "placed")
-    rec.event(pod, Kind.POD, "Normal", "Placed", "placed")  # the same event: a series
-    assert [op for op, _ in api.calls] == ["create", "patch"]
-    assert all(options.get("_preload_content") is False for _, options in api.calls)
-    assert [a.reads for a in api.answers] == [1, 1]
+    KubeRecorder(api).event(pod, Kind.POD, "Normal", "Placed", "placed on node-a")
+    (event,) = api.events.values()
+    assert (event["regarding"]["apiVersion"], event["regarding"]["kind"]) == ("v1", "Pod")
+    assert event["action"] == "Place"
+    assert event["reportingController"] == "mig.carve.dev/controller"

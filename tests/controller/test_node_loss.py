@@ -344,24 +344,3 @@ def test_bad_node_loss_grace_gives_a_specific_message(value: str, message: str) 
         parse_options([f"--node-loss-grace={value}"], {})
     assert message in str(err.value)
     assert "e.g. --node-loss-grace=5m" in str(err.value)
-
-
-def test_events_into_a_terminating_namespace_are_dropped_quietly(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    """A lost node's leftover claims often sit in namespaces being deleted: their NodeLost
-    events are refused with 403 NamespaceTerminating, which is no error worth a warning."""
-    from controller.events import KubeRecorder
-
-    class RefusedError(Exception):
-        status = 403
-        body = '{"reason":"Forbidden","details":{"causes":[{"reason":"NamespaceTerminating"}]}}'
-
-    class Api:
-        def create_namespaced_event(self, ns: str, body: Obj, **_options: Any) -> None:
-            raise RefusedError()
-
-    claim = {"metadata": {"name": "c", "namespace": "gone", "uid": "u"}}
-    with caplog.at_level("WARNING", logger="controller.events"):
-        KubeRecorder(Api()).event(claim, Kind.CLAIM, "Warning", "NodeLost", "node n is lost")
-    assert not caplog.records

@@ -85,6 +85,8 @@ CAN_I: tuple[tuple[str, str, str, str, bool], ...] = (
     (PLUGIN, "update", "resourceclaims.resource.k8s.io/status", "", False),
     (PLUGIN, "update", "resourceclaims.resource.k8s.io/binding", "", False),
     (PLUGIN, "create", "events.events.k8s.io", "", True),
+    (PLUGIN, "patch", "events.events.k8s.io", "", True),  # a repeat's series count
+    (PLUGIN, "delete", "events.events.k8s.io", "", False),
     (PLUGIN, "get", "secrets", "", False),
     (PLUGIN, "list", "pods", "", False),
     # MPS daemon pods only in its own namespace (CAN_I_OWN_NAMESPACE), never here.

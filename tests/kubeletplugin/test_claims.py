@@ -62,3 +62,43 @@ def test_malformed_result_is_a_format_error() -> None:
     obj = _claim(allocation={"devices": {"results": [{"request": "gpu", "driver": 3}]}})
     with pytest.raises(ClaimFormatError, match=r"results\[0\]\.driver"):
         parse_claim(obj)
+
+
+def test_a_repeated_claim_event_folds_into_one_series() -> None:
+    """The kubelet retries a failing prepare every few seconds; each try used to post a new
+    Event, so an hour of it left hundreds on the claim. Now one Event counts them."""
+    from kubeletplugin.claims import KubernetesClaimEvents
+    from tests.support.fake_events import FakeEventsApi
+
+    api = FakeEventsApi()
+    events = KubernetesClaimEvents(api, driver="mig.carve.dev", node="n1")
+    for _ in range(3):
+        events.event(
+            "ns", "c", "u", type_="Warning", reason="PrepareFailed", message="no such device"
+        )
+    (event,) = api.events.values()
+    assert event["series"]["count"] == 3
+    assert event["reportingController"] == "mig.carve.dev/kubelet-plugin"
+    assert event["reportingInstance"] == "mig.carve.dev/kubelet-plugin-n1"
+    assert (event["action"], event["regarding"]["kind"]) == ("Prepare", "ResourceClaim")
+
+
+def test_node_events_name_the_node_and_fold_too() -> None:
+    from kubeletplugin.nodeevents import NODE_EVENT_NAMESPACE, KubernetesNodeEvents
+    from process.kube.errors import api_error
+    from tests.support.fake_events import FakeEventsApi
+
+    class Api(FakeEventsApi):
+        def request(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
+            if path == "/api/v1/nodes/n1":
+                raise api_error(403, "nodes is forbidden")  # the name stands in for the UID
+            return super().request(method, path, **kw)
+
+    api = Api()
+    events = KubernetesNodeEvents(api, driver="mig.carve.dev", node="n1")
+    events.event(type_="Warning", reason="GpuUnhealthy", message="GPU 0: XID 79")
+    events.event(type_="Warning", reason="GpuUnhealthy", message="GPU 0: XID 79")
+    (((namespace, _), event),) = api.events.items()
+    assert namespace == NODE_EVENT_NAMESPACE
+    assert event["regarding"] == {"apiVersion": "v1", "kind": "Node", "name": "n1", "uid": "n1"}
+    assert (event["action"], event["series"]["count"]) == ("GpuHealth", 2)

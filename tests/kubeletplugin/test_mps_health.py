@@ -205,5 +205,5 @@ def test_an_event_that_cannot_be_posted_is_logged_not_fatal(
     again = env.p.checkpoint().claims[ref.uid].mps
     assert again is not None and again.pid not in (None, rec.mps.pid) and _alive(again.pid)
     assert not env.health_of(dev)[0]
-    assert "could not post event on claim" in caplog.text
+    assert "could not post event MPSDaemonRestarted on ResourceClaim default/c" in caplog.text
     assert env.p.unprepare([ref])[ref.uid] == ""

@@ -143,7 +143,9 @@ def test_repeated_events_fold_into_one_series(k8s_api: ApiClient, namespace: str
 
     core = client.CoreV1Api(k8s_api)
     p = raw(core.create_namespaced_pod(namespace, pod("ev", "t"), _preload_content=False))
-    rec = KubeRecorder(client.EventsV1Api(k8s_api))
+    from process.kube.jsonclient import KubeJson
+
+    rec = KubeRecorder(KubeJson(k8s_api))
     for _ in range(3):
         rec.event(p, Kind.POD, "Warning", "NoCapacity", "no H100 has a free 3g.40gb placement")
     rec.event(p, Kind.POD, "Normal", "Placed", "placed on node-a")
