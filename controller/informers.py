@@ -2,8 +2,8 @@
 
 Objects are kept as the apiserver's JSON (dicts with camelCase keys) rather than the client's
 generated model classes: the models silently drop fields they do not know, and the DRA API grows
-fields every release (a 1.37 server may send what a 37.x client lacks). Lists and watches are
-requested with `_preload_content=False` and parsed here.
+fields every release (a 1.37 server may send what a 37.x client lacks). The list-and-watch loop
+is `process.kube.listwatch`, the node agent's claim watch's too; an informer is its sink.
 
 Contract with the consumer (`Reconciler.enqueue` / `mark_synced`):
 - after the first complete list, every object has been delivered as ADDED and `on_synced` is
@@ -28,34 +28,24 @@ from __future__ import annotations
 
 import json
 import logging
-import math
-import random
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from controller.objects import CarveClasses, EventType, Kind, key_of
 from driver.contract import DEFAULT_CONTRACT, Contract
 from process.kube import Obj
 from process.kube.errors import status_of
+from process.kube.jsonclient import LineStream, split_lines
+from process.kube.listwatch import Collection, ListWatch, ListWatchConfig
 
 Handler = Callable[[Kind, EventType, Obj], None]
 
 _log = logging.getLogger(__name__)
 
-
-class _ExpiredError(Exception):
-    """The resourceVersion we hold is too old (HTTP 410 or a watch ERROR event with code 410)."""
-
-
-@dataclass(frozen=True)
-class InformerConfig:
-    page_size: int = 500
-    watch_timeout_s: int = 300
-    resync_period_s: float | None = None  # None: never relist while the watch holds
-    backoff_max_s: float = 30.0
-    absent_recheck_s: float = 300.0  # an optional resource the server does not serve
+InformerConfig = ListWatchConfig
+"""Page size, watch timeout, resync period, backoff and the recheck of an absent resource."""
 
 
 SLICE_PAGE_SIZE = 100
@@ -65,12 +55,15 @@ the process kept that as resident memory after the list (~20 MB more at 300 GPU 
 
 
 class Informer:
-    """Keeps `cache` equal to the server's collection and reports every change to `handler`."""
+    """Keeps `cache` equal to the server's collection and reports every change to `handler`.
+
+    The list-and-watch loop is `process.kube.listwatch.ListWatch`; this is its sink: it keeps
+    what `transform` keeps of each object and diffs a relist against the cache."""
 
     def __init__(
         self,
         kind: Kind,
-        list_call: Callable[..., Any],
+        source: Collection | Callable[..., Any],
         handler: Handler,
         on_synced: Callable[[Kind], None],
         config: InformerConfig | None = None,
@@ -79,64 +72,67 @@ class Informer:
         skip_unchanged: bool = False,
         optional: bool = False,
     ) -> None:
-        """`optional`: a resource an older server may not serve (404): then it holds nothing,
-        counts as listed, and is looked for again every `absent_recheck_s`."""
+        """`source`: the collection, or a typed client's list call (`list_pod_for_all_namespaces`
+        and the like, asked for raw answers). `optional`: a resource an older server may not
+        serve (404): then it holds nothing, counts as listed, and is looked for again every
+        `absent_recheck_s`."""
         self.kind = kind
-        self._optional = optional
         self._transform = transform
         self._skip_unchanged = skip_unchanged
-        self._list_call = list_call
         self._handler = handler
         self._on_synced = on_synced
-        self._cfg = config or InformerConfig()
         self._lock = threading.Lock()
         self.cache: dict[str, Obj] = {}
+        self._fresh: dict[str, Obj] = {}
         self._synced = False
-        self._stop = threading.Event()
-        self._resp: Any = None
-        self.relists = 0
         self.skipped = 0
+        collection = _CallCollection(source) if callable(source) else source
+        self._loop = ListWatch(collection, self, name=str(kind), config=config, optional=optional)
 
     @property
     def has_synced(self) -> bool:
         return self._synced
 
-    # -- list ----------------------------------------------------------------------------------
+    @property
+    def relists(self) -> int:
+        return self._loop.relists
+
+    def run(self, clock: Callable[[], float]) -> None:
+        """List, watch, relist on expiry and every resync period, until `stop()`."""
+        self._loop.run(clock)
+
+    def stop(self) -> None:
+        self._loop.stop()
 
     def _list(self) -> str:
-        """Full paginated list; returns the list's resourceVersion to watch from.
+        return self._loop.list()
 
-        Each page is transformed as it arrives: holding the raw collection until the end made
-        the list's peak (and so the process's resident size, which Python rarely gives back)
-        the size of everything the cache then throws away."""
-        fresh: dict[str, Obj] = {}
-        token: str | None = None
-        kind_name = str(self.kind)
-        while True:
-            kwargs: dict[str, Any] = {"limit": self._cfg.page_size, "_preload_content": False}
-            if token:
-                kwargs["_continue"] = token
-            try:
-                page = json.loads(self._list_call(**kwargs).data)
-            except Exception as exc:
-                if status_of(exc) == 410 and token:
-                    # Continue token expired mid-list: start over for a consistent snapshot.
-                    fresh, token = {}, None
-                    continue
-                raise
-            for raw in page.get("items") or []:
-                raw.setdefault("kind", kind_name)
-                item = raw if self._transform is None else self._transform(raw)
-                if item is not None:
-                    fresh[key_of(item)] = item
-            token = page.get("metadata", {}).get("continue")
-            if not token:
-                rv = str(page.get("metadata", {}).get("resourceVersion", ""))
-                break
-            del page
+    def _not_served(self) -> None:
+        self.not_served()
+
+    # -- process.kube.listwatch.Sink -----------------------------------------------------------
+
+    def listing(self) -> None:
+        self._fresh = {}
+
+    def listed(self, obj: Obj) -> None:
+        """Each object is transformed as it arrives: holding the raw collection until the end
+        made the list's peak (and so the process's resident size, which Python rarely gives
+        back) the size of everything the cache then throws away."""
+        obj.setdefault("kind", str(self.kind))
+        item = obj if self._transform is None else self._transform(obj)
+        if item is not None:
+            self._fresh[key_of(item)] = item
+
+    def list_complete(self) -> None:
+        fresh, self._fresh = self._fresh, {}
         self._replace(fresh)
-        self.relists += 1
-        return rv
+
+    def not_served(self) -> None:
+        """The server does not serve this optional resource (yet): it has none of it."""
+        if not self._synced or self.cache:
+            _log.info("%s is not served; none is applied until it is", self.kind)
+        self._replace({})
 
     def _replace(self, fresh: dict[str, Obj]) -> None:
         with self._lock:
@@ -156,49 +152,7 @@ class Informer:
             self._synced = True
             self._on_synced(self.kind)
 
-    # -- watch ---------------------------------------------------------------------------------
-
-    def _watch(self, rv: str, until: float, clock: Callable[[], float]) -> str:
-        """Watch from `rv` until the server closes the stream or `until`; returns the last rv."""
-        while not self._stop.is_set() and clock() < until:
-            left = until - clock()
-            timeout = max(1, int(min(self._cfg.watch_timeout_s, left)))
-            try:
-                resp = self._list_call(
-                    watch=True,
-                    resource_version=rv,
-                    allow_watch_bookmarks=True,
-                    timeout_seconds=timeout,
-                    _preload_content=False,
-                    _request_timeout=(10, timeout + 30),
-                )
-            except Exception as exc:
-                if status_of(exc) == 410:
-                    raise _ExpiredError() from exc
-                raise
-            self._resp = resp
-            try:
-                for line in _lines(resp):
-                    if self._stop.is_set():
-                        break
-                    if not line:
-                        continue
-                    rv = self._on_watch_event(json.loads(line), rv)
-            finally:
-                self._resp = None
-                resp.close()
-        return rv
-
-    def _on_watch_event(self, event: Obj, rv: str) -> str:
-        type_ = event.get("type")
-        obj = event.get("object") or {}
-        if type_ == "ERROR":
-            if obj.get("code") == 410:
-                raise _ExpiredError()
-            raise RuntimeError(f"watch error for {self.kind}: {obj.get('message')}")
-        new_rv = str(obj.get("metadata", {}).get("resourceVersion", rv))
-        if type_ == "BOOKMARK":
-            return new_rv
+    def changed(self, type_: str, obj: Obj) -> None:
         obj.setdefault("kind", str(self.kind))
         key = key_of(obj)
         kept = obj if self._transform is None else self._transform(obj)
@@ -211,73 +165,55 @@ class Informer:
         if kept is None or type_ == "DELETED":
             if prev is not None:
                 self._handler(self.kind, EventType.DELETED, kept or prev)
-            return new_rv
+            return
         if prev is None:
             self._handler(self.kind, EventType.ADDED, kept)
         elif self._skip_unchanged and _same_apart_from_version(prev, kept):
             self.skipped += 1
         else:
             self._handler(self.kind, EventType.MODIFIED, kept)
-        return new_rv
-
-    # -- loop ----------------------------------------------------------------------------------
-
-    def run(self, clock: Callable[[], float]) -> None:
-        """List, watch, relist on expiry and every resync period, until `stop()`."""
-        failures = 0
-        rv: str | None = None
-        while not self._stop.is_set():
-            try:
-                if rv is None:
-                    rv = self._list()
-                period = self._cfg.resync_period_s
-                next_resync = math.inf if period is None else clock() + period
-                rv = self._watch(rv, next_resync, clock)
-                if clock() >= next_resync:
-                    rv = None  # an opted-in periodic full relist
-                failures = 0
-            except _ExpiredError:
-                _log.info("%s watch expired; relisting", self.kind)
-                rv = None
-            except Exception as exc:
-                if self._stop.is_set():
-                    break
-                if self._optional and status_of(exc) == 404:
-                    self._not_served()
-                    rv = None
-                    continue
-                failures += 1
-                delay = min(self._cfg.backoff_max_s, 0.2 * 2**failures) * random.uniform(0.5, 1)
-                _log.warning("%s list/watch failed (%s); retrying in %.1fs", self.kind, exc, delay)
-                self._stop.wait(delay)
-
-    def _not_served(self) -> None:
-        """The server does not serve this optional resource (yet): it has none of it."""
-        if not self._synced or self.cache:
-            _log.info("%s is not served; none is applied until it is", self.kind)
-        self._replace({})
-        self._stop.wait(self._cfg.absent_recheck_s)
-
-    def stop(self) -> None:
-        self._stop.set()
-        resp = self._resp
-        if resp is not None:
-            try:
-                resp.shutdown() if hasattr(resp, "shutdown") else resp.close()
-            except Exception:
-                _log.debug("closing %s watch stream failed", self.kind, exc_info=True)
 
 
-def _lines(resp: Any) -> Iterator[str]:
-    """Split a streamed watch response into its newline-delimited JSON events."""
-    buffer = b""
-    for chunk in resp.stream(amt=None, decode_content=False):
-        buffer += chunk if isinstance(chunk, bytes) else str(chunk).encode()
-        *complete, buffer = buffer.split(b"\n")
-        for line in complete:
-            yield line.decode("utf-8", errors="replace")
-    if buffer.strip():
-        yield buffer.decode("utf-8", errors="replace")
+class _CallCollection:
+    """A collection served by a typed client's list call, asked for the raw JSON: the
+    generated models drop fields they do not know, and the DRA API grows fields every release
+    (a 1.37 server may send what a 37.x client lacks)."""
+
+    def __init__(self, call: Callable[..., Any]) -> None:
+        self._call = call
+
+    def page(self, limit: int, token: str) -> Obj:
+        kwargs: dict[str, Any] = {"limit": limit, "_preload_content": False}
+        if token:
+            kwargs["_continue"] = token
+        page: Obj = json.loads(self._call(**kwargs).data)
+        return page
+
+    def watch(self, resource_version: str, timeout_s: int) -> LineStream:
+        resp = self._call(
+            watch=True,
+            resource_version=resource_version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=timeout_s,
+            _preload_content=False,
+            _request_timeout=(10, timeout_s + 30),
+        )
+        return _ResponseLines(resp)
+
+
+class _ResponseLines:
+    def __init__(self, resp: Any) -> None:
+        self._resp = resp
+
+    def __iter__(self) -> Iterator[str]:
+        return split_lines(
+            c if isinstance(c, bytes) else str(c).encode()
+            for c in self._resp.stream(amt=None, decode_content=False)
+        )
+
+    def close(self) -> None:
+        shutdown = getattr(self._resp, "shutdown", None)
+        (shutdown or self._resp.close)()
 
 
 def _rv(obj: Obj) -> str:

@@ -9,7 +9,7 @@ field added by a newer apiserver from breaking carve, and a refusal becomes the 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 from process.kube.errors import api_error
@@ -29,12 +29,20 @@ class JsonRequests(Protocol):
     ) -> dict[str, Any]: ...
 
 
+class LineStream(Protocol):
+    """An open streamed response: iterate for its lines; `close` ends it from any thread."""
+
+    def __iter__(self) -> Iterator[str]: ...
+
+    def close(self) -> None: ...
+
+
 class JsonApi(JsonRequests, Protocol):
     """`KubeJson` as a list-and-watch needs it: requests and streamed watches."""
 
     def stream(
         self, path: str, *, query: Sequence[tuple[str, str]] = (), timeout: float
-    ) -> Iterator[str]: ...
+    ) -> LineStream: ...
 
 
 class KubeJson:
@@ -74,9 +82,9 @@ class KubeJson:
 
     def stream(
         self, path: str, *, query: Sequence[tuple[str, str]] = (), timeout: float
-    ) -> Iterator[str]:
-        """The lines of a streamed response (a watch), as they arrive, until the server ends it
-        or `timeout` passes without a byte."""
+    ) -> LineStream:
+        """A streamed response (a watch), opened now: its lines as they arrive, until the
+        server ends it, `timeout` passes without a byte, or another thread closes it."""
         m, url, headers, payload, _ = self._client.param_serialize(
             method="GET",
             resource_path=path,
@@ -88,16 +96,39 @@ class KubeJson:
             m, url, header_params=headers, body=payload, _request_timeout=(10, timeout)
         )
         raw = resp.response
-        try:
-            if not 200 <= resp.status < 300:
+        if not 200 <= resp.status < 300:
+            try:
                 raise api_error(resp.status, raw.read().decode(errors="replace"))
-            buffer = b""
-            for chunk in raw.stream(amt=None, decode_content=False):
-                buffer += chunk
-                *complete, buffer = buffer.split(b"\n")
-                for line in complete:
-                    yield line.decode("utf-8", errors="replace")
-            if buffer.strip():
-                yield buffer.decode("utf-8", errors="replace")
+            finally:
+                raw.release_conn()
+        return _RawLines(raw)
+
+
+def split_lines(chunks: Iterable[bytes]) -> Iterator[str]:
+    """Newline-delimited text (a watch's JSON events) from chunks as a stream delivers them."""
+    buffer = b""
+    for chunk in chunks:
+        buffer += chunk
+        *complete, buffer = buffer.split(b"\n")
+        for line in complete:
+            yield line.decode("utf-8", errors="replace")
+    if buffer.strip():
+        yield buffer.decode("utf-8", errors="replace")
+
+
+class _RawLines:
+    """The lines of an open urllib3 response; `close` may come from another thread (a
+    stopping watch), which ends the read blocked on the socket."""
+
+    def __init__(self, raw: Any) -> None:
+        self._raw = raw
+
+    def __iter__(self) -> Iterator[str]:
+        try:
+            yield from split_lines(self._raw.stream(amt=None, decode_content=False))
         finally:
-            raw.release_conn()
+            self._raw.release_conn()
+
+    def close(self) -> None:
+        shutdown = getattr(self._raw, "shutdown", None)
+        (shutdown or self._raw.close)()

@@ -101,10 +101,15 @@ def test_lists_every_page_watches_and_relists_after_410() -> None:
     ) in first_watch
 
 
-def test_a_broken_stream_is_retried_with_a_fresh_list() -> None:
+def test_a_broken_stream_resumes_the_watch_without_listing_again() -> None:
+    """A reset stream is no reason to move every claim in the cluster again: the watch
+    resumes from the last resourceVersion (a 410 would then say a list is needed)."""
     api = _Api(
-        lists=[_page([_claim("a", "1")], "3"), _page([_claim("a", "4")], "4")],
-        streams=[[ConnectionError("reset by peer")]],
+        lists=[_page([_claim("a", "1")], "3")],
+        streams=[
+            [ConnectionError("reset by peer")],
+            [{"type": "MODIFIED", "object": _claim("a", "4")}],
+        ],
     )
     seen: list[str] = []
     watch = ClaimWatch(
@@ -114,6 +119,9 @@ def test_a_broken_stream_is_retried_with_a_fresh_list() -> None:
     assert api.done.wait(5)
     watch.stop()
     assert seen[:2] == ["1", "4"]
+    watches = [q for kind, q in api.queries if kind == "watch"]
+    assert [kind for kind, _ in api.queries[:3]] == ["list", "watch", "watch"]
+    assert ("resourceVersion", "3") in watches[1]
 
 
 def test_a_watch_that_cannot_list_says_why() -> None:

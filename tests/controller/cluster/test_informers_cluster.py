@@ -14,9 +14,10 @@ import pytest
 from kubernetes import client
 from kubernetes.client import ApiClient
 
-from controller.informers import Informer, InformerConfig, _ExpiredError
+from controller.informers import Informer, InformerConfig
 from controller.objects import EventType, Kind
 from devcluster.waiting import wait_for
+from process.kube.errors import GoneError
 from tests.controller.cluster.objects import template
 
 pytestmark = pytest.mark.cluster
@@ -79,13 +80,13 @@ def test_list_then_watch_then_relist_after_expiry(k8s_api: ApiClient, namespace:
             inf.cache[f"{namespace}/ghost"] = {
                 "metadata": {"name": "ghost", "namespace": namespace}
             }
-        expired = inf._on_watch_event  # keep a handle; force expiry on the next event
+        changed = inf.changed  # keep a handle; force expiry on the next event
 
-        def expire(event: Obj, rv: str) -> str:
-            inf._on_watch_event = expired  # type: ignore[method-assign]
-            raise _ExpiredError()
+        def expire(type_: str, obj: Obj) -> None:
+            inf.changed = changed  # type: ignore[method-assign]
+            raise GoneError(410, "too old resource version")
 
-        inf._on_watch_event = expire  # type: ignore[method-assign]
+        inf.changed = expire  # type: ignore[method-assign]
         res.create_namespaced_resource_claim(namespace, _claim("after"))
         wait_for("relist", lambda: inf.relists > relists)
         wait_for("ghost removed by the relist diff", lambda: rec.seen(EventType.DELETED, "ghost"))
