@@ -19,9 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from driver.apiobject import Obj
 from driver.config import OpaqueConfigEntry
-
-Obj = dict[str, Any]
 
 _WHERE = "status.allocation"
 

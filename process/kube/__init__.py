@@ -9,9 +9,6 @@ never the generated models, which validate strictly and lag behind the apiserver
 
 from __future__ import annotations
 
-from typing import Any
-
-Obj = dict[str, Any]
-"""An API object as JSON (camelCase keys), the shape both programs read and write."""
+from driver.apiobject import Obj  # defined in the shared core, which may not import this
 
 __all__ = ["Obj"]
