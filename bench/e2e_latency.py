@@ -41,7 +41,6 @@ logs. Figures are printed, not asserted.
 from __future__ import annotations
 
 import argparse
-import functools
 import shutil
 import sys
 import tempfile
@@ -148,6 +147,7 @@ def run(
     from nodesim.simnode import SimNodeSpec
     from nodesim.stack import CarveStack, gates_pod
     from process.kube.jsonclient import KubeJson
+    from process.kube.listwatch import JsonCollection
 
     root = Path(tempfile.mkdtemp(prefix="carve-e2e-bench-"))
     cluster = LocalCluster(root / "cluster")
@@ -243,14 +243,16 @@ def run(
         informers = [
             Informer(
                 Kind.POD,
-                functools.partial(core.list_namespaced_pod, ns),
+                JsonCollection(json_api, f"/api/v1/namespaces/{ns}/pods"),
                 stamps.on_pod,
                 lambda _k: None,
                 config,
             ),
             Informer(
                 Kind.CLAIM,
-                functools.partial(resource.list_namespaced_resource_claim, ns),
+                JsonCollection(
+                    json_api, f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims"
+                ),
                 stamps.on_claim,
                 lambda _k: None,
                 config,

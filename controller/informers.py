@@ -26,21 +26,21 @@ ResourceSlices. The reconciler's own periodic re-examination works from the cach
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import TypeVar
 
 from controller.objects import CarveClasses, EventType, Kind, key_of
 from driver.contract import DEFAULT_CONTRACT, Contract
 from process.kube import Obj
 from process.kube.errors import status_of
-from process.kube.jsonclient import LineStream, split_lines
-from process.kube.listwatch import Collection, ListWatch, ListWatchConfig
+from process.kube.jsonclient import JsonApi, LineStream
+from process.kube.listwatch import Collection, JsonCollection, ListWatch, ListWatchConfig
 
 Handler = Callable[[Kind, EventType, Obj], None]
+T = TypeVar("T")
 
 _log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class Informer:
     def __init__(
         self,
         kind: Kind,
-        source: Collection | Callable[..., Any],
+        source: Collection,
         handler: Handler,
         on_synced: Callable[[Kind], None],
         config: InformerConfig | None = None,
@@ -72,10 +72,9 @@ class Informer:
         skip_unchanged: bool = False,
         optional: bool = False,
     ) -> None:
-        """`source`: the collection, or a typed client's list call (`list_pod_for_all_namespaces`
-        and the like, asked for raw answers). `optional`: a resource an older server may not
-        serve (404): then it holds nothing, counts as listed, and is looked for again every
-        `absent_recheck_s`."""
+        """`source`: the collection (`process.kube.listwatch.JsonCollection`: a path of the JSON
+        client). `optional`: a resource an older server may not serve (404): then it holds
+        nothing, counts as listed, and is looked for again every `absent_recheck_s`."""
         self.kind = kind
         self._transform = transform
         self._skip_unchanged = skip_unchanged
@@ -86,8 +85,7 @@ class Informer:
         self._fresh: dict[str, Obj] = {}
         self._synced = False
         self.skipped = 0
-        collection = _CallCollection(source) if callable(source) else source
-        self._loop = ListWatch(collection, self, name=str(kind), config=config, optional=optional)
+        self._loop = ListWatch(source, self, name=str(kind), config=config, optional=optional)
 
     @property
     def has_synced(self) -> bool:
@@ -174,48 +172,6 @@ class Informer:
             self._handler(self.kind, EventType.MODIFIED, kept)
 
 
-class _CallCollection:
-    """A collection served by a typed client's list call, asked for the raw JSON: the
-    generated models drop fields they do not know, and the DRA API grows fields every release
-    (a 1.37 server may send what a 37.x client lacks)."""
-
-    def __init__(self, call: Callable[..., Any]) -> None:
-        self._call = call
-
-    def page(self, limit: int, token: str) -> Obj:
-        kwargs: dict[str, Any] = {"limit": limit, "_preload_content": False}
-        if token:
-            kwargs["_continue"] = token
-        page: Obj = json.loads(self._call(**kwargs).data)
-        return page
-
-    def watch(self, resource_version: str, timeout_s: int) -> LineStream:
-        resp = self._call(
-            watch=True,
-            resource_version=resource_version,
-            allow_watch_bookmarks=True,
-            timeout_seconds=timeout_s,
-            _preload_content=False,
-            _request_timeout=(10, timeout_s + 30),
-        )
-        return _ResponseLines(resp)
-
-
-class _ResponseLines:
-    def __init__(self, resp: Any) -> None:
-        self._resp = resp
-
-    def __iter__(self) -> Iterator[str]:
-        return split_lines(
-            c if isinstance(c, bytes) else str(c).encode()
-            for c in self._resp.stream(amt=None, decode_content=False)
-        )
-
-    def close(self) -> None:
-        shutdown = getattr(self._resp, "shutdown", None)
-        (shutdown or self._resp.close)()
-
-
 def _rv(obj: Obj) -> str:
     return str(obj.get("metadata", {}).get("resourceVersion", ""))
 
@@ -249,43 +205,49 @@ def start_informers(
     return threads
 
 
+_PATHS = {
+    Kind.POD: "/api/v1/pods",
+    Kind.NODE: "/api/v1/nodes",
+    Kind.CLAIM: "/apis/resource.k8s.io/v1/resourceclaims",
+    Kind.SLICE: "/apis/resource.k8s.io/v1/resourceslices",
+    Kind.CLASS: "/apis/resource.k8s.io/v1/deviceclasses",
+}
+TAINT_RULE_PATHS = (
+    "/apis/resource.k8s.io/v1/devicetaintrules",
+    "/apis/resource.k8s.io/v1beta2/devicetaintrules",
+)
+"""Where DeviceTaintRules are served: resource.k8s.io/v1 from Kubernetes 1.37, v1beta2 on 1.36
+only where enabled; the first served is used."""
+
+
 def standard_informers(
-    core_api: Any,
-    resource_api: Any,
+    api: JsonApi,
     handler: Handler,
     on_synced: Callable[[Kind], None],
     config: InformerConfig | None = None,
     *,
     contract: Contract = DEFAULT_CONTRACT,
     classes: CarveClasses | None = None,
-    taint_rule_calls: tuple[Callable[..., Any], ...] = (),
 ) -> list[Informer]:
-    """The collections the controller watches, all cluster-wide, each kept only as far as
-    the controller reads it (`controller.cache`): ResourceSlices of carve's driver only (a
-    field selector, so the apiserver sends no other driver's), claims of carve's classes or
-    holding carve's devices. Nodes skip updates that change nothing kept (heartbeats).
-    DeviceTaintRules are optional: served as resource.k8s.io/v1 from Kubernetes 1.37, as
-    v1beta2 on 1.36 only where enabled."""
+    """The collections the controller watches, all cluster-wide, through the JSON client (so
+    the request counter and the error hierarchy see them), each kept only as far as the
+    controller reads it (`controller.cache`): ResourceSlices of carve's driver only (a field
+    selector, so the apiserver sends no other driver's), claims of carve's classes or holding
+    carve's devices. Nodes skip updates that change nothing kept (heartbeats).
+    DeviceTaintRules are optional (`TAINT_RULE_PATHS`)."""
     from controller.cache import claim_view, pod_view, slice_view, strip_bookkeeping, trim_node
 
     config = config or InformerConfig()
     classes = classes or CarveClasses.of(contract)
     configs = {k: config for k in Kind}
     configs[Kind.SLICE] = replace(config, page_size=min(config.page_size, SLICE_PAGE_SIZE))
-
-    def carve_slices(**kwargs: Any) -> Any:
-        return resource_api.list_resource_slice(
-            field_selector=f"spec.driver={contract.driver}", **kwargs
-        )
-
-    calls: dict[Kind, Callable[..., Any]] = {
-        Kind.POD: core_api.list_pod_for_all_namespaces,
-        Kind.NODE: core_api.list_node,
-        Kind.CLAIM: resource_api.list_resource_claim_for_all_namespaces,
-        Kind.SLICE: carve_slices,
-        Kind.CLASS: resource_api.list_device_class,
-        Kind.TAINT_RULE: _first_served(*taint_rule_calls),
+    collections: dict[Kind, Collection] = {
+        kind: JsonCollection(api, path) for kind, path in _PATHS.items()
     }
+    collections[Kind.SLICE] = JsonCollection(
+        api, _PATHS[Kind.SLICE], [("fieldSelector", f"spec.driver={contract.driver}")]
+    )
+    collections[Kind.TAINT_RULE] = FirstServed(*(JsonCollection(api, p) for p in TAINT_RULE_PATHS))
     transforms: dict[Kind, Callable[[Obj], Obj | None]] = {
         Kind.POD: pod_view(contract.scheduling_gate),
         Kind.NODE: trim_node,
@@ -297,7 +259,7 @@ def standard_informers(
     return [
         Informer(
             k,
-            call,
+            collection,
             handler,
             on_synced,
             configs[k],
@@ -305,32 +267,41 @@ def standard_informers(
             skip_unchanged=k is Kind.NODE,
             optional=k is Kind.TAINT_RULE,
         )
-        for k, call in calls.items()
+        for k, collection in collections.items()
     ]
 
 
-def _first_served(*calls: Callable[..., Any]) -> Callable[..., Any]:
-    """A list-and-watch call made with the first of `calls` whose API version the server
-    serves (the others answer 404), remembered until that one answers 404 too (the version was
-    switched off, or the cluster upgraded). With none served the 404 is raised."""
-    chosen: list[Callable[..., Any]] = []
+class FirstServed:
+    """A collection served at the first of several API versions the server serves (the others
+    answer 404), remembered until that one answers 404 too (the version was switched off, or
+    the cluster upgraded). With none served the 404 is raised."""
 
-    def call(**kwargs: Any) -> Any:
+    def __init__(self, *collections: Collection) -> None:
+        self._collections = collections
+        self._chosen: Collection | None = None
+
+    def _first(self, ask: Callable[[Collection], T]) -> T:
         missing: Exception = _NotServedError()
-        for candidate in [*chosen, *(c for c in calls if c not in chosen)]:
+        chosen = self._chosen
+        order = [*([chosen] if chosen else []), *(c for c in self._collections if c is not chosen)]
+        for candidate in order:
             try:
-                result = candidate(**kwargs)
+                result = ask(candidate)
             except Exception as exc:
                 if status_of(exc) != 404:
                     raise
-                chosen.clear()
+                self._chosen = None
                 missing = exc
                 continue
-            chosen[:] = [candidate]
+            self._chosen = candidate
             return result
         raise missing
 
-    return call
+    def page(self, limit: int, token: str) -> Obj:
+        return self._first(lambda c: c.page(limit, token))
+
+    def watch(self, resource_version: str, timeout_s: int) -> LineStream:
+        return self._first(lambda c: c.watch(resource_version, timeout_s))
 
 
 class _NotServedError(Exception):

@@ -24,16 +24,15 @@ successor never decides while an old write can still land.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from process.kube import Obj
 from process.kube.errors import status_of
+from process.kube.jsonclient import JsonRequests
 
 _log = logging.getLogger(__name__)
 
@@ -77,14 +76,17 @@ def may_take(
 class LeaderElector:
     def __init__(
         self,
-        coordination_api: Any,
+        api: JsonRequests,
         config: LeaseConfig,
         *,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
     ) -> None:
-        self._api = coordination_api
+        self._api = api
         self._cfg = config
+        self._path = (
+            f"/apis/coordination.k8s.io/v1/namespaces/{config.namespace}/leases/{config.name}"
+        )
         self._clock = clock
         self._wall = wall_clock
         self._observed_spec: Obj | None = None
@@ -124,11 +126,7 @@ class LeaderElector:
         cfg = self._cfg
         now_wall = _micro(self._wall())
         try:
-            lease = json.loads(
-                self._api.read_namespaced_lease(
-                    cfg.name, cfg.namespace, _preload_content=False, _request_timeout=self._timeout
-                ).data
-            )
+            lease = self._api.request("GET", self._path, timeout=self._timeout)
         except Exception as exc:
             if status_of(exc) != 404:
                 _log.warning("reading lease %s/%s failed: %s", cfg.namespace, cfg.name, exc)
@@ -140,8 +138,8 @@ class LeaderElector:
                 "spec": self._spec_for({}, now_wall),
             }
             try:
-                self._api.create_namespaced_lease(
-                    cfg.namespace, body, _preload_content=False, _request_timeout=self._timeout
+                self._api.request(
+                    "POST", self._path.rsplit("/", 1)[0], body=body, timeout=self._timeout
                 )
             except Exception as create_exc:
                 _log.info("creating lease failed (%s); another candidate won", create_exc)
@@ -157,15 +155,7 @@ class LeaderElector:
             return False
         lease["spec"] = self._spec_for(spec, now_wall)
         try:
-            fresh = json.loads(
-                self._api.replace_namespaced_lease(
-                    cfg.name,
-                    cfg.namespace,
-                    lease,
-                    _preload_content=False,
-                    _request_timeout=self._timeout,
-                ).data
-            )
+            fresh = self._api.request("PUT", self._path, body=lease, timeout=self._timeout)
         except Exception as exc:
             _log.info("writing lease failed (%s)", exc)
             return False
@@ -223,21 +213,11 @@ class LeaderElector:
     def _release(self) -> None:
         cfg = self._cfg
         try:
-            lease = json.loads(
-                self._api.read_namespaced_lease(
-                    cfg.name, cfg.namespace, _preload_content=False, _request_timeout=self._timeout
-                ).data
-            )
+            lease = self._api.request("GET", self._path, timeout=self._timeout)
             if (lease.get("spec") or {}).get("holderIdentity") != cfg.identity:
                 return
             lease["spec"]["holderIdentity"] = ""
             lease["spec"]["leaseDurationSeconds"] = 1
-            self._api.replace_namespaced_lease(
-                cfg.name,
-                cfg.namespace,
-                lease,
-                _preload_content=False,
-                _request_timeout=self._timeout,
-            )
+            self._api.request("PUT", self._path, body=lease, timeout=self._timeout)
         except Exception as exc:
             _log.warning("releasing the lease failed: %s", exc)

@@ -326,7 +326,7 @@ def default_planner(driver: str, policy: Policy = DEFAULT_POLICY) -> Planner:
 
 
 def _preemptor(
-    api_client: Any,
+    kube: KubeJson,
     planner: Planner,
     recorder: DeferredRecorder,
     opts: ControllerOptions,
@@ -338,12 +338,10 @@ def _preemptor(
 
     if not opts.preemption or not isinstance(planner, EnginePlanner):
         return None
-    from kubernetes import client
-
     from controller.preemption.eviction import KubeEvictor
     from controller.preemption.preemptor import PreemptionConfig, Preemptor
 
-    evictor = KubeEvictor(client.CoreV1Api(api_client), client.PolicyV1Api(api_client), fence=fence)
+    evictor = KubeEvictor(kube, fence=fence)
     return Preemptor(
         planner, evictor, recorder, config=PreemptionConfig(hold_s=opts.preemption_hold)
     )
@@ -358,15 +356,12 @@ class Controller:
         opts: ControllerOptions,
         planner: Planner | None = None,
     ) -> None:
-        from kubernetes import client
 
         self.opts = opts
         self.metrics = ControllerMetrics()
         # Every request counted where they all pass, whichever part sends it.
         api_client = count_requests(api_client, self.metrics.count_request)
-        core = client.CoreV1Api(api_client)
-        resource = client.ResourceV1Api(api_client)
-        kube = KubeJson(api_client)
+        kube = KubeJson(api_client, request_timeout=opts.request_timeout)
         self.stop_event = threading.Event()
         self.exit_code = 0
         contract = Contract(opts.driver_name)
@@ -381,9 +376,9 @@ class Controller:
         )
         self.elector: LeaderElector | None = None
         if opts.lease is not None:
-            self.elector = LeaderElector(client.CoordinationV1Api(api_client), opts.lease)
+            self.elector = LeaderElector(kube, opts.lease)  # each call bounded by its deadline
         fence = self.elector.is_leader if self.elector else (lambda: True)
-        self.writer = KubeClaimWriter(resource, core, contract=contract, fence=fence)
+        self.writer = KubeClaimWriter(kube, contract=contract, fence=fence)
         self.recorder = KubeRecorder(
             kube,
             controller=contract.event_source,
@@ -409,23 +404,18 @@ class Controller:
             metrics=self.metrics,
             is_leader=fence,
             defer=self.best_effort_writes.submit,
-            preemption=_preemptor(api_client, planner, recorder, opts, fence),
+            preemption=_preemptor(kube, planner, recorder, opts, fence),
             release_beside=self.release_writes.offer,
             commit_beside=self.commit_writes.offer if self.commit_writes else None,
         )
         self.resync_s = opts.resync_period
         self.informers: list[Informer] = standard_informers(
-            core,
-            resource,
+            kube,
             self.reconciler.enqueue,
             self.reconciler.mark_synced,
             InformerConfig(),
             contract=contract,
             classes=self.config.classes,
-            taint_rule_calls=(
-                resource.list_device_taint_rule,
-                client.ResourceV1beta2Api(api_client).list_device_taint_rule,
-            ),
         )
         self._http: OpsServer | None = None
         self._usage_thread: threading.Thread | None = None

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -46,6 +45,7 @@ from driver.allocation import (
 from driver.contract import DEFAULT_CONTRACT, HANDED_TO_SCHEDULER, Contract
 from process.kube import Obj
 from process.kube.errors import status_of
+from process.kube.jsonclient import JsonRequests
 from process.kube.rmw import (
     MERGE_PATCH,
     ObjectReplacedError,
@@ -152,21 +152,17 @@ def build_allocation_status(
     }
 
 
-def _loads(resp: Any) -> Obj:
-    data = resp.data if hasattr(resp, "data") else resp
-    result: Obj = json.loads(data)
-    return result
+def _claim_path(namespace: str, name: str) -> str:
+    return f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
 
 
-def discard_response(resp: Any) -> None:
-    """For a write whose answer nobody reads (`_preload_content=False`): the client would
-    otherwise build its typed model of the whole object (a `V1Pod` costs more CPU than the
-    request itself); reading the raw body hands the connection back to the pool."""
-    _ = getattr(resp, "data", None)
+def _pod_path(namespace: str, name: str) -> str:
+    return f"/api/v1/namespaces/{namespace}/pods/{name}"
 
 
 class KubeClaimWriter:
-    """`ClaimWriter` against the apiserver with the official client (resource.k8s.io/v1, core/v1).
+    """`ClaimWriter` against the apiserver through the JSON client (resource.k8s.io/v1, core/v1):
+    the one client whose requests are counted and whose refusals are `process.kube.errors`.
 
     `fence` is consulted before every write: a controller that lost its lease must stop writing
     at once, even in the middle of a retry loop.
@@ -174,16 +170,14 @@ class KubeClaimWriter:
 
     def __init__(
         self,
-        resource_api: Any,
-        core_api: Any,
+        api: JsonRequests,
         *,
         contract: Contract = DEFAULT_CONTRACT,
         fence: Callable[[], bool] = lambda: True,
         clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
         attempts: int = 8,
     ) -> None:
-        self._res = resource_api
-        self._core = core_api
+        self._api = api
         self._contract = contract
         self._finalizer = contract.allocation_finalizer
         self._gate = contract.scheduling_gate
@@ -273,29 +267,19 @@ class KubeClaimWriter:
     # -- claims ---------------------------------------------------------------------------------
 
     def _get_claim(self, name: str, namespace: str) -> Obj:
-        return _loads(
-            self._res.read_namespaced_resource_claim(name, namespace, _preload_content=False)
-        )
+        return self._api.request("GET", _claim_path(namespace, name))
 
     def _patch_claim(self, name: str, namespace: str, body: Obj) -> Obj:
-        return _loads(
-            self._res.patch_namespaced_resource_claim(
-                name, namespace, body, _content_type=MERGE_PATCH, _preload_content=False
-            )
-        )
+        return self._edit_claim(name, namespace, body, MERGE_PATCH)
 
     def _edit_claim(self, name: str, namespace: str, body: Any, content_type: str) -> Obj:
-        return _loads(
-            self._res.patch_namespaced_resource_claim(
-                name, namespace, body, _content_type=content_type, _preload_content=False
-            )
+        return self._api.request(
+            "PATCH", _claim_path(namespace, name), body=body, content_type=content_type
         )
 
     def _patch_claim_status(self, name: str, namespace: str, body: Obj) -> Obj:
-        return _loads(
-            self._res.patch_namespaced_resource_claim_status(
-                name, namespace, body, _content_type=MERGE_PATCH, _preload_content=False
-            )
+        return self._api.request(
+            "PATCH", f"{_claim_path(namespace, name)}/status", body=body, content_type=MERGE_PATCH
         )
 
     def read_claim(self, claim: Obj) -> Obj:
@@ -403,20 +387,14 @@ class KubeClaimWriter:
     # -- pods -----------------------------------------------------------------------------------
 
     def _get_pod(self, name: str, namespace: str) -> Obj:
-        return _loads(self._core.read_namespaced_pod(name, namespace, _preload_content=False))
+        return self._api.request("GET", _pod_path(namespace, name))
 
     def _patch_pod(self, name: str, namespace: str, body: Obj) -> Obj:
-        return _loads(
-            self._core.patch_namespaced_pod(
-                name, namespace, body, _content_type=MERGE_PATCH, _preload_content=False
-            )
-        )
+        return self._edit_pod(name, namespace, body, MERGE_PATCH)
 
     def _edit_pod(self, name: str, namespace: str, body: Any, content_type: str) -> Obj:
-        return _loads(
-            self._core.patch_namespaced_pod(
-                name, namespace, body, _content_type=content_type, _preload_content=False
-            )
+        return self._api.request(
+            "PATCH", _pod_path(namespace, name), body=body, content_type=content_type
         )
 
     def remove_gate(self, pod: Obj) -> Obj:
@@ -442,14 +420,12 @@ class KubeClaimWriter:
         self._check_fence()
         meta = pod["metadata"]
         cond = pod_condition(self._contract, status, reason, message, self._clock())
-        resp = self._core.patch_namespaced_pod_status(
-            meta["name"],
-            meta.get("namespace", ""),
-            {"status": {"conditions": [cond]}},
-            _content_type="application/strategic-merge-patch+json",
-            _preload_content=False,
+        self._api.request(
+            "PATCH",
+            f"{_pod_path(meta.get('namespace', ''), meta['name'])}/status",
+            body={"status": {"conditions": [cond]}},
+            content_type=STRATEGIC_MERGE,
         )
-        discard_response(resp)
 
 
 def _removal(field: str, name: str) -> Callable[[Obj], list[Obj] | None]:

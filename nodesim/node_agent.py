@@ -18,7 +18,6 @@ Test tooling; not part of the carve distribution.
 from __future__ import annotations
 
 import datetime as dt
-import functools
 import json
 import logging
 import random
@@ -57,6 +56,7 @@ from nodesim.lifecycle import (
 )
 from process.kube.errors import ApiError
 from process.kube.jsonclient import KubeJson
+from process.kube.listwatch import JsonCollection
 
 _log = logging.getLogger(__name__)
 _STRATEGIC = "application/strategic-merge-patch+json"
@@ -126,7 +126,6 @@ class NodeAgent:
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        from kubernetes import client
 
         self.settings = settings
         self.kubelet = kubelet
@@ -138,12 +137,12 @@ class NodeAgent:
         self.records: dict[str, PodRecord] = {}  # pod uid -> record (kept after the pod ends)
         self._claim_users: dict[str, set[str]] = {}  # claim uid -> pod uids holding it prepared
         self._claim_locks: dict[str, threading.Lock] = {}
-        core = client.CoreV1Api(api_client)
         self._informer = Informer(
             Kind.POD,
-            functools.partial(
-                core.list_pod_for_all_namespaces,
-                field_selector=f"spec.nodeName={settings.node_name}",
+            JsonCollection(
+                self._api,
+                "/api/v1/pods",
+                [("fieldSelector", f"spec.nodeName={settings.node_name}")],
             ),
             self._on_pod,
             lambda _kind: None,

@@ -12,10 +12,11 @@ import enum
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from process.kube import Obj
-from process.kube.errors import status_of
+from process.kube.errors import ApiError, status_of
+from process.kube.jsonclient import JsonRequests
 
 
 class EvictionOutcome(enum.Enum):
@@ -58,18 +59,13 @@ def describe_failure(exc: BaseException) -> str:
 
 
 class KubeEvictor:
-    """`Evictor` with the official client; ``fence`` is checked before every eviction."""
+    """`Evictor` through the JSON client; ``fence`` is checked before every eviction."""
 
-    def __init__(
-        self, core_api: Any, policy_api: Any, *, fence: Callable[[], bool] = lambda: True
-    ) -> None:
-        self._core = core_api
-        self._policy = policy_api
+    def __init__(self, api: JsonRequests, *, fence: Callable[[], bool] = lambda: True) -> None:
+        self._api = api
         self._fence = fence
 
     def evict(self, pod: Obj, *, dry_run: bool) -> EvictionResult:
-        from kubernetes.client.exceptions import ApiException
-
         if not self._fence():
             raise EvictionFencedError("not the leader any more")
         meta = pod["metadata"]
@@ -82,12 +78,11 @@ class KubeEvictor:
             "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
             "deleteOptions": options,
         }
+        path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/eviction"
         try:
-            self._core.create_namespaced_pod_eviction(
-                meta["name"], meta["namespace"], body, _preload_content=False
-            )
-        except ApiException as exc:
-            text = _message(exc.body, str(exc.reason))
+            self._api.request("POST", path, body=body)
+        except ApiError as exc:
+            text = _message(exc.body, str(exc))
             if exc.status == 429:
                 return EvictionResult(EvictionOutcome.BLOCKED, text)
             if exc.status in (404, 409):
@@ -96,6 +91,8 @@ class KubeEvictor:
         return EvictionResult(EvictionOutcome.EVICTED)
 
     def disruption_budgets(self, namespace: str) -> list[Obj]:
-        resp = self._policy.list_namespaced_pod_disruption_budget(namespace, _preload_content=False)
-        items: list[Obj] = json.loads(resp.data).get("items") or []
+        page = self._api.request(
+            "GET", f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets"
+        )
+        items: list[Obj] = page.get("items") or []
         return items

@@ -2,8 +2,8 @@
 
 Callers catch the condition they handle (`NotFoundError`, `ConflictError`, `GoneError`,
 `ForbiddenError`) instead of comparing status numbers. `status_of` also reads the official
-client's `ApiException`, which the controller's typed calls still raise, so one function
-answers for both.
+client's `ApiException` (the `carve` CLI's typed lists and the tests' own clients raise it), so
+one function answers for both.
 """
 
 from __future__ import annotations

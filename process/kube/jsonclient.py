@@ -26,6 +26,7 @@ class JsonRequests(Protocol):
         body: Any = None,
         query: Sequence[tuple[str, str]] = (),
         content_type: str = "application/json",
+        timeout: float | None = None,
     ) -> dict[str, Any]: ...
 
 
@@ -61,7 +62,9 @@ class KubeJson:
         body: Any = None,
         query: Sequence[tuple[str, str]] = (),
         content_type: str = "application/json",
+        timeout: float | None = None,
     ) -> dict[str, Any]:
+        """One request; `timeout` (seconds) replaces the client's own for this call."""
         m, url, headers, payload, _ = self._client.param_serialize(
             method=method,
             resource_path=path,
@@ -71,7 +74,11 @@ class KubeJson:
             auth_settings=["BearerToken"],
         )
         resp = self._client.call_api(
-            m, url, header_params=headers, body=payload, _request_timeout=self._timeout
+            m,
+            url,
+            header_params=headers,
+            body=payload,
+            _request_timeout=self._timeout if timeout is None else timeout,
         )
         data = resp.read() or b""
         text = data.decode(errors="replace") if isinstance(data, bytes) else str(data)

@@ -23,6 +23,7 @@ from controller.leader import LeaderElector, LeaseConfig
 from controller.objects import ClaimAllocation, Kind
 from controller.status import KubeClaimWriter
 from controller.writepool import WritePool
+from process.kube.jsonclient import KubeJson
 from process.kube.rmw import RetryPolicy, Target, is_transient, read_modify_write
 from process.kubeconfig import load_api_client
 from tests.support.engine_cluster import node
@@ -229,10 +230,8 @@ def _finishes_within(seconds: float, call: Any) -> bool:
 
 
 def test_a_commit_write_on_a_half_open_connection_times_out(black_hole: str, tmp_path: Any) -> None:
-    from kubernetes import client
-
-    api = load_api_client(_kubeconfig(tmp_path, black_hole), request_timeout=0.3)
-    writer = KubeClaimWriter(client.ResourceV1Api(api), client.CoreV1Api(api), attempts=2)
+    api = load_api_client(_kubeconfig(tmp_path, black_hole))
+    writer = KubeClaimWriter(KubeJson(api, request_timeout=0.3), attempts=2)
     c = claim("c")
     started = time.monotonic()
     assert _finishes_within(10, lambda: writer.add_finalizer(c))
@@ -242,29 +241,24 @@ def test_a_commit_write_on_a_half_open_connection_times_out(black_hole: str, tmp
 def test_the_lease_renewal_on_a_half_open_connection_times_out(
     black_hole: str, tmp_path: Any
 ) -> None:
-    from kubernetes import client
-
     api = load_api_client(_kubeconfig(tmp_path, black_hole), request_timeout=60)
     cfg = LeaseConfig(lease_duration_s=3, renew_deadline_s=1, retry_period_s=0.5)
-    elector = LeaderElector(client.CoordinationV1Api(api), cfg)
+    elector = LeaderElector(KubeJson(api, request_timeout=60), cfg)  # each renewal: 1 s
     assert _finishes_within(8, elector.try_acquire_or_renew)
     assert not elector.is_leader()
 
 
 def test_a_list_on_a_half_open_connection_times_out(black_hole: str, tmp_path: Any) -> None:
-    from kubernetes import client
-
-    api = load_api_client(_kubeconfig(tmp_path, black_hole), request_timeout=0.3)
-    core = client.CoreV1Api(api)
-    assert _finishes_within(10, lambda: core.list_node(limit=10, _preload_content=False))
+    """The informers' lists go through the JSON client, which times every request."""
+    kube = KubeJson(load_api_client(_kubeconfig(tmp_path, black_hole)), request_timeout=0.3)
+    nodes = [("limit", "10")]
+    assert _finishes_within(10, lambda: kube.request("GET", "/api/v1/nodes", query=nodes))
 
 
 def test_commit_workers_never_block_on_a_stalled_apiserver(black_hole: str, tmp_path: Any) -> None:
     """With a timeout a stalled write ends, so a worker (and a hand-over draining it) is free."""
-    from kubernetes import client
-
-    api = load_api_client(_kubeconfig(tmp_path, black_hole), request_timeout=0.3)
-    writer = KubeClaimWriter(client.ResourceV1Api(api), client.CoreV1Api(api), attempts=2)
+    api = load_api_client(_kubeconfig(tmp_path, black_hole))
+    writer = KubeClaimWriter(KubeJson(api, request_timeout=0.3), attempts=2)
     pool = WritePool(workers=1)
     pool.offer("k", lambda: writer.add_finalizer(claim("c")))
     assert pool.drain(deadline=time.monotonic() + 10)

@@ -6,8 +6,6 @@ The bench with 50,000 foreign claims and slices is bench/foreign_objects.py.
 
 from __future__ import annotations
 
-import json
-from types import SimpleNamespace
 from typing import Any
 
 from controller.cache import claim_view
@@ -15,6 +13,7 @@ from controller.informers import InformerConfig, standard_informers
 from controller.objects import CarveClasses, Kind
 from controller.status import node_selector_for
 from driver.contract import DEFAULT_CONTRACT
+from tests.support.fake_lists import EmptyLists
 from tests.support.reconciler import Harness, claim, pod
 
 Obj = dict[str, Any]
@@ -45,24 +44,11 @@ def test_only_carves_claims_are_kept() -> None:
 
 
 def test_only_carves_slices_are_listed_and_watched() -> None:
-    calls: list[dict[str, Any]] = []
-
-    def lister(**kwargs: Any) -> SimpleNamespace:
-        calls.append(kwargs)
-        return SimpleNamespace(data=json.dumps({"items": [], "metadata": {}}).encode())
-
-    core = SimpleNamespace(list_pod_for_all_namespaces=lister, list_node=lister)
-    resource = SimpleNamespace(
-        list_resource_claim_for_all_namespaces=lister,
-        list_resource_slice=lister,
-        list_device_class=lister,
-    )
-    informers = standard_informers(
-        core, resource, lambda *_: None, lambda _: None, InformerConfig()
-    )
+    api = EmptyLists()
+    informers = standard_informers(api, lambda *_: None, lambda _: None, InformerConfig())
     slices = next(i for i in informers if i.kind is Kind.SLICE)
     slices._list()
-    assert calls[-1]["field_selector"] == "spec.driver=mig.carve.dev"
+    assert api.asked[-1][1]["fieldSelector"] == "spec.driver=mig.carve.dev"
 
 
 def test_a_gated_pod_naming_another_drivers_claim_is_placed() -> None:

@@ -3,42 +3,35 @@ tests/controller/cluster/test_informers_cluster.py)."""
 
 from __future__ import annotations
 
-import json
-from types import SimpleNamespace
-from typing import Any
-
 from controller.informers import SLICE_PAGE_SIZE, InformerConfig, standard_informers
 from controller.objects import Kind
-
-
-def _api() -> tuple[SimpleNamespace, SimpleNamespace, list[dict[str, Any]]]:
-    calls: list[dict[str, Any]] = []
-
-    def lister(**kwargs: Any) -> SimpleNamespace:
-        calls.append(kwargs)
-        return SimpleNamespace(data=json.dumps({"items": [], "metadata": {}}).encode())
-
-    core = SimpleNamespace(list_pod_for_all_namespaces=lister, list_node=lister)
-    resource = SimpleNamespace(
-        list_resource_claim_for_all_namespaces=lister,
-        list_resource_slice=lister,
-        list_device_class=lister,
-    )
-    return core, resource, calls
+from tests.support.fake_lists import EmptyLists
 
 
 def test_resource_slices_are_listed_in_small_pages() -> None:
     """A page of slices is held whole while it is parsed; other kinds keep the usual page."""
-    core, resource, calls = _api()
-    informers = standard_informers(
-        core, resource, lambda *_: None, lambda _: None, InformerConfig(page_size=500)
-    )
+    api = EmptyLists()
+    informers = standard_informers(api, lambda *_: None, lambda _: None, InformerConfig())
     by_kind = {i.kind: i for i in informers}
     by_kind[Kind.SLICE]._list()
     by_kind[Kind.POD]._list()
-    assert [c["limit"] for c in calls] == [SLICE_PAGE_SIZE, 500]
-    small = standard_informers(
-        core, resource, lambda *_: None, lambda _: None, InformerConfig(page_size=20)
-    )
+    assert [q["limit"] for _, q in api.asked] == [str(SLICE_PAGE_SIZE), "500"]
+    small = standard_informers(api, lambda *_: None, lambda _: None, InformerConfig(page_size=20))
     next(i for i in small if i.kind is Kind.SLICE)._list()
-    assert calls[-1]["limit"] == 20
+    assert api.asked[-1][1]["limit"] == "20"
+
+
+def test_every_collection_is_listed_through_the_json_client_cluster_wide() -> None:
+    """One client for every request: the request counter and the error hierarchy see the
+    informers' lists and watches as they see every write."""
+    api = EmptyLists()
+    for informer in standard_informers(api, lambda *_: None, lambda _: None):
+        informer._list()
+    assert [path for path, _ in api.asked] == [
+        "/api/v1/pods",
+        "/api/v1/nodes",
+        "/apis/resource.k8s.io/v1/resourceclaims",
+        "/apis/resource.k8s.io/v1/resourceslices",
+        "/apis/resource.k8s.io/v1/deviceclasses",
+        "/apis/resource.k8s.io/v1/devicetaintrules",
+    ]

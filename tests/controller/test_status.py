@@ -1,20 +1,18 @@
 """KubeClaimWriter: allocation shape, optimistic-concurrency retries, and skip rules.
 
-`VersionedStore` is a minimal stand-in for the apiserver's optimistic concurrency (PUT with a
-stale resourceVersion -> 409), exposing the same client method names KubeClaimWriter calls. The
-same writer is exercised against the real kube-apiserver in tests/controller/cluster/.
+`VersionedStore` is a minimal stand-in for the apiserver's optimistic concurrency (a patch with a
+stale resourceVersion -> 409) behind the JSON client's `request`, which KubeClaimWriter calls.
+The same writer is exercised against the real kube-apiserver in tests/controller/cluster/.
 """
 
 from __future__ import annotations
 
 import copy
 import datetime as dt
-import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
-from kubernetes.client.exceptions import ApiException
 
 from controller.objects import ClaimAllocation
 from controller.status import (
@@ -26,17 +24,13 @@ from controller.status import (
 )
 from driver.allocation import AllocatedDevice
 from driver.contract import DEFAULT_CONTRACT
+from process.kube.errors import ConflictError, api_error
 
 ALLOCATION_FINALIZER = DEFAULT_CONTRACT.allocation_finalizer
 SCHEDULING_GATE = DEFAULT_CONTRACT.scheduling_gate
 
 Obj = dict[str, Any]
 NOW = dt.datetime(2026, 3, 1, 12, 0, 0, tzinfo=dt.UTC)
-
-
-class _Resp:
-    def __init__(self, obj: Obj) -> None:
-        self.data = json.dumps(obj).encode()
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -70,7 +64,7 @@ def json_patch(target: Obj, ops: list[Obj]) -> Obj:
             if op["op"] == "add":
                 node.append(op["value"]) if key == "-" else node.insert(key, op["value"])
         except (KeyError, IndexError, TypeError) as exc:
-            raise ApiException(status=422, reason="Unprocessable Entity") from exc
+            raise api_error(422, "Unprocessable Entity") from exc
     return out
 
 
@@ -94,12 +88,30 @@ class VersionedStore:
         self.objs[(obj["metadata"]["namespace"], obj["metadata"]["name"])] = obj
         return copy.deepcopy(obj)
 
-    def _read(self, name: str, ns: str, **_: Any) -> _Resp:
-        if (ns, name) not in self.objs:
-            raise ApiException(status=404, reason="Not Found")
-        return _Resp(self.objs[(ns, name)])
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        query: Sequence[tuple[str, str]] = (),
+        content_type: str = "application/json",
+    ) -> Obj:
+        """The JSON client's one call: a GET or a PATCH of a claim or pod (`/status` too)."""
+        parts = path.strip("/").split("/")
+        i = parts.index("namespaces")
+        ns, name, status = parts[i + 1], parts[i + 3], parts[-1] == "status"
+        if method == "GET":
+            return self._read(name, ns)
+        assert method == "PATCH", (method, path)
+        return self._patch(name, ns, body, status, content_type)
 
-    def _patch(self, name: str, ns: str, body: Any, status: bool, content_type: str) -> _Resp:
+    def _read(self, name: str, ns: str) -> Obj:
+        if (ns, name) not in self.objs:
+            raise api_error(404, "Not Found")
+        return copy.deepcopy(self.objs[(ns, name)])
+
+    def _patch(self, name: str, ns: str, body: Any, status: bool, content_type: str) -> Obj:
         self.puts += 1
         self.kinds.append(content_type)
         if self.before_put is not None:
@@ -107,46 +119,28 @@ class VersionedStore:
             hook(self.objs[(ns, name)])
         cur = self.objs.get((ns, name))
         if cur is None:
-            raise ApiException(status=404, reason="Not Found")
+            raise api_error(404, "Not Found")
         if content_type == "application/json-patch+json":
-            return _Resp(self.add(json_patch(cur, body)))
+            return self.add(json_patch(cur, body))
         if content_type == "application/strategic-merge-patch+json":
             if body["metadata"].get("uid") != cur["metadata"]["uid"]:
-                raise ApiException(status=422, reason="metadata.uid: field is immutable")
+                raise api_error(422, "metadata.uid: field is immutable")
             if cur["metadata"].get("deletionTimestamp"):
-                raise ApiException(status=422, reason="no new finalizers while deleting")
+                raise api_error(422, "no new finalizers while deleting")
             new = copy.deepcopy(cur)
             have = new["metadata"].setdefault("finalizers", [])
             have.extend(f for f in body["metadata"]["finalizers"] if f not in have)
-            return _Resp(self.add(new))
+            return self.add(new)
         assert content_type == "application/merge-patch+json"
         if body["metadata"]["resourceVersion"] != cur["metadata"]["resourceVersion"]:
-            raise ApiException(status=409, reason="Conflict")
+            raise api_error(409, "Conflict")
         assert "spec" not in body or "schedulingGates" in body["spec"], "spec patched"
         new = merge_patch(cur, body)
         if status:
             new["metadata"] = cur["metadata"]
         else:
             new["status"] = cur.get("status", {})
-        return _Resp(self.add(new))
-
-    read_namespaced_resource_claim = _read
-    read_namespaced_pod = _read
-
-    def patch_namespaced_resource_claim(
-        self, name: str, ns: str, body: Any, _content_type: str = "", **_: Any
-    ) -> _Resp:
-        return self._patch(name, ns, body, False, _content_type)
-
-    def patch_namespaced_resource_claim_status(
-        self, name: str, ns: str, body: Obj, _content_type: str = "", **_: Any
-    ) -> _Resp:
-        return self._patch(name, ns, body, True, _content_type)
-
-    def patch_namespaced_pod(
-        self, name: str, ns: str, body: Any, _content_type: str = "", **_: Any
-    ) -> _Resp:
-        return self._patch(name, ns, body, False, _content_type)
+        return self.add(new)
 
 
 def _claim(**extra: Any) -> Obj:
@@ -227,7 +221,7 @@ def test_allocation_status_shape() -> None:
 
 
 def _writer(store: VersionedStore, **kw: Any) -> KubeClaimWriter:
-    return KubeClaimWriter(store, store, clock=lambda: NOW, **kw)
+    return KubeClaimWriter(store, clock=lambda: NOW, **kw)
 
 
 def test_conflict_is_retried_on_the_fresh_object() -> None:
@@ -405,42 +399,33 @@ def test_conflict_storm_gives_up_after_bounded_attempts() -> None:
     c = store.add(c)
 
     calls = {"n": 0}
-    original = store.patch_namespaced_resource_claim_status
+    original = store._patch
 
-    def always_conflict(name: str, ns: str, body: Obj, **kw: Any) -> _Resp:
+    def always_conflict(name: str, ns: str, body: Any, status: bool, content_type: str) -> Obj:
         calls["n"] += 1
         store.add(store.objs[(ns, name)])  # bump resourceVersion under the writer's feet
-        return original(name, ns, body, **kw)
+        return original(name, ns, body, status, content_type)
 
-    store.patch_namespaced_resource_claim_status = always_conflict  # type: ignore[method-assign]
-    with pytest.raises(ApiException):
+    store._patch = always_conflict  # type: ignore[method-assign]
+    with pytest.raises(ConflictError):
         _writer(store, attempts=4).write_allocation(c, ALLOC, CLASSES)
     assert calls["n"] == 4
 
 
-def test_the_pod_condition_is_written_without_building_the_clients_model_of_the_pod() -> None:
-    """A `V1Pod` built from the answer cost more CPU than the request; the raw answer is read
-    all the same, so the connection goes back to the pool."""
-    seen: dict[str, Any] = {}
+def test_the_pod_condition_is_one_strategic_merge_of_the_pods_status() -> None:
+    """Keyed by condition type: it neither races with the kubelet's or the scheduler's own
+    conditions nor needs a resourceVersion."""
+    seen: list[tuple[str, str, Any, str]] = []
 
-    class Answer:
-        reads = 0
+    class Api:
+        def request(self, method: str, path: str, **kw: Any) -> Obj:
+            seen.append((method, path, kw["body"], kw["content_type"]))
+            return {}
 
-        @property
-        def data(self) -> bytes:
-            Answer.reads += 1
-            return b"{}"
-
-    class Core:
-        def patch_namespaced_pod_status(
-            self, name: str, ns: str, body: Obj, **options: Any
-        ) -> Answer:
-            seen.update(name=name, body=body, **options)
-            return Answer()
-
-    writer = KubeClaimWriter(None, Core())
+    writer = KubeClaimWriter(Api())
     pod = {"metadata": {"name": "p", "namespace": "ns", "uid": "u"}}
     writer.set_pod_condition(pod, True, "Placed", "placed on n1")
-    assert seen["_preload_content"] is False
-    assert seen["body"]["status"]["conditions"][0]["reason"] == "Placed"
-    assert Answer.reads == 1
+    ((method, path, body, content_type),) = seen
+    assert (method, path) == ("PATCH", "/api/v1/namespaces/ns/pods/p/status")
+    assert content_type == "application/strategic-merge-patch+json"
+    assert body["status"]["conditions"][0]["reason"] == "Placed"

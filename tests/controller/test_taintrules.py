@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from controller.informers import Informer, InformerConfig, _first_served
+from controller.informers import FirstServed, Informer, InformerConfig
 from controller.objects import EventType, Kind
 from controller.taintrules import TaintRules
 from controller.tolerations import DeviceTaint
@@ -217,7 +217,7 @@ def test_a_server_without_device_taint_rules_counts_as_listed_with_none() -> Non
     synced: list[Kind] = []
     informer = Informer(
         Kind.TAINT_RULE,
-        _first_served(),
+        FirstServed(),
         lambda k, t, o: seen.append((k, t)),
         synced.append,
         InformerConfig(absent_recheck_s=0.01),
@@ -231,21 +231,24 @@ def test_the_first_served_version_is_used_and_given_up_when_it_goes() -> None:
     calls: list[str] = []
     served = {"v1": False, "v1beta2": True}
 
-    def lister(version: str) -> Any:
-        def call(**kwargs: Any) -> str:
-            calls.append(version)
-            if not served[version]:
+    class Version:
+        def __init__(self, version: str) -> None:
+            self.version = version
+
+        def page(self, limit: int, token: str) -> Any:
+            calls.append(self.version)
+            if not served[self.version]:
                 raise _GoneError()
-            return version
+            return self.version
 
-        return call
+        def watch(self, resource_version: str, timeout_s: int) -> Any:
+            raise AssertionError("not watched here")
 
-    v1, v1beta2 = lister("v1"), lister("v1beta2")
-    call = _first_served(v1, v1beta2)
-    assert call() == "v1beta2" and calls == ["v1", "v1beta2"]
-    assert call() == "v1beta2" and calls[2:] == ["v1beta2"]  # remembered
+    rules = FirstServed(Version("v1"), Version("v1beta2"))
+    assert rules.page(1, "") == "v1beta2" and calls == ["v1", "v1beta2"]
+    assert rules.page(1, "") == "v1beta2" and calls[2:] == ["v1beta2"]  # remembered
     served.update(v1=True, v1beta2=False)  # the cluster was upgraded
-    assert call() == "v1" and calls[3:] == ["v1beta2", "v1"]
+    assert rules.page(1, "") == "v1" and calls[3:] == ["v1beta2", "v1"]
     served["v1"] = False
     with pytest.raises(_GoneError):
-        call()
+        rules.page(1, "")

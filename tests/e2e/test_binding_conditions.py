@@ -19,7 +19,6 @@ on what the API showed, not on what the components logged.
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from collections.abc import Iterator
@@ -36,6 +35,8 @@ from devcluster.waiting import wait_for
 from driver.contract import DEFAULT_CONTRACT, Contract
 from driver.nvml import sim
 from nodesim.stack import CarveStack
+from process.kube.jsonclient import KubeJson
+from process.kube.listwatch import JsonCollection
 from tests.e2e.harness import E2E, cel, environment_for, request
 
 pytestmark = pytest.mark.cluster
@@ -130,13 +131,16 @@ def _run_pod(mode: Mode, timeout: float) -> _Seen:
     informers = [
         Informer(
             Kind.CLAIM,
-            functools.partial(e2e.resource.list_namespaced_resource_claim, ns),
+            JsonCollection(
+                KubeJson(e2e.core.api_client),
+                f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims",
+            ),
             seen.on_claim,
             lambda _k: None,
         ),
         Informer(
             Kind.POD,
-            functools.partial(e2e.core.list_namespaced_pod, ns),
+            JsonCollection(KubeJson(e2e.core.api_client), f"/api/v1/namespaces/{ns}/pods"),
             seen.on_pod,
             lambda _k: None,
         ),

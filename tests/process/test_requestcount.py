@@ -96,3 +96,46 @@ def test_the_controller_counts_what_its_client_sends() -> None:
         assert got == 1.0
     finally:
         ctl.shutdown()
+
+
+class _JsonAnswer(_Answer):
+    def __init__(self, status: int, body: bytes) -> None:
+        super().__init__(status)
+        self.body = body
+
+    def read(self) -> bytes:
+        return self.body
+
+
+def test_the_controllers_lists_and_events_through_its_json_client_are_counted() -> None:
+    """The informers and the event writer use the JSON client, which rides on the same
+    ApiClient: their requests are counted like any other."""
+    from kubernetes import client as k8s
+
+    from controller.main import Controller, parse_options
+    from controller.objects import Kind
+
+    api = k8s.ApiClient(k8s.Configuration())
+    page = b'{"items": [], "metadata": {"resourceVersion": "1"}}'
+    api.rest_client = _Rest([_JsonAnswer(200, page), _JsonAnswer(201, b"{}")])  # type: ignore[assignment]
+    ctl = Controller(api, parse_options(["--leader-elect=false", "--commit-workers=0"]))
+    try:
+        next(i for i in ctl.informers if i.kind is Kind.SLICE)._list()
+        pod = {"metadata": {"name": "p", "namespace": "ns", "uid": "u"}}
+        ctl.recorder.event(pod, Kind.POD, "Normal", "Placed", "placed on n1")
+        samples = {
+            (verb, resource, outcome): ctl.metrics.registry.get_sample_value(
+                "carve_api_requests_total",
+                {"verb": verb, "resource": resource, "outcome": outcome},
+            )
+            for verb, resource, outcome in [
+                ("list", "resourceslices", "200"),
+                ("create", "events", "201"),
+            ]
+        }
+        assert samples == {
+            ("list", "resourceslices", "200"): 1.0,
+            ("create", "events", "201"): 1.0,
+        }
+    finally:
+        ctl.shutdown()

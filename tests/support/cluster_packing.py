@@ -360,6 +360,7 @@ class ClusterPacking:
         """Every arm at once, from one start; one ArmRun per arm, in the arms' order."""
         from controller.informers import Informer, InformerConfig
         from controller.objects import Kind
+        from process.kube.listwatch import JsonCollection
         from tests.support.scale_processes import ControllerUnderTest
 
         begin = [time.monotonic()]
@@ -400,15 +401,9 @@ class ClusterPacking:
                 time.sleep(0.2)
         watchers = []
         for st in states:
-
-            def list_pods(ns: str = st.namespace, **kwargs: Any) -> Any:
-                from kubernetes import client
-
-                return client.CoreV1Api(self.admin).list_namespaced_pod(ns, **kwargs)
-
             watcher = Informer(
                 Kind.POD,
-                list_pods,
+                JsonCollection(self.api, f"/api/v1/namespaces/{st.namespace}/pods"),
                 st.on_pod,
                 lambda _k: None,
                 InformerConfig(watch_timeout_s=120, resync_period_s=None),

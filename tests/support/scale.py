@@ -308,17 +308,13 @@ class ScaleBench:
         """A tracker fed by a watch on the bench namespace's pods, synced; and the watch."""
         from controller.informers import Informer, InformerConfig
         from controller.objects import Kind
+        from process.kube.listwatch import JsonCollection
 
         tracker = PodTracker()
 
-        def list_pods(**kwargs: Any) -> Any:
-            from kubernetes import client
-
-            return client.CoreV1Api(self.admin).list_namespaced_pod(NAMESPACE, **kwargs)
-
         watcher = Informer(
             Kind.POD,
-            list_pods,
+            JsonCollection(self.api, f"/api/v1/namespaces/{NAMESPACE}/pods"),
             tracker.on_pod,
             lambda _k: None,
             InformerConfig(watch_timeout_s=120, resync_period_s=3600.0),

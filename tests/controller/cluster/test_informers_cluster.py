@@ -18,6 +18,8 @@ from controller.informers import Informer, InformerConfig
 from controller.objects import EventType, Kind
 from devcluster.waiting import wait_for
 from process.kube.errors import GoneError
+from process.kube.jsonclient import KubeJson
+from process.kube.listwatch import JsonCollection
 from tests.controller.cluster.objects import template
 
 pytestmark = pytest.mark.cluster
@@ -53,13 +55,12 @@ def test_list_then_watch_then_relist_after_expiry(k8s_api: ApiClient, namespace:
     res = client.ResourceV1Api(k8s_api)
     res.create_namespaced_resource_claim(namespace, _claim("before"))
 
-    def list_claims(**kw: Any) -> Any:
-        return res.list_namespaced_resource_claim(namespace, **kw)
-
     rec = Recorder()
     inf = Informer(
         Kind.CLAIM,
-        list_claims,
+        JsonCollection(
+            KubeJson(k8s_api), f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
+        ),
         rec.handler,
         rec.synced.append,
         InformerConfig(page_size=1, watch_timeout_s=2, resync_period_s=3600),
@@ -132,7 +133,7 @@ def test_pod_view_caches_only_what_the_controller_needs(
     rec = Recorder()
     inf = Informer(
         Kind.POD,
-        lambda **kw: core.list_namespaced_pod(namespace, **kw),
+        JsonCollection(KubeJson(k8s_api), f"/api/v1/namespaces/{namespace}/pods"),
         rec.handler,
         rec.synced.append,
         InformerConfig(watch_timeout_s=5),

@@ -23,6 +23,7 @@ from devcluster.cluster import LocalCluster, run_kubectl
 from devcluster.waiting import wait_for
 from driver.allocation import AllocatedDevice
 from driver.contract import DEFAULT_CONTRACT
+from process.kube.jsonclient import KubeJson
 from tests.controller.cluster.objects import (
     DRIVER,
     delete_node_slices,
@@ -41,7 +42,7 @@ pytestmark = pytest.mark.cluster
 
 
 def _writer(api: ApiClient) -> KubeClaimWriter:
-    return KubeClaimWriter(client.ResourceV1Api(api), client.CoreV1Api(api))
+    return KubeClaimWriter(KubeJson(api))
 
 
 def test_written_allocation_is_honoured_by_kube_scheduler(
@@ -109,7 +110,7 @@ def test_lease_election_on_the_apiserver(k8s_api: ApiClient, namespace: str) -> 
 
     def elector(who: str) -> LeaderElector:
         return LeaderElector(
-            coord,
+            KubeJson(k8s_api),
             LeaseConfig(
                 name="carve-controller",
                 namespace=namespace,
@@ -143,8 +144,6 @@ def test_repeated_events_fold_into_one_series(k8s_api: ApiClient, namespace: str
 
     core = client.CoreV1Api(k8s_api)
     p = raw(core.create_namespaced_pod(namespace, pod("ev", "t"), _preload_content=False))
-    from process.kube.jsonclient import KubeJson
-
     rec = KubeRecorder(KubeJson(k8s_api))
     for _ in range(3):
         rec.event(p, Kind.POD, "Warning", "NoCapacity", "no H100 has a free 3g.40gb placement")
