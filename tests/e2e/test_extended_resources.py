@@ -124,8 +124,10 @@ def test_nvidia_gpu_1_gets_a_whole_gpu_with_mig_mode_off_never_a_slice(e2e: E2E)
     assert pod is not None and not pod["spec"].get("nodeName")
     assert not a100.hardware_view().instances and _mig_modes(a100) == [1]
 
+    # The H100 starts in MIG mode (as every simulated GPU does) and is offered whole at once;
+    # its mode is not read here: the waiting pod may already be placed there and have turned
+    # it off. It is back on after the pod (below).
     h100 = e2e.node("h100", "H100-SXM5-80GB")
-    assert _mig_modes(h100) == [1]
     running = e2e.wait_phase("legacy", "Running", timeout=60)
     assert running["spec"]["nodeName"] == h100.name, e2e.diagnostics("legacy")
     claim = _extended_claim(e2e, "legacy")
