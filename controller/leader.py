@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from process.kube import Obj
 from process.kube.errors import status_of
+from process.kube.events import micro_time
 from process.kube.jsonclient import JsonRequests
 
 _log = logging.getLogger(__name__)
@@ -52,10 +53,6 @@ class LeaseConfig:
                 "leader election needs retry period < renew deadline < lease duration, got "
                 f"{self.retry_period_s} / {self.renew_deadline_s} / {self.lease_duration_s}"
             )
-
-
-def _micro(now: dt.datetime) -> str:
-    return now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def may_take(
@@ -124,7 +121,7 @@ class LeaderElector:
 
     def _one_round(self) -> bool:
         cfg = self._cfg
-        now_wall = _micro(self._wall())
+        now_wall = micro_time(self._wall())
         try:
             lease = self._api.request("GET", self._path, timeout=self._timeout)
         except Exception as exc:

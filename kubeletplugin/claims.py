@@ -148,7 +148,6 @@ class KubernetesClaimClient:
             return self._api.request("GET", _claim_path(namespace, name))
         except NotFoundError:
             return None
-            raise
 
     def get(self, namespace: str, name: str) -> ClaimView | None:
         obj = self._read(namespace, name)
