@@ -27,6 +27,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from bench.scale import compared_controllers
 from tests.support.foreign import (
     HEADER,
     ForeignBench,
@@ -35,19 +36,6 @@ from tests.support.foreign import (
     bytes_per_object,
     format_row,
 )
-
-
-def _controllers(specs: Sequence[str]) -> tuple[tuple[str, Path | None], ...]:
-    out: list[tuple[str, Path | None]] = []
-    for spec in specs:
-        label, _, path = spec.partition("=")
-        if not path or not (Path(path) / "controller" / "main.py").exists():
-            raise SystemExit(
-                f"--compare {spec!r}: expected LABEL=TREE with TREE/controller/main.py"
-            )
-        out.append((label, Path(path).resolve()))
-    out.append(("this", None))
-    return tuple(out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -63,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         gpu_nodes=args.gpu_nodes,
         pods=args.pods,
         creators=args.creators,
-        controllers=_controllers(args.compare),
+        controllers=compared_controllers(args.compare),
     )
     from devcluster.binaries import BinariesUnavailableError
     from devcluster.cluster import LocalCluster

@@ -119,7 +119,8 @@ def _ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}" if b and not math.isnan(a) and not math.isnan(b) else "n/a"
 
 
-def _controllers(specs: Sequence[str]) -> tuple[tuple[str, Path | None], ...]:
+def compared_controllers(specs: Sequence[str]) -> tuple[tuple[str, Path | None], ...]:
+    """`--compare LABEL=TREE` arguments as (label, tree), then this tree's controller."""
     out: list[tuple[str, Path | None]] = []
     for spec in specs:
         label, _, path = spec.partition("=")
@@ -212,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         drain_s=args.drain,
         plain_pods_per_node=args.plain_pods_per_node,
         backlog=args.backlog,
-        controllers=_controllers(args.compare),
+        controllers=compared_controllers(args.compare),
         creators=args.creators,
         controller_cpus=controller_cpus,
         burst=args.burst,
