@@ -396,11 +396,13 @@ def test_asks_carve_cannot_place_get_a_reason_on_the_pod_and_a_pair_is_placed(
     assert seen["init"]["reason"] == "InvalidExtendedResourceRequest"
     assert "init container setup" in seen["init"]["note"]
     for n in seen:
-        p = read_pod(k8s_api, namespace, n)
-        assert p["spec"].get("schedulingGates"), f"{n} lost its gate"
-        cond = next(
-            c for c in p["status"].get("conditions") or [] if c["type"] == "mig.carve.dev/Placed"
-        )
+        # The event and the condition are written beside the decision thread, in no set order.
+        def placed_condition(name: str = n) -> Any:
+            conditions = read_pod(k8s_api, namespace, name)["status"].get("conditions") or []
+            return next((c for c in conditions if c["type"] == "mig.carve.dev/Placed"), None)
+
+        cond = wait_for(f"{n}'s Placed condition", placed_condition, timeout=30)
+        assert read_pod(k8s_api, namespace, n)["spec"].get("schedulingGates"), f"{n} lost its gate"
         assert cond["status"] == "False" and cond["reason"] == seen[n]["reason"]
     assert (
         wait_for("pair bound", lambda: _bound_node(k8s_api, namespace, "pair"), timeout=60) == node
