@@ -406,8 +406,14 @@ def test_conformance_matrix(matrix_env: E2E, form: str) -> None:
         if not case.refusal:
             continue
         claim = e2e.claim_of(f"c{i}", "m")
-        events = e2e.events("ResourceClaim", claim["metadata"]["name"])
-        assert any(case.refusal in (e["message"] or "") for e in events), events
+        # Events have their own writer: the claim's may land a moment after the pod's.
+        wait_for(
+            f"the refusal event on claim {claim['metadata']['name']}",
+            lambda n=claim["metadata"]["name"], r=case.refusal: any(
+                r in (e["message"] or "") for e in e2e.events("ResourceClaim", n)
+            ),
+            timeout=15,
+        )
         pod = e2e.raw_pod(f"c{i}") or {}
         [cond] = [c for c in pod["status"]["conditions"] if c["type"] == D.placed_condition]
         assert cond["status"] == "False" and case.refusal in cond["message"], cond

@@ -86,8 +86,11 @@ def test_a_no_schedule_rule_keeps_untolerating_claims_off_until_it_is_deleted(
         assert cond["status"] == "False" and named in cond["message"], cond
         claim = e2e.claim_of("waits", "mig")
         assert not e2e.results(claim)
-        events = e2e.events("Pod", "waits")
-        assert any(named in (e["message"] or "") for e in events), events
+        wait_for(  # events have their own writer: it may land after the condition
+            "the taint named in an event on the waiting pod",
+            lambda: any(named in (e["message"] or "") for e in e2e.events("Pod", "waits")),
+            timeout=15,
+        )
         assert f"tainted {KEY}=disk:NoSchedule by DeviceTaintRule {name}, on all" in _status(e2e)
 
         e2e.pod("tolerates", {"mig": {"resourceClaimTemplateName": "tolerant"}})

@@ -90,6 +90,17 @@ def _node_lost_events(e2e: E2E, kind: str, name: str) -> list[str]:
     return [str(e["message"]) for e in e2e.events(kind, name) if e["reason"] == "NodeLost"]
 
 
+def _until_node_lost_event(
+    watch: _Watch, e2e: E2E, kind: str, name: str, text: Callable[[str], bool]
+) -> None:
+    """Events are written after the change they report, by their own writer: wait for one."""
+    watch.until(
+        f"NodeLost event on {kind} {name}",
+        lambda: any(text(m) for m in _node_lost_events(e2e, kind, name)),
+        timeout=15,
+    )
+
+
 def _force_delete(e2e: E2E, names: Sequence[str]) -> None:
     """What PodGC does to the pods of a deleted node, or to the terminating pods of an
     out-of-service one: delete with grace 0, no kubelet confirmation."""
@@ -232,11 +243,15 @@ def test_a_deleted_node_gives_its_claims_up_and_its_stale_instances_die_when_it_
 
     watch.until(f"{node_fin} removed from A's prepared claims", finalizers_gone, timeout=30)
     for name in claims_a:
-        messages = _node_lost_events(e2e, "ResourceClaim", name)
-        assert any(
-            "its Node object was deleted" in m and f"removed the node finalizer {node_fin}" in m
-            for m in messages
-        ), messages
+        _until_node_lost_event(
+            watch,
+            e2e,
+            "ResourceClaim",
+            name,
+            lambda m: (
+                "its Node object was deleted" in m and f"removed the node finalizer {node_fin}" in m
+            ),
+        )
         # Its pod is still bound to A (until PodGC): the claim stays reserved and allocated.
         claim = _claim(e2e, name)
         assert claim is not None and allocated_node(claim) == a.name
@@ -247,12 +262,15 @@ def test_a_deleted_node_gives_its_claims_up_and_its_stale_instances_die_when_it_
         timeout=30,
     )
     assert e2e.claim_of("waiting", "mig")["metadata"]["name"] == waiting_claim
-    assert any(
-        "allocation cleared" in m for m in _node_lost_events(e2e, "ResourceClaim", waiting_claim)
+    _until_node_lost_event(
+        watch, e2e, "ResourceClaim", waiting_claim, lambda m: "allocation cleared" in m
     )
-    assert any(
-        a.name in m and "before this pod was bound there" in m
-        for m in _node_lost_events(e2e, "Pod", "waiting")
+    _until_node_lost_event(
+        watch,
+        e2e,
+        "Pod",
+        "waiting",
+        lambda m: a.name in m and "before this pod was bound there" in m,
     )
 
     # PodGC's part: the pods of the deleted node go; their claims are freed, replacements on B.
@@ -269,9 +287,12 @@ def test_a_deleted_node_gives_its_claims_up_and_its_stale_instances_die_when_it_
         timeout=60,
     )
     for name in claims_a:
-        assert any(
-            "allocation cleared, its placement is free" in m
-            for m in _node_lost_events(e2e, "ResourceClaim", name)
+        _until_node_lost_event(
+            watch,
+            e2e,
+            "ResourceClaim",
+            name,
+            lambda m: "allocation cleared, its placement is free" in m,
         )
     stale = a.hardware_view().instances
     assert len(stale) == 3  # A is off: its instances are still there
@@ -340,8 +361,9 @@ def test_an_out_of_service_node_gives_its_claims_up(e2e: E2E, watch: _Watch) -> 
 
     watch.until(f"{node_fin} removed from A's claims", finalizers_gone, timeout=30)
     for name in claims_a:
-        messages = _node_lost_events(e2e, "ResourceClaim", name)
-        assert any(f"{OUT_OF_SERVICE}:NoExecute" in m for m in messages), messages
+        _until_node_lost_event(
+            watch, e2e, "ResourceClaim", name, lambda m: f"{OUT_OF_SERVICE}:NoExecute" in m
+        )
     # The taint manager evicts A's pods (they stay Terminating: no kubelet confirms); the
     # ReplicaSet's replacements are placed on B, never on the out-of-service node.
     watch.until(
@@ -359,9 +381,12 @@ def test_an_out_of_service_node_gives_its_claims_up(e2e: E2E, watch: _Watch) -> 
         timeout=60,
     )
     for name in claims_a:
-        assert any(
-            "allocation cleared, its placement is free" in m
-            for m in _node_lost_events(e2e, "ResourceClaim", name)
+        _until_node_lost_event(
+            watch,
+            e2e,
+            "ResourceClaim",
+            name,
+            lambda m: "allocation cleared, its placement is free" in m,
         )
     assert len(a.hardware_view().instances) == 2
 
