@@ -17,12 +17,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+import urllib3
+
 from driver.catalog import ProfileSpec
 from driver.contract import DEFAULT_DRIVER_NAME
 from driver.geometry import EMPTY_STATE, Geometry, GpuState, PlacementError, geometry_for
 from driver.nvml.backend import NvmlBackend
 from driver.nvml.errors import NvmlError, NvmlUnavailable
 from driver.nvml.types import GpuInfo, GpuInstance, MigMode
+from process.kube.errors import ApiError
+from process.kube.jsonclient import JsonRequests
+from process.kubeconfig import KubeconfigError
 
 _LABELS = string.ascii_uppercase + string.ascii_lowercase
 
@@ -302,31 +307,21 @@ def _demo(nvml: Any, config: Path, kept: bool, out: TextIO) -> int:
 
 def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
     """The cluster's carved slices per node and GPU, from ResourceSlices and ResourceClaims."""
-    import json
-
-    from kubernetes import client, config
-
     from carvecli.clusterview import cluster_view
     from carvecli.clusterview import render as render_view
+    from process.kube.jsonclient import KubeJson
+    from process.kubeconfig import load_api_client
 
-    if args.kubeconfig:
-        api = config.new_client_from_config(config_file=args.kubeconfig)  # type: ignore[no-untyped-call]
-    else:
-        config.load_config()  # type: ignore[no-untyped-call]
-        api = client.ApiClient()
-    resource = client.ResourceV1Api(api)
-    # Raw JSON: the generated models lag behind the API and drop fields a 1.37 server sends.
-    raw_slices: Any = resource.list_resource_slice(_preload_content=False)
-    raw_claims: Any = resource.list_resource_claim_for_all_namespaces(_preload_content=False)
-    slices = json.loads(raw_slices.data)["items"]
-    claims = json.loads(raw_claims.data)["items"]
+    api = KubeJson(load_api_client(_kubeconfig_file(args.kubeconfig)))
+    slices = api.request("GET", "/apis/resource.k8s.io/v1/resourceslices")["items"]
+    claims = api.request("GET", "/apis/resource.k8s.io/v1/resourceclaims")["items"]
     warnings: list[str] = []
     views = cluster_view(
         slices,
         claims,
         args.driver_name,
         on_error=lambda e: warnings.append(str(e)),
-        rules=_taint_rules(resource, warnings),
+        rules=_taint_rules(api, warnings),
     )
     print(render_view(views), file=out)
     for warning in warnings:
@@ -334,21 +329,27 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def _taint_rules(resource: Any, warnings: list[str]) -> list[Any]:
+def _kubeconfig_file(named: str | None) -> str | None:
+    """The file `--kubeconfig`/`$KUBECONFIG` names, else kubectl's default file when there is
+    one; None means the pod's in-cluster config, for `carve status` run inside the cluster."""
+    if named:
+        return named
+    default = os.path.expanduser("~/.kube/config")
+    return default if os.path.exists(default) else None
+
+
+def _taint_rules(api: JsonRequests, warnings: list[str]) -> list[Any]:
     """The cluster's DeviceTaintRules (resource.k8s.io/v1, Kubernetes 1.37+); none where the
     server does not serve them or the user may not list them (said once, as a warning)."""
-    import json
-
-    from kubernetes.client.exceptions import ApiException
+    from process.kube.errors import NotFoundError
 
     try:
-        raw: Any = resource.list_device_taint_rule(_preload_content=False)
-    except ApiException as exc:
-        if exc.status == 404:
-            return []  # not served: no rule can taint anything, for kube-scheduler either
-        warnings.append(f"DeviceTaintRules not shown: {exc.status} {exc.reason}")
+        items: list[Any] = api.request("GET", "/apis/resource.k8s.io/v1/devicetaintrules")["items"]
+    except NotFoundError:
+        return []  # not served: no rule can taint anything, for kube-scheduler either
+    except ApiError as exc:
+        warnings.append(f"DeviceTaintRules not shown (HTTP {exc.status}): {exc.message}")
         return []
-    items: list[Any] = json.loads(raw.data)["items"]
     return items
 
 
@@ -390,8 +391,15 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    except (NvmlError, ValueError) as exc:
+    except (NvmlError, ValueError, KubeconfigError) as exc:
         print(f"carve: {exc}", file=sys.stderr)
+        return 1
+    except ApiError as exc:
+        print(f"carve: the apiserver refused (HTTP {exc.status}): {exc.message}", file=sys.stderr)
+        return 1
+    except (OSError, urllib3.exceptions.HTTPError) as exc:
+        reason = getattr(exc, "reason", None) or exc  # MaxRetryError carries the cause
+        print(f"carve: cannot reach the apiserver: {reason}", file=sys.stderr)
         return 1
     except BrokenPipeError:
         # The reader (e.g. `| head`) went away; stop quietly instead of a traceback.

@@ -2,11 +2,13 @@
 
 Callers catch the condition they handle (`NotFoundError`, `ConflictError`, `GoneError`,
 `ForbiddenError`) instead of comparing status numbers. `status_of` also reads the official
-client's `ApiException` (the `carve` CLI's typed lists and the tests' own clients raise it), so
-one function answers for both.
+client's `ApiException` (the tests' own typed clients raise it), so one function answers for
+both.
 """
 
 from __future__ import annotations
+
+import json
 
 
 class ApiError(Exception):
@@ -16,6 +18,17 @@ class ApiError(Exception):
         super().__init__(f"HTTP {status}: {body[:300]}")
         self.status = status
         self.body = body
+
+    @property
+    def message(self) -> str:
+        """The apiserver's own sentence (its Status object's `message`), for a user to read;
+        the body's start where the answer is not a Status."""
+        try:
+            status = json.loads(self.body)
+        except ValueError:
+            return self.body[:300]
+        text = status.get("message") if isinstance(status, dict) else None
+        return str(text) if text else self.body[:300]
 
 
 class ForbiddenError(ApiError):
