@@ -1,6 +1,7 @@
-"""Commit: write a placement (finalizer, allocation, gate), the binding cycle's second half.
+"""Commit: write a placement (allocation, gate, event), the binding cycle's second half.
 
-A placement needs three writes in order per claim; written inline they are three apiserver
+A placement needs its writes in order (each claim's allocation, then the gate, then the event;
+the finalizer first where admission did not add it); written inline they are apiserver
 round trips in front of the next decision. With a pool beside the decision thread
 (`commit_beside`), the decision thread *assumes* the plan instead, as kube-scheduler assumes
 a pod in its cache before it binds: the store and the model hold each claim as the writes will

@@ -127,7 +127,7 @@ def _workers(text: str) -> int:
 
 COMMIT_WORKERS: Flag[int] = Flag(
     "commit-workers",
-    "threads that write placements (claim finalizer, allocation, gate) while the next pod is "
+    "threads that write placements (allocation, gate, event) while the next pod is "
     "decided; each placement is assumed in the model until its writes land, and a failed one "
     "is placed again (0: write each placement before deciding the next)",
     "8",
