@@ -101,6 +101,23 @@ def _until_node_lost_event(
     )
 
 
+def _until_freed_and_deleted(watch: _Watch, e2e: E2E, claims: Sequence[str]) -> None:
+    """The lost node's claims deleted, each having said that its placement is free."""
+    watch.until(
+        "the old claims freed and deleted",
+        lambda: all(_claim(e2e, name) is None for name in claims),
+        timeout=60,
+    )
+    for name in claims:
+        _until_node_lost_event(
+            watch,
+            e2e,
+            "ResourceClaim",
+            name,
+            lambda m: "allocation cleared, its placement is free" in m,
+        )
+
+
 def _force_delete(e2e: E2E, names: Sequence[str]) -> None:
     """What PodGC does to the pods of a deleted node, or to the terminating pods of an
     out-of-service one: delete with grace 0, no kubelet confirmation."""
@@ -281,19 +298,7 @@ def test_a_deleted_node_gives_its_claims_up_and_its_stale_instances_die_when_it_
         lambda: len(_running_on(e2e, "work", b.name)) == 3,
         timeout=90,
     )
-    watch.until(
-        "the old claims freed and deleted",
-        lambda: all(_claim(e2e, name) is None for name in claims_a),
-        timeout=60,
-    )
-    for name in claims_a:
-        _until_node_lost_event(
-            watch,
-            e2e,
-            "ResourceClaim",
-            name,
-            lambda m: "allocation cleared, its placement is free" in m,
-        )
+    _until_freed_and_deleted(watch, e2e, claims_a)
     stale = a.hardware_view().instances
     assert len(stale) == 3  # A is off: its instances are still there
     assert len(b.hardware_view().instances) == 3  # "waiting" is allocated on B, never prepared
@@ -375,19 +380,7 @@ def test_an_out_of_service_node_gives_its_claims_up(e2e: E2E, watch: _Watch) -> 
     assert evicted == set(on_a)
     _force_delete(e2e, on_a)  # PodGC does this once the node is also NotReady
     watch.mark("A's terminating pods force-deleted")
-    watch.until(
-        "the old claims freed and deleted",
-        lambda: all(_claim(e2e, name) is None for name in claims_a),
-        timeout=60,
-    )
-    for name in claims_a:
-        _until_node_lost_event(
-            watch,
-            e2e,
-            "ResourceClaim",
-            name,
-            lambda m: "allocation cleared, its placement is free" in m,
-        )
+    _until_freed_and_deleted(watch, e2e, claims_a)
     assert len(a.hardware_view().instances) == 2
 
     # Back in service: taint removed, the node boots with its old GPU state.
