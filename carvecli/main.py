@@ -397,13 +397,13 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     except ApiError as exc:
         print(f"carve: the apiserver refused (HTTP {exc.status}): {exc.message}", file=sys.stderr)
         return 1
-    except (OSError, urllib3.exceptions.HTTPError) as exc:
-        reason = getattr(exc, "reason", None) or exc  # MaxRetryError carries the cause
-        print(f"carve: cannot reach the apiserver: {reason}", file=sys.stderr)
-        return 1
     except BrokenPipeError:
         # The reader (e.g. `| head`) went away; stop quietly instead of a traceback.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except (OSError, urllib3.exceptions.HTTPError) as exc:
+        reason = getattr(exc, "reason", None) or exc  # MaxRetryError carries the cause
+        print(f"carve: cannot reach the apiserver: {reason}", file=sys.stderr)
         return 1
     return code
 
