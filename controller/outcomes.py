@@ -14,7 +14,6 @@ All of these are best effort (`defer`: a failed write is logged and never blocks
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 from collections.abc import Callable, Sequence
 
@@ -38,7 +37,7 @@ from controller.seams import ClaimWriter, Metrics, Recorder
 from controller.status import ObjectGoneError, WriteSkippedError
 from controller.store import ClusterStore
 from process.kube import Obj
-from process.kube.errors import status_of
+from process.kube.errors import message_of, status_of
 
 _log = logging.getLogger(__name__)
 
@@ -239,13 +238,7 @@ def _write_failure(exc: BaseException) -> Unplaceable:
     """An unexpected error while writing a placement, as a user can read it: the apiserver's
     own status message when there is one (it names the object and the field)."""
     status = status_of(exc)
-    detail = str(exc)
-    body = getattr(exc, "body", None)
-    if body:
-        try:
-            detail = str(json.loads(body).get("message") or body)
-        except (ValueError, AttributeError):
-            detail = str(body)
+    detail = message_of(exc)
     if status == 422 and "spec: Invalid value: null: field is immutable" in detail:
         # Retrying cannot help: the same bytes are refused until the claim is recreated.
         return Unplaceable(

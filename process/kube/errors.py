@@ -1,9 +1,9 @@
 """What the apiserver said when it refused: one hierarchy both programs branch on.
 
 Callers catch the condition they handle (`NotFoundError`, `ConflictError`, `GoneError`,
-`ForbiddenError`) instead of comparing status numbers. `status_of` also reads the official
-client's `ApiException` (the tests' own typed clients raise it), so one function answers for
-both.
+`ForbiddenError`) instead of comparing status numbers. `status_of` and `message_of` also read
+the official client's `ApiException` (the tests' own typed clients raise it), so one function
+answers for both.
 """
 
 from __future__ import annotations
@@ -23,12 +23,7 @@ class ApiError(Exception):
     def message(self) -> str:
         """The apiserver's own sentence (its Status object's `message`), for a user to read;
         the body's start where the answer is not a Status."""
-        try:
-            status = json.loads(self.body)
-        except ValueError:
-            return self.body[:300]
-        text = status.get("message") if isinstance(status, dict) else None
-        return str(text) if text else self.body[:300]
+        return _status_message(self.body)
 
 
 class ForbiddenError(ApiError):
@@ -58,6 +53,23 @@ _BY_STATUS: dict[int, type[ApiError]] = {
 def api_error(status: int, body: str) -> ApiError:
     """The error for an answer with this status: the specific class where there is one."""
     return _BY_STATUS.get(status, ApiError)(status, body)
+
+
+def message_of(exc: BaseException) -> str:
+    """What an API error says, for a user to read: the apiserver's own sentence from an
+    `ApiError` or the official client's `ApiException` (it names the object and the field),
+    ``str(exc)`` for anything else (a dropped connection)."""
+    body = getattr(exc, "body", None)
+    return _status_message(str(body)) if body else str(exc)
+
+
+def _status_message(body: str) -> str:
+    try:
+        status = json.loads(body)
+    except ValueError:
+        return body[:300]
+    text = status.get("message") if isinstance(status, dict) else None
+    return str(text) if text else body[:300]
 
 
 def status_of(exc: BaseException) -> int | None:

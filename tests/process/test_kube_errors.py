@@ -12,6 +12,7 @@ from process.kube.errors import (
     GoneError,
     NotFoundError,
     api_error,
+    message_of,
     status_of,
 )
 
@@ -37,3 +38,14 @@ def test_status_is_read_from_the_official_client_and_from_ours() -> None:
     assert status_of(ApiException(status=409, reason="Conflict")) == 409
     assert status_of(api_error(404, "")) == 404
     assert status_of(ConnectionResetError()) is None
+
+
+def test_the_apiservers_sentence_is_read_from_either_client_and_nothing_else_is_invented() -> None:
+    status = '{"kind": "Status", "message": "resourceclaims \\"c\\" is forbidden: no"}'
+    theirs = ApiException(status=403, reason="Forbidden")
+    theirs.body = status
+    assert message_of(theirs) == 'resourceclaims "c" is forbidden: no'
+    assert message_of(api_error(403, status)) == 'resourceclaims "c" is forbidden: no'
+    assert message_of(api_error(502, "<html>bad gateway</html>")) == "<html>bad gateway</html>"
+    assert message_of(api_error(500, "x" * 1000)) == "x" * 300
+    assert message_of(ConnectionResetError("reset by peer")) == "reset by peer"
