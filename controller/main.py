@@ -304,13 +304,17 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
 # -- HTTP --------------------------------------------------------------------------------------
 
 
-def serve_http(address: str, metrics: ControllerMetrics, ready: Callable[[], bool]) -> OpsServer:
-    """Start the ops endpoints; /readyz names the one thing that gates the controller."""
-    server = OpsServer(
-        address,
-        metrics.registry,
-        {"informers": lambda: "" if ready() else "informers not synced"},
-    )
+def serve_http(
+    address: str, metrics: ControllerMetrics, unsynced: Callable[[], Sequence[str]]
+) -> OpsServer:
+    """Start the ops endpoints; /readyz names the one thing that gates the controller, and
+    which kinds are still being listed (a kind that never syncs is an RBAC or API gap)."""
+
+    def informers() -> str:
+        waiting = unsynced()
+        return f"informers not synced yet: {', '.join(waiting)}" if waiting else ""
+
+    server = OpsServer(address, metrics.registry, {"informers": informers})
     server.start()
     return server
 
@@ -421,7 +425,11 @@ class Controller:
         self._usage_thread: threading.Thread | None = None
 
     def ready(self) -> bool:
-        return all(i.has_synced for i in self.informers)
+        return not self.unsynced()
+
+    def unsynced(self) -> list[str]:
+        """The kinds whose first list has not completed."""
+        return [str(i.kind) for i in self.informers if not i.has_synced]
 
     def _on_lost(self) -> None:
         self.exit_code = EXIT_LOST_LEASE
@@ -430,7 +438,7 @@ class Controller:
 
     def run(self) -> int:
         if self.opts.http_address:
-            self._http = serve_http(self.opts.http_address, self.metrics, self.ready)
+            self._http = serve_http(self.opts.http_address, self.metrics, self.unsynced)
         start_informers(self.informers, time.monotonic)
         if self.elector is not None:
             elector = self.elector

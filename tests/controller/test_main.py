@@ -140,18 +140,22 @@ def test_a_bad_value_exits_2_naming_the_flag_and_an_example() -> None:
 
 
 def test_http_endpoints() -> None:
-    ready = [False]
+    unsynced = ["ResourceSlice", "DeviceTaintRule"]
     m = ControllerMetrics()
     m.set_queue_depth(2)
-    server = serve_http("127.0.0.1:0", m, lambda: ready[0])
+    server = serve_http("127.0.0.1:0", m, lambda: unsynced)
     try:
         base = f"http://127.0.0.1:{server.port}"
         with urllib.request.urlopen(f"{base}/healthz") as r:
             assert r.status == 200
         with pytest.raises(urllib.error.HTTPError) as err:
-            urllib.request.urlopen(f"{base}/readyz")
+            urllib.request.urlopen(f"{base}/readyz?verbose")
         assert err.value.code == 503
-        ready[0] = True
+        # Which kinds are still being listed: one that never syncs points at RBAC or the API.
+        assert (
+            "informers not synced yet: ResourceSlice, DeviceTaintRule" in err.value.read().decode()
+        )
+        unsynced.clear()
         with urllib.request.urlopen(f"{base}/readyz") as r:
             assert r.status == 200
         with urllib.request.urlopen(f"{base}/metrics") as r:
