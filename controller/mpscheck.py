@@ -270,5 +270,6 @@ def floor_refusal(claim: str, result: str, floor: int, largest: Decimal) -> str:
         f"ResourceClaim {claim}, request {result}: an MPS pinned device memory limit of "
         f"{floor // _MIB}Mi applies to it (mpsConfig.defaultPinnedDeviceMemoryLimit or a "
         f"container's CUDA_MPS_PINNED_DEVICE_MEM_LIMIT), but the largest device it matches has "
-        f"{int(largest) // _MIB}Mi; lower the limit or ask for a larger profile"
+        f"{int(largest) // _MIB}Mi; lower the limit or ask for a device with more memory (a "
+        "larger profile, or a whole GPU of a larger model)"
     )
