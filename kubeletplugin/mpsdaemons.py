@@ -207,20 +207,14 @@ class ClaimDaemons:
         }
 
     def _event(self, record: ClaimRecord, reason: str, message: str) -> None:
-        """A Warning Event on the claim; best effort."""
+        """A Warning Event on the claim (`ClaimEvents` logs a failure, never raises)."""
         if self._events is None:
             return
-        try:
-            self._events.event(
-                record.namespace,
-                record.name,
-                record.uid,
-                type_="Warning",
-                reason=reason,
-                message=message,
-            )
-        except Exception as e:
-            log.warning(
-                "could not post event on claim",
-                extra={"claim": f"{record.namespace}/{record.name}", "error": str(e)},
-            )
+        self._events.event(
+            record.namespace,
+            record.name,
+            record.uid,
+            type_="Warning",
+            reason=reason,
+            message=message,
+        )
