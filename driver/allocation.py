@@ -164,23 +164,31 @@ def parse_allocation(allocation: object) -> Allocation:
 
 def pinned_node(selector: object) -> str | None:
     """The one node a nodeSelector pins (a ``metadata.name`` field or the
-    ``kubernetes.io/hostname`` label), or None when it names none or several."""
+    ``kubernetes.io/hostname`` label), or None when it names none or several.
+
+    This is carve's one rule for which node an allocated claim is on: the planner counts a
+    claim's devices on that node (`Allocation.node`) and node loss frees the claims of a lost
+    node by it (`driver.apiviews.ClaimView.node`), so the two always agree. carve and
+    kube-scheduler write one term with a ``metadata.name`` field; a selector of several terms
+    lets the claim run on any of them, so it is on no one node. Any shape reads as None
+    rather than raising: node loss asks of every claim in the store.
+    """
     if not isinstance(selector, Mapping):
         return None
-    terms = selector.get("nodeSelectorTerms") or []
-    if len(terms) != 1 or not isinstance(terms[0], Mapping):
+    terms = selector.get("nodeSelectorTerms")
+    if not isinstance(terms, list | tuple) or len(terms) != 1 or not isinstance(terms[0], Mapping):
         return None
     for group, key in (
         ("matchFields", "metadata.name"),
         ("matchExpressions", "kubernetes.io/hostname"),
     ):
-        for r in terms[0].get(group) or []:
-            if (
-                r.get("key") == key
-                and r.get("operator") == "In"
-                and len(r.get("values") or []) == 1
-            ):
-                return str(r["values"][0])
+        requirements = terms[0].get(group)
+        for r in requirements if isinstance(requirements, list | tuple) else ():
+            if not isinstance(r, Mapping) or r.get("key") != key or r.get("operator") != "In":
+                continue
+            values = r.get("values")
+            if isinstance(values, list | tuple) and len(values) == 1:
+                return str(values[0])
     return None
 
 
