@@ -36,7 +36,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
-from controller.objects import CarveClasses, has_gate, is_carve_claim, is_terminal
+from controller.objects import CarveClasses, is_carve_claim
+from driver.apiviews import ClaimView, NodeView, PodView
 from process.kube import Obj
 
 _LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
@@ -76,8 +77,8 @@ def _requests_only(containers: Any, *, init: bool) -> list[Obj]:
 def plain_pod(pod: Obj) -> Obj:
     """A bound pod that carve neither places nor releases, as far as node fit reads it
     (`controller.nodefit.pod_requests`, the node binding and the phase)."""
-    meta = pod.get("metadata") or {}
-    spec = pod.get("spec") or {}
+    view = PodView(pod)
+    meta, spec = view.metadata, view.spec
     kept_meta = {k: meta[k] for k in _PLAIN_POD_META if k in meta}
     kept_meta.update({k: meta[k] for k in _PLAIN_POD_META_OPTIONAL if meta.get(k)})
     kept_spec: Obj = {
@@ -90,7 +91,7 @@ def plain_pod(pod: Obj) -> Obj:
         if spec.get(key) is not None:
             kept_spec[key] = spec[key]
     out: Obj = {"metadata": kept_meta, "spec": kept_spec}
-    phase = (pod.get("status") or {}).get("phase")
+    phase = view.phase
     if phase:
         out["status"] = {"phase": phase}
     if "kind" in pod:
@@ -102,10 +103,10 @@ def pod_view(gate: str) -> Callable[[Obj], Obj | None]:
     """The pod informer's transform: None for pods the controller does not need at all."""
 
     def view(pod: Obj) -> Obj | None:
-        spec = pod.get("spec") or {}
-        if spec.get("resourceClaims") or has_gate(pod, gate):
+        view = PodView(pod)
+        if view.spec.get("resourceClaims") or view.has_gate(gate):
             return strip_bookkeeping(pod)
-        if not spec.get("nodeName") or is_terminal(pod):
+        if not view.node_name or view.terminal:
             return None
         return plain_pod(pod)
 
@@ -116,17 +117,11 @@ def claim_view(classes: CarveClasses, driver: str) -> Callable[[Obj], Obj | None
     """The claim informer's transform: carve's claims, minus bookkeeping; None for others."""
 
     def view(claim: Obj) -> Obj | None:
-        if is_carve_claim(claim, classes) or _holds_driver(claim, driver):
+        if is_carve_claim(claim, classes) or ClaimView(claim).holds_driver(driver):
             return strip_bookkeeping(claim)
         return None
 
     return view
-
-
-def _holds_driver(claim: Obj, driver: str) -> bool:
-    allocation = (claim.get("status") or {}).get("allocation") or {}
-    results = (allocation.get("devices") or {}).get("results") or ()
-    return any(isinstance(r, Mapping) and r.get("driver") == driver for r in results)
 
 
 @dataclass(frozen=True, eq=False)
@@ -393,13 +388,11 @@ _NODE_KEEP_META = ("name", "uid", "resourceVersion", "labels", "deletionTimestam
 def trim_node(node: Obj) -> Obj:
     """What the controller reads of a Node (its images, addresses and daemon endpoints are
     most of a Node's bytes and none of carve's business)."""
-    meta = node.get("metadata") or {}
-    spec = node.get("spec") or {}
-    status = node.get("status") or {}
+    view = NodeView(node)
+    meta, spec, status = view.metadata, view.spec, view.status
     conditions = [
         {k: c.get(k) for k in ("type", "status", "lastTransitionTime", "reason") if k in c}
-        for c in status.get("conditions") or []
-        if isinstance(c, Mapping)
+        for c in view.conditions
     ]
     out: Obj = {
         "metadata": {k: meta[k] for k in _NODE_KEEP_META if k in meta},

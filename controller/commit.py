@@ -41,6 +41,7 @@ from controller.seams import ClaimWriter, Metrics, Planner
 from controller.settle import Settler
 from controller.status import build_allocation_status
 from controller.store import ClusterStore
+from driver.apiviews import ClaimView
 from process.kube import Obj
 
 _log = logging.getLogger(__name__)
@@ -287,12 +288,9 @@ def _assumed_copy(
     now: dt.datetime,
 ) -> Obj:
     """The claim as the commit's writes will leave it: our finalizer and the allocation."""
-    meta = claim.get("metadata", {})
-    finalizers = list(meta.get("finalizers") or [])
+    view = ClaimView(claim)
+    finalizers = list(view.finalizers)
     if finalizer not in finalizers:
         finalizers.append(finalizer)
-    status = {
-        **(claim.get("status") or {}),
-        "allocation": build_allocation_status(claim, alloc, classes, now),
-    }
-    return {**claim, "metadata": {**meta, "finalizers": finalizers}, "status": status}
+    status = {**view.status, "allocation": build_allocation_status(claim, alloc, classes, now)}
+    return {**claim, "metadata": {**view.metadata, "finalizers": finalizers}, "status": status}

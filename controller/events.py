@@ -11,6 +11,7 @@ import datetime as dt
 from collections.abc import Callable
 
 from controller.objects import Kind
+from driver.apiviews import ObjectView
 from driver.contract import DEFAULT_CONTRACT
 from process.kube import Obj
 from process.kube.events import EventWriter, regarding_of
@@ -38,7 +39,7 @@ class KubeRecorder:
     def event(self, obj: Obj, kind: Kind, type_: str, reason: str, message: str) -> None:
         regarding = regarding_of(obj, _API_VERSIONS.get(kind, "v1"), str(kind))
         self._writer.write(
-            obj.get("metadata", {}).get("namespace") or "default",
+            ObjectView(obj).namespace or "default",
             regarding,
             type_=type_,
             reason=reason,

@@ -22,6 +22,7 @@ from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from driver.apiviews import ClaimView, DeviceClassView, ObjectView, PodView
 from driver.contract import EXTENDED_RESOURCE_CLAIM_ANNOTATION, IMPLICIT_EXTENDED_RESOURCE_PREFIX
 from process.kube import Obj
 
@@ -79,10 +80,11 @@ def resource_classes(classes: Mapping[str, Obj], carve: Container[str]) -> dict[
         if name not in carve:
             continue
         out[IMPLICIT_EXTENDED_RESOURCE_PREFIX + name] = name
-        ext = (cls.get("spec") or {}).get("extendedResourceName")
-        if not isinstance(ext, str) or not ext:
+        view = DeviceClassView(cls)
+        ext = view.extended_resource_name
+        if not ext:
             continue
-        created = str(cls.get("metadata", {}).get("creationTimestamp") or "")
+        created = view.creation_timestamp
         best = chosen.get(ext)
         # RFC 3339 timestamps in UTC compare as strings; newest first, then the smaller name.
         if best is None or (created, _reverse(name)) > (best[0], _reverse(best[1])):
@@ -98,7 +100,7 @@ def _reverse(name: str) -> tuple[int, ...]:
 
 def _containers(pod: Obj) -> list[tuple[int, Obj, bool]]:
     """(index as the scheduler numbers it, container, is a short-lived init container)."""
-    spec = pod.get("spec") or {}
+    spec = PodView(pod).spec
     inits = list(spec.get("initContainers") or [])
     out: list[tuple[int, Obj, bool]] = []
     for i, c in enumerate(inits):
@@ -156,12 +158,12 @@ def stand_in_claim(pod: Obj, requests: Sequence[ExtendedRequest]) -> Obj:
     """An in-memory claim shaped as the one kube-scheduler will create for the pod, for carve's
     placement engine to place. It is never written; its name cannot clash with a real claim
     (it is not a valid object name, like the scheduler's own `<extended-resources>`)."""
-    meta = pod.get("metadata", {})
+    view = ObjectView(pod)
     return {
         "metadata": {
-            "namespace": meta.get("namespace", ""),
-            "name": f"<extended-resources of {meta.get('name', '')}>",
-            "uid": f"extended-resources-{meta.get('uid', '')}",
+            "namespace": view.namespace,
+            "name": f"<extended-resources of {view.name}>",
+            "uid": f"extended-resources-{view.uid}",
         },
         "spec": {
             "devices": {
@@ -190,7 +192,7 @@ def extended_stand_in(pod: Obj, carve_claims: Sequence[Obj], names: Mapping[str,
     """
     if carve_claims:
         asked = sorted({r for _, c, _ in _containers(pod) for r in _asked(c) if r in names})
-        claims = sorted(str(c.get("metadata", {}).get("name")) for c in carve_claims)
+        claims = sorted(ObjectView(c).name for c in carve_claims)
         raise ExtendedResourceError(
             f"the pod asks for {', '.join(asked)} through resources.limits and also uses carve "
             f"ResourceClaims ({', '.join(claims)}); carve places one or the other for a pod: "
@@ -206,8 +208,8 @@ def extended_stand_in(pod: Obj, carve_claims: Sequence[Obj], names: Mapping[str,
 def in_users_words(message: str, pod: Obj, names: Mapping[str, str]) -> str:
     """The engine's message about the stand-in claim, rewritten to name what the user wrote
     (`nvidia.com/mig-7g.141gb of container main`): the stand-in's name exists nowhere else."""
-    claim = stand_in_claim(pod, ())["metadata"]
-    prefix = f"claim {claim['namespace']}/{claim['name']}"
+    claim = ObjectView(stand_in_claim(pod, ()))
+    prefix = f"claim {claim.namespace}/{claim.name}"
     try:
         requests = extended_requests(pod, names)
     except ExtendedResourceError:
@@ -226,7 +228,7 @@ def pinned_affinity(pod: Obj, node: str) -> Obj:
     only by narrowing: with no required node affinity one term is added; with terms, the node
     requirement is added to every term (they are ORed, so each must require it).
     """
-    affinity = copy.deepcopy((pod.get("spec") or {}).get("affinity") or {})
+    affinity = copy.deepcopy(dict(PodView(pod).affinity))
     node_affinity = affinity.setdefault("nodeAffinity", {})
     required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
     match = {"key": "metadata.name", "operator": "In", "values": [node]}
@@ -293,18 +295,17 @@ class PinnedPods:
 
 def _settled(pod_key: str, uid: str, pods: Mapping[str, Obj], claims: Mapping[str, Obj]) -> bool:
     pod = pods.get(pod_key)
-    if pod is None or pod.get("metadata", {}).get("uid") != uid:
+    if pod is None or PodView(pod).uid != uid:
         return True
-    if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+    if PodView(pod).terminal:
         return True
     namespace = pod_key.partition("/")[0]
     for key, claim in claims.items():
         if not key.startswith(f"{namespace}/"):
             continue
-        meta = claim.get("metadata", {})
-        if (meta.get("annotations") or {}).get(EXTENDED_RESOURCE_CLAIM_ANNOTATION) != "true":
+        view = ClaimView(claim)
+        if view.annotations.get(EXTENDED_RESOURCE_CLAIM_ANNOTATION) != "true":
             continue
-        owned = any(ref.get("uid") == uid for ref in meta.get("ownerReferences") or [])
-        if owned and (claim.get("status") or {}).get("allocation"):
+        if view.owned_by(uid) and view.allocated:
             return True
     return False

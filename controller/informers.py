@@ -33,6 +33,7 @@ from dataclasses import replace
 from typing import TypeVar
 
 from controller.objects import CarveClasses, EventType, Kind, key_of
+from driver.apiviews import ObjectView
 from driver.contract import DEFAULT_CONTRACT, Contract
 from process.kube import Obj
 from process.kube.errors import status_of
@@ -173,7 +174,7 @@ class Informer:
 
 
 def _rv(obj: Obj) -> str:
-    return str(obj.get("metadata", {}).get("resourceVersion", ""))
+    return ObjectView(obj).resource_version
 
 
 def _same_apart_from_version(a: Obj, b: Obj) -> bool:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from controller.messages import LookedUp, Message
 from controller.objects import CarveClasses, is_carve_claim
 from controller.store import ClusterStore
+from driver.apiviews import ObjectView
 from process.kube import Obj
 from process.kube.errors import status_of
 
@@ -108,7 +109,7 @@ class ClaimLookup:
         found = message.found
         if found is not None and not is_carve_claim(found, self._classes):
             del self._wanted[message.claim]
-            uid = str((found.get("metadata") or {}).get("uid") or "")
+            uid = ObjectView(found).uid
             self._store.mark_foreign(message.claim, uid)
             _log.debug("claim %s is not carve's", message.claim, extra={"claim": message.claim})
             return

@@ -21,6 +21,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from controller.objects import Kind
+from driver.apiviews import ClaimView, ObjectView, SliceView
 from process.kube import Obj
 
 _SLICE_COUNTER = re.compile(r"^memory-slice-(\d+)$")
@@ -72,22 +73,21 @@ def _slice_part(s: Obj, driver: str, shared: dict[Any, Any] | None = None) -> _S
     """``shared`` (kept by the caller across slices) gives one object per distinct counter
     set and consumption: every GPU of a model consumes the same memory slices, and a fresh
     frozenset per device cost ~80 KB per GPU node."""
-    spec = s.get("spec", {})
-    if spec.get("driver") != driver:
+    view = SliceView(s)
+    if view.driver != driver:
         return None
     one: dict[Any, Any] = {} if shared is None else shared
 
     def share(value: Any) -> Any:
         return one.setdefault(value, value)
 
-    pool = spec.get("pool", {})
     return _SlicePart(
-        pool=pool.get("name", ""),
-        generation=int(pool.get("generation") or 0),
+        pool=view.pool_name,
+        generation=view.pool_generation,
         sets=share(
             tuple(
                 (cs.get("name", ""), frozenset(_memory_slices(cs.get("counters"))))
-                for cs in spec.get("sharedCounters") or []
+                for cs in view.spec.get("sharedCounters") or []
             )
         ),
         consumes={
@@ -100,7 +100,7 @@ def _slice_part(s: Obj, driver: str, shared: dict[Any, Any] | None = None) -> _S
                     for cc in dev.get("consumesCounters") or []
                 )
             )
-            for dev in spec.get("devices") or []
+            for dev in view.devices
         },
     )
 
@@ -118,8 +118,7 @@ def _usage(parts: Iterable[_SlicePart], claims: Iterable[Obj], driver: str) -> S
     }
     used: dict[tuple[str, str], set[int]] = {k: set() for k in sets}
     for claim in claims:
-        alloc = claim.get("status", {}).get("allocation") or {}
-        for r in alloc.get("devices", {}).get("results", []) or []:
+        for r in ClaimView(claim).results:
             if r.get("driver") != driver:
                 continue
             pool, device = r.get("pool", ""), r.get("device", "")
@@ -152,7 +151,7 @@ class SliceUsageIndex:
     def usage(self, slices: Mapping[str, Obj], claims: Iterable[Obj]) -> SliceUsage:
         parts: dict[str, tuple[str, _SlicePart | None]] = {}
         for key, s in slices.items():
-            rv = str(s.get("metadata", {}).get("resourceVersion") or "")
+            rv = ObjectView(s).resource_version
             known = self._parts.get(key)
             if rv and known is not None and known[0] == rv:
                 parts[key] = known

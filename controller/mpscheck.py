@@ -37,6 +37,7 @@ from typing import Any
 
 from controller.claims import ClaimSpec, DeviceClass, DeviceRequest
 from driver.allocation import parse_allocation
+from driver.apiviews import ClaimView, PodView
 from driver.cel import qualify
 from driver.config import (
     ConfigError,
@@ -116,7 +117,7 @@ def spec_mps(
 def allocated_mps(claim: Mapping[str, Any], driver: str) -> dict[str, MpsConfig]:
     """The MPS config of each result of an allocated claim, from the config its allocation
     carries (what the node will apply, whatever the class says now)."""
-    allocation = parse_allocation((claim.get("status") or {}).get("allocation"))
+    allocation = parse_allocation(ClaimView(claim).status.get("allocation"))
     out: dict[str, MpsConfig] = {}
     for result in allocation.results_for(driver):
         try:
@@ -160,7 +161,7 @@ def pod_clients(
     (None while a template's claim does not exist yet). A variable from ``valueFrom`` cannot be
     read here and is left to CUDA.
     """
-    spec = pod.get("spec") or {}
+    spec = PodView(pod).spec
     out = []
     for field in ("initContainers", "containers"):
         for i, c in enumerate(spec.get(field) or []):

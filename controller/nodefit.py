@@ -17,6 +17,7 @@ from enum import StrEnum
 from typing import Any
 
 from controller.tolerations import Toleration
+from driver.apiviews import NodeView, PodView
 from driver.quantity import parse_quantity
 
 OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"
@@ -295,8 +296,9 @@ def parse_node_selector_terms(
 
 def parse_pod_needs(pod: Mapping[str, Any]) -> PodNeeds:
     """PodNeeds of a Pod object; PodSpecError names the offending field."""
-    spec = pod.get("spec") or {}
-    affinity = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+    view = PodView(pod)
+    spec = view.spec
+    affinity = (view.affinity.get("nodeAffinity") or {}).get(
         "requiredDuringSchedulingIgnoredDuringExecution"
     ) or {}
     terms = parse_node_selector_terms(
@@ -323,28 +325,23 @@ def parse_pod_needs(pod: Mapping[str, Any]) -> PodNeeds:
 
 def parse_node(node: Mapping[str, Any]) -> NodeInfo:
     """NodeInfo of a Node object; PodSpecError names the offending field."""
-    meta = node.get("metadata") or {}
-    spec = node.get("spec") or {}
-    status = node.get("status") or {}
+    view = NodeView(node)
     taints = []
-    for i, t in enumerate(spec.get("taints") or []):
+    for i, t in enumerate(view.taints):
         try:
-            effect = TaintEffect(t.get("effect"))
+            effect = TaintEffect(str(t.get("effect")))
         except ValueError as exc:
             raise PodSpecError(
                 f"spec.taints[{i}].effect: unknown effect {t.get('effect')!r}"
             ) from exc
         taints.append(Taint(str(t.get("key", "")), str(t.get("value") or ""), effect))
-    ready = any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in status.get("conditions") or []
-    )
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in view.conditions)
     return NodeInfo(
-        name=str(meta.get("name", "")),
-        allocatable=parse_resources(status.get("allocatable"), "status.allocatable"),
-        labels=tuple(sorted((meta.get("labels") or {}).items())),
+        name=view.name,
+        allocatable=parse_resources(view.status.get("allocatable"), "status.allocatable"),
+        labels=tuple(sorted(view.labels.items())),
         taints=tuple(taints),
-        unschedulable=bool(spec.get("unschedulable", False)),
+        unschedulable=view.unschedulable,
         ready=ready,
         out_of_service=any(t.key == OUT_OF_SERVICE_TAINT for t in taints),
     )

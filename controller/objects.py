@@ -10,14 +10,13 @@ and frozen values; no I/O.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from driver.allocation import AllocatedDevice
+from driver.apiviews import ClaimView, ObjectView, PodView
+from driver.apiviews import key_of as _key_of
 from driver.contract import DEFAULT_CONTRACT, HANDED_TO_SCHEDULER, Contract
 from process.kube import Obj
-
-"""An API object as the apiserver serves it (camelCase keys)."""
 
 
 class Kind(enum.StrEnum):
@@ -107,40 +106,29 @@ class CarveClasses:
         return isinstance(name, str) and (name in self.names or name.endswith(self.suffix))
 
 
-def key_of(obj: Obj) -> str:
-    meta = obj.get("metadata", {})
-    ns = meta.get("namespace")
-    return f"{ns}/{meta.get('name')}" if ns else str(meta.get("name"))
+key_of = _key_of
+"""The store key of an object (``namespace/name``), the controller's name for every object it
+holds; the function is `driver.apiviews.key_of`, named here with the rest of the vocabulary."""
 
 
 def claim_class_names(claim: Obj) -> list[str]:
     """DeviceClass names a claim's requests and subrequests name, read from the raw object
     before the spec is validated (so a malformed claim is still recognised as carve's)."""
-    names: list[str] = []
-    for req in (claim.get("spec") or {}).get("devices", {}).get("requests") or []:
-        exact = req.get("exactly")
-        if isinstance(exact, Mapping) and exact.get("deviceClassName"):
-            names.append(str(exact["deviceClassName"]))
-        for sub in req.get("firstAvailable") or []:
-            if isinstance(sub, Mapping) and sub.get("deviceClassName"):
-                names.append(str(sub["deviceClassName"]))
-    return names
+    return ClaimView(claim).class_names
 
 
 def is_carve_claim(claim: Obj, classes: CarveClasses) -> bool:
-    return any(name in classes for name in claim_class_names(claim))
+    return any(name in classes for name in ClaimView(claim).class_names)
 
 
 def pod_claim_refs(pod: Obj) -> dict[str, str | None]:
     """Each `spec.resourceClaims[].name` of the pod and the name of the claim object it stands
     for: None while a template's claim has not been generated, or when kube-controller-manager
     recorded that the pod does not need it after all."""
-    generated = {
-        s.get("name"): s.get("resourceClaimName")
-        for s in pod.get("status", {}).get("resourceClaimStatuses", []) or []
-    }
+    view = PodView(pod)
+    generated = {s.get("name"): s.get("resourceClaimName") for s in view.resource_claim_statuses}
     refs: dict[str, str | None] = {}
-    for ref in pod.get("spec", {}).get("resourceClaims", []) or []:
+    for ref in view.resource_claims:
         entry = str(ref.get("name"))
         if ref.get("resourceClaimName"):
             refs[entry] = str(ref["resourceClaimName"])
@@ -152,13 +140,12 @@ def pod_claim_refs(pod: Obj) -> dict[str, str | None]:
 
 def pod_claim_names(pod: Obj) -> tuple[list[str], list[str]]:
     """Names of the claims a pod uses, and the pod-claim entries whose claim does not exist yet."""
-    generated = {
-        s.get("name") for s in pod.get("status", {}).get("resourceClaimStatuses", []) or []
-    }
+    view = PodView(pod)
+    generated = {s.get("name") for s in view.resource_claim_statuses}
     refs = pod_claim_refs(pod)
     names: list[str] = []
     missing: list[str] = []
-    for ref in pod.get("spec", {}).get("resourceClaims", []) or []:
+    for ref in view.resource_claims:
         claim_name = refs.get(str(ref.get("name")))
         if claim_name is not None:
             names.append(claim_name)
@@ -169,63 +156,53 @@ def pod_claim_names(pod: Obj) -> tuple[list[str], list[str]]:
 
 def handed_to_scheduler(claim: Obj, contract: Contract) -> bool:
     """Whether the controller left this claim to kube-scheduler (native fallback)."""
-    annotations = claim.get("metadata", {}).get("annotations") or {}
-    return annotations.get(contract.allocator_annotation) == HANDED_TO_SCHEDULER
+    return ObjectView(claim).annotations.get(contract.allocator_annotation) == HANDED_TO_SCHEDULER
 
 
 def is_allocated(claim: Obj) -> bool:
-    return bool(claim.get("status", {}).get("allocation"))
+    return ClaimView(claim).allocated
 
 
 def is_terminal(pod: Obj) -> bool:
-    return pod.get("status", {}).get("phase") in ("Succeeded", "Failed")
+    return PodView(pod).terminal
 
 
 def priority_key(pod: Obj) -> tuple[int, str, str]:
     """Queue order: higher `spec.priority` first, then older pods, then name for stability."""
-    prio = pod.get("spec", {}).get("priority") or 0
-    created = str(pod.get("metadata", {}).get("creationTimestamp") or "")
-    return (-int(prio), created, key_of(pod))
+    view = PodView(pod)
+    return (-view.priority, view.creation_timestamp, key_of(pod))
 
 
 def has_finalizer(obj: Obj, finalizer: str) -> bool:
-    return finalizer in (obj.get("metadata", {}).get("finalizers") or [])
+    return ObjectView(obj).has_finalizer(finalizer)
 
 
 def has_condition(pod: Obj, type_: str) -> bool:
     """Whether the pod's status carries a condition of `type_` (whatever its status)."""
-    return any(c.get("type") == type_ for c in (pod.get("status") or {}).get("conditions") or [])
+    return PodView(pod).condition(type_) is not None
 
 
 def has_gate(pod: Obj, gate: str) -> bool:
-    return any(g.get("name") == gate for g in pod.get("spec", {}).get("schedulingGates") or [])
+    return PodView(pod).has_gate(gate)
 
 
 def other_gates(pod: Obj, gate: str) -> list[str]:
     """The pod's scheduling gates other than `gate`, in spec order. Another gate (Kueue's
     `kueue.x-k8s.io/admission`, a policy engine's) means someone else has not yet agreed to the
     pod running: carve must not spend GPU capacity on it until its own gate is the last."""
-    return [
-        str(g.get("name"))
-        for g in pod.get("spec", {}).get("schedulingGates") or []
-        if g.get("name") != gate
-    ]
+    return [g for g in PodView(pod).scheduling_gates if g != gate]
 
 
 def node_finalizers(claim: Obj, contract: Contract = DEFAULT_CONTRACT) -> list[str]:
     """Finalizers that this installation's kubelet plugins put on a claim."""
-    return [
-        f
-        for f in claim.get("metadata", {}).get("finalizers") or []
-        if contract.is_node_finalizer(f)
-    ]
+    return [f for f in ObjectView(claim).finalizers if contract.is_node_finalizer(f)]
 
 
 def _resource_version(obj: Obj | None) -> int | None:
     if obj is None:
         return None
     try:
-        return int(obj.get("metadata", {}).get("resourceVersion", ""))
+        return int(ObjectView(obj).resource_version)
     except ValueError:
         return None
 
@@ -238,7 +215,7 @@ def is_older(new: Obj, old: Obj | None) -> bool:
     """
     if old is None:
         return False
-    if new.get("metadata", {}).get("uid") != old.get("metadata", {}).get("uid"):
+    if ObjectView(new).uid != ObjectView(old).uid:
         return False
     a, b = _resource_version(new), _resource_version(old)
     return a is not None and b is not None and a < b

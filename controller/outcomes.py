@@ -36,6 +36,7 @@ from controller.objects import (
 from controller.seams import ClaimWriter, Metrics, Recorder
 from controller.status import ObjectGoneError, WriteSkippedError
 from controller.store import ClusterStore
+from driver.apiviews import ObjectView
 from process.kube import Obj
 from process.kube.errors import message_of, status_of
 
@@ -188,7 +189,7 @@ class Outcomes:
         after = self._cfg.native_fallback_after
         if after is None or not has_gate(pod, self._cfg.gate):
             return False
-        start = _parse_time(pod.get("metadata", {}).get("creationTimestamp"))
+        start = _parse_time(ObjectView(pod).creation_timestamp)
         wait = self._memory.wait_of(key_of(pod))
         if start is not None and wait is not None and wait.held_until is not None:
             start = max(start, wait.held_until)
@@ -208,7 +209,7 @@ class Outcomes:
     def release_to_scheduler(self, pod: Obj, reason: str, message: str) -> None:
         """Hand the pod's unallocated carve claims to kube-scheduler: our finalizer off, the
         hand-over mark on (only with it may kube-scheduler allocate them)."""
-        ns = pod.get("metadata", {}).get("namespace", "")
+        ns = ObjectView(pod).namespace
         for name in pod_claim_names(pod)[0]:
             claim = self._store.claims.get(f"{ns}/{name}")
             if (

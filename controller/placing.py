@@ -41,6 +41,7 @@ from controller.objects import (
 from controller.outcomes import Outcomes
 from controller.seams import ClaimWriter, Metrics, Planner, PreemptionHook, Recorder
 from controller.store import ClusterStore
+from driver.apiviews import ObjectView, PodView
 from process.kube import Obj
 
 _log = logging.getLogger(__name__)
@@ -161,7 +162,7 @@ class Placer:
             return
         key = key_of(pod)
         self._store.put_pod(key, self._writer.pin_and_ungate(pod, verdict.node))
-        self._pinned.pin(key, pod["metadata"].get("uid", ""), verdict.node, self._clock())
+        self._pinned.pin(key, ObjectView(pod).uid, verdict.node, self._clock())
         self._planner.committed(pod, verdict)
         self._metrics.count_outcome("allocated")
         chosen = ", ".join(
@@ -274,7 +275,7 @@ class Placer:
 
 def _scheduling_message(pod: Obj) -> str:
     """kube-scheduler's last word on the pod (the PodScheduled condition), if any."""
-    for cond in pod.get("status", {}).get("conditions") or []:
+    for cond in PodView(pod).conditions:
         if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
             return str(cond.get("message") or cond.get("reason") or "")
     return ""

@@ -47,8 +47,6 @@ from controller.objects import (
     Plan,
     Problem,
     Unplaceable,
-    claim_class_names,
-    is_terminal,
     key_of,
     pod_claim_refs,
 )
@@ -63,6 +61,7 @@ from controller.placement import (
 )
 from controller.taintrules import TaintRules
 from driver.allocation import AllocatedDevice
+from driver.apiviews import ClaimView, ObjectView, PodView, SliceView
 from driver.cel import qualify
 from driver.contract import DEFAULT_DRIVER_NAME
 from process.kube import Obj
@@ -199,8 +198,9 @@ class EnginePlanner:
         elif kind is Kind.POD:
             self._observe_pod(key, obj)
         elif kind is Kind.SLICE:
-            node = (obj.get("spec") or {}).get("nodeName")
-            if node and (obj.get("spec") or {}).get("driver") == self.driver:
+            piece = SliceView(obj)
+            node = piece.node_name
+            if node and piece.driver == self.driver:
                 self._slices.setdefault(node, {})[key] = obj
                 self._dirty_nodes.add(node)
         elif kind is Kind.CLAIM:
@@ -209,7 +209,7 @@ class EnginePlanner:
             self._dirty_nodes |= self._rules.observe(obj, self._slices)
         elif kind is Kind.CLASS:
             self._class_version += 1
-            name = str(obj.get("metadata", {}).get("name"))
+            name = ObjectView(obj).name
             try:
                 self._classes[name] = parse_device_class(obj, self.driver)
                 self._bad_classes.pop(name, None)
@@ -218,10 +218,11 @@ class EnginePlanner:
                 self._bad_classes[name] = str(exc)
 
     def _observe_pod(self, key: str, pod: Obj) -> None:
-        node = pod.get("spec", {}).get("nodeName")
-        if node or is_terminal(pod) or pod.get("metadata", {}).get("deletionTimestamp"):
+        view = PodView(pod)
+        node: str | None = view.node_name
+        if node or view.terminal or view.deleting:
             self.drop_reservation(key)
-        if is_terminal(pod):
+        if view.terminal:
             self._pinned.pop(key, None)
             self._requests.pop(key, None)
             self.model.remove_pod(key)
@@ -232,7 +233,7 @@ class EnginePlanner:
             node = self._pinned.get(key)
         if node:
             try:
-                requests = pod_requests(pod.get("spec") or {})
+                requests = pod_requests(view.spec)
             except PodSpecError as exc:
                 _log.warning("pod %s has malformed requests: %s", key, exc)
                 return
@@ -285,14 +286,14 @@ class EnginePlanner:
         self._model_changed()
         key = key_of(obj)
         if kind is Kind.NODE:
-            self.model.remove_node(str(obj.get("metadata", {}).get("name")))
+            self.model.remove_node(ObjectView(obj).name)
         elif kind is Kind.POD:
             self._pinned.pop(key, None)
             self._requests.pop(key, None)
             self.model.remove_pod(key)
             self.drop_reservation(key)
         elif kind is Kind.SLICE:
-            node = (obj.get("spec") or {}).get("nodeName")
+            node = SliceView(obj).node_name
             if node and key in self._slices.get(node, {}):
                 del self._slices[node][key]
                 self._dirty_nodes.add(node)
@@ -304,7 +305,7 @@ class EnginePlanner:
             self._dirty_nodes |= self._rules.forget(obj, self._slices)
         elif kind is Kind.CLASS:
             self._class_version += 1
-            name = str(obj.get("metadata", {}).get("name"))
+            name = ObjectView(obj).name
             self._classes.pop(name, None)
             self._bad_classes.pop(name, None)
 
@@ -463,7 +464,7 @@ class EnginePlanner:
         built = self._request(pod, claims)
         shape = None if isinstance(built, Unplaceable) else self._one_shape(_request_shape(*built))
         read = _ReadRequest(pod, tuple(claims), self._class_version, built, shape)
-        if any((c.get("status") or {}).get("allocation") for c in claims):
+        if any(ClaimView(c).allocated for c in claims):
             self._requests.pop(key, None)
         else:
             self._requests[key] = read
@@ -518,13 +519,13 @@ class EnginePlanner:
                 hold = parse_claim_hold(claim, self.driver)
             except ClaimSpecError as exc:
                 return Unplaceable("InvalidClaim", f"ResourceClaim {ckey}: {exc}", permanent=True)
-            meta = claim.get("metadata", {})
+            view = ClaimView(claim)
             if hold is not None:
                 if hold.node:
                     pinned.add(hold.node)
-                mps[str(meta.get("name"))] = self._allocated_mps(claim, hold)
+                mps[view.name] = self._allocated_mps(claim, hold)
                 continue
-            for name in claim_class_names(claim):
+            for name in view.class_names:
                 if name in self._bad_classes:
                     return Unplaceable(
                         "InvalidDeviceClass",
@@ -541,13 +542,8 @@ class EnginePlanner:
                 return Unplaceable(
                     "InvalidMpsSettings", f"ResourceClaim {ckey}: {exc}", permanent=True
                 )
-            mps[str(meta.get("name"))] = ClaimMps(str(meta.get("name")), settings)
-            to_place.append(
-                ClaimToPlace(
-                    ClaimKey(meta.get("namespace", ""), meta.get("name", ""), meta.get("uid", "")),
-                    spec,
-                )
-            )
+            mps[view.name] = ClaimMps(view.name, settings)
+            to_place.append(ClaimToPlace(ClaimKey(view.namespace, view.name, view.uid), spec))
         if len(pinned) > 1:
             return Unplaceable(
                 "ClaimsOnDifferentNodes",
@@ -558,7 +554,7 @@ class EnginePlanner:
         if isinstance(client_floors, Unplaceable):
             return client_floors
         floored, floors = self._floored(to_place, mps, client_floors)
-        node = next(iter(pinned), None) or pod.get("spec", {}).get("nodeName")
+        node = next(iter(pinned), None) or PodView(pod).node_name or None
         return PlacementRequest(pod_key, needs, tuple(floored), node), to_place, floors
 
     def check_allocated(self, pod: Obj, claims: Sequence[Obj]) -> Unplaceable | None:
@@ -570,7 +566,7 @@ class EnginePlanner:
             except ClaimSpecError:
                 continue  # reported where the claim is placed or prepared
             if hold is not None:
-                mps[str(claim.get("metadata", {}).get("name"))] = self._allocated_mps(claim, hold)
+                mps[ClaimView(claim).name] = self._allocated_mps(claim, hold)
         checked = self._check_clients(pod, mps)
         return checked if isinstance(checked, Unplaceable) else None
 
@@ -592,8 +588,7 @@ class EnginePlanner:
             have = dict(found[1].facts.capacity).get(capacity) if found is not None else None
             if have is not None:
                 memory[d.request] = int(have)
-        name = str(claim.get("metadata", {}).get("name"))
-        return ClaimMps(name, allocated_mps(claim, self.driver), memory)
+        return ClaimMps(ClaimView(claim).name, allocated_mps(claim, self.driver), memory)
 
     def _floored(
         self,
@@ -667,7 +662,7 @@ class EnginePlanner:
         self._requests.pop(key, None)
         self._pinned[key] = plan.node
         with contextlib.suppress(PodSpecError):
-            self.model.set_pod(key, plan.node, pod_requests(pod.get("spec") or {}))
+            self.model.set_pod(key, plan.node, pod_requests(PodView(pod).spec))
 
     def problems(self) -> Mapping[str, Problem]:
         self.flush()  # a slice change can resolve a hold onto a contested device

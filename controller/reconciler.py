@@ -55,7 +55,6 @@ from controller.objects import (
     Unplaceable,
     has_gate,
     is_allocated,
-    is_terminal,
     key_of,
     pod_claim_names,
     priority_key,
@@ -67,6 +66,7 @@ from controller.release import Releaser, WritesBeside
 from controller.seams import ClaimWriter, Metrics, Planner, PreemptionHook, Recorder
 from controller.store import ClusterStore
 from controller.work import GATED_ELSEWHERE, PodWork, WorkKind, pod_work
+from driver.apiviews import PodView
 from process.kube import Obj
 
 _log = logging.getLogger(__name__)
@@ -290,10 +290,11 @@ class Reconciler:
             self._extended_names = None
 
     def _on_pod(self, key: str, pod: Obj, type_: EventType) -> None:
-        if type_ is EventType.DELETED or is_terminal(pod):
-            if pod.get("spec", {}).get("nodeName"):
+        view = PodView(pod)
+        if type_ is EventType.DELETED or view.terminal:
+            if view.node_name:
                 self._memory.wake_all(capacity=True)  # its CPU, memory and pod slot are free
-            ns = pod.get("metadata", {}).get("namespace", "")
+            ns = view.namespace
             self._releaser.mark_all(f"{ns}/{name}" for name in pod_claim_names(pod)[0])
             return
         self._memory.pod_changed(key)

@@ -25,10 +25,11 @@ from collections.abc import Callable, Iterable
 from controller.config import ReconcilerConfig
 from controller.messages import Message, ReleaseDone, WrittenBeside
 from controller.nodehealth.lost import LostNodes
-from controller.objects import has_finalizer, is_allocated, key_of, node_finalizers
+from controller.objects import has_finalizer, key_of, node_finalizers
 from controller.seams import ClaimWriter
 from controller.status import ObjectGoneError, WriteSkippedError
 from controller.store import ClusterStore
+from driver.apiviews import ClaimView
 from driver.contract import DEFAULT_CONTRACT, Contract
 from process.kube import Obj
 
@@ -58,15 +59,15 @@ def release_action(
     """
     if not has_finalizer(claim, contract.allocation_finalizer):
         return ReleaseKind.KEEP
-    status = claim.get("status", {})
-    deleting = bool(claim.get("metadata", {}).get("deletionTimestamp"))
-    if status.get("reservedFor"):
+    view = ClaimView(claim)
+    deleting = view.deleting
+    if view.reserved_for:
         return ReleaseKind.KEEP
     if not deleting and live_consumers > 0:
         return ReleaseKind.KEEP
     if node_finalizers(claim, contract):
         return ReleaseKind.WAIT_NODE
-    if is_allocated(claim) and not deleting:
+    if view.allocated and not deleting:
         if generated_for_a_pod(claim):
             # kube-controller-manager deletes a claim made from a template once its pod is
             # done or gone, and no other pod can use it: clearing the allocation first would
@@ -86,7 +87,7 @@ def generated_for_a_pod(claim: Obj) -> bool:
     the pod is its controlling owner, so it is never shared and goes when the pod is done."""
     return any(
         ref.get("kind") == "Pod" and ref.get("controller") is True
-        for ref in claim.get("metadata", {}).get("ownerReferences") or []
+        for ref in ClaimView(claim).owner_references
     )
 
 

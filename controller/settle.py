@@ -24,6 +24,7 @@ from controller.memory import PodMemory
 from controller.messages import Message, Settled
 from controller.objects import key_of
 from controller.store import ClusterStore
+from driver.apiviews import ClaimView
 from process.kube import Obj
 from process.kube.errors import status_of
 
@@ -159,4 +160,4 @@ class Settler:
 
 
 def _allocated(claim: Obj | None) -> bool:
-    return bool(((claim or {}).get("status") or {}).get("allocation"))
+    return claim is not None and ClaimView(claim).allocated

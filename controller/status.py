@@ -42,6 +42,7 @@ from driver.allocation import (
     parse_allocation,
     result_json,
 )
+from driver.apiviews import ClaimView, DeviceClassView, ObjectView
 from driver.contract import DEFAULT_CONTRACT, HANDED_TO_SCHEDULER, Contract
 from process.kube import Obj
 from process.kube.errors import status_of
@@ -81,14 +82,14 @@ def _rfc3339(now: dt.datetime) -> str:
 def request_class(claim: Obj, request: str) -> Obj | None:
     """The exact request (or firstAvailable subrequest) that a result names, or None."""
     main, _, sub = request.partition("/")
-    for req in claim.get("spec", {}).get("devices", {}).get("requests", []) or []:
+    for req in ClaimView(claim).requests:
         if req.get("name") != main:
             continue
         if not sub:
             exact = req.get("exactly")
             return exact if isinstance(exact, dict) else None
-        for subreq in req.get("firstAvailable", []) or []:
-            if subreq.get("name") == sub:
+        for subreq in req.get("firstAvailable") or []:
+            if isinstance(subreq, Mapping) and subreq.get("name") == sub:
                 return subreq if isinstance(subreq, dict) else None
     return None
 
@@ -127,7 +128,7 @@ def build_allocation_status(
         seen_requests.add(res.request)
         req = request_class(claim, res.request)
         cls = classes.get(str(req.get("deviceClassName", ""))) if req is not None else None
-        for cfg in (cls or {}).get("spec", {}).get("config", []) or []:
+        for cfg in DeviceClassView(cls).config if cls is not None else ():
             if "opaque" in cfg:
                 config.append(
                     {
@@ -136,7 +137,7 @@ def build_allocation_status(
                         "opaque": copy.deepcopy(cfg["opaque"]),
                     }
                 )
-    for cfg in claim.get("spec", {}).get("devices", {}).get("config", []) or []:
+    for cfg in ClaimView(claim).config:
         if "opaque" in cfg:
             entry = {"source": "FromClaim", "opaque": copy.deepcopy(cfg["opaque"])}
             if cfg.get("requests"):
@@ -200,12 +201,12 @@ class KubeClaimWriter:
     ) -> Obj:
         """Send the merge patch `mutate` derives from `obj` (an informer copy), guarded by its
         resourceVersion; on 409 re-read and derive again. None from `mutate`: no-op."""
-        meta = obj["metadata"]
-        name, namespace = meta["name"], meta.get("namespace", "")
+        view = ObjectView(obj)
+        name, namespace = view.name, view.namespace
         target = Target(
             namespace=namespace,
             name=name,
-            uid=meta["uid"],
+            uid=view.uid,
             read=lambda: get(name, namespace),
             write=lambda body: patch(name, namespace, body),
         )
@@ -228,8 +229,8 @@ class KubeClaimWriter:
         do), pinned to the object's uid, without a resourceVersion (see the module). A failed
         `test` (422) or a transient error: read again and derive again, a bounded number of
         times."""
-        meta = obj["metadata"]
-        name, namespace, uid = meta["name"], meta.get("namespace", ""), meta["uid"]
+        view = ObjectView(obj)
+        name, namespace, uid = view.name, view.namespace, view.uid
         current = obj
         for attempt in range(self._attempts):
             self._check_fence()
@@ -260,7 +261,7 @@ class KubeClaimWriter:
             if status_of(exc) == 404:
                 raise ObjectGoneError(f"{namespace}/{name} was deleted") from exc
             raise
-        if fresh.get("metadata", {}).get("uid") != uid:
+        if ObjectView(fresh).uid != uid:
             raise ObjectReplacedError(f"object was replaced (uid {uid} is gone)")
         return fresh
 
@@ -283,20 +284,20 @@ class KubeClaimWriter:
         )
 
     def read_claim(self, claim: Obj) -> Obj:
-        meta = claim["metadata"]
-        return self._get_claim(meta["name"], meta.get("namespace", ""))
+        view = ObjectView(claim)
+        return self._get_claim(view.name, view.namespace)
 
     def add_finalizer(self, claim: Obj) -> Obj:
         """Nothing to send when the claim has it (carve's admission policy adds it at
         creation); else a strategic merge of the list, which adds without replacing."""
         if has_finalizer(claim, self._finalizer):
             return claim
-        if claim["metadata"].get("deletionTimestamp"):
+        view = ObjectView(claim)
+        if view.deleting:
             raise WriteSkippedError("claim is being deleted")
         self._check_fence()
-        meta = claim["metadata"]
-        name, namespace = meta["name"], meta.get("namespace", "")
-        body = {"metadata": {"uid": meta["uid"], "finalizers": [self._finalizer]}}
+        name, namespace = view.name, view.namespace
+        body = {"metadata": {"uid": view.uid, "finalizers": [self._finalizer]}}
         try:
             return self._edit_claim(name, namespace, body, STRATEGIC_MERGE)
         except Exception as exc:
@@ -305,8 +306,8 @@ class KubeClaimWriter:
             if status_of(exc) != 422:
                 raise
             # A replaced claim (the uid is immutable) or one being deleted (no new finalizers).
-            fresh = self._reread(self._get_claim, name, namespace, meta["uid"])
-            if fresh["metadata"].get("deletionTimestamp"):
+            fresh = self._reread(self._get_claim, name, namespace, view.uid)
+            if ObjectView(fresh).deleting:
                 raise WriteSkippedError("claim is being deleted") from exc
             raise
 
@@ -319,7 +320,7 @@ class KubeClaimWriter:
                 if _allocation_matches(status["allocation"], allocation):
                     return None
                 raise WriteSkippedError("claim was allocated by someone else meanwhile")
-            if cur["metadata"].get("deletionTimestamp"):
+            if ObjectView(cur).deleting:
                 raise WriteSkippedError("claim is being deleted")
             if not has_finalizer(cur, self._finalizer):
                 raise WriteSkippedError("claim lost the controller finalizer")
@@ -359,17 +360,15 @@ class KubeClaimWriter:
         marker = self._contract.allocator_annotation
 
         def mutate(cur: Obj) -> Obj | None:
-            if (cur.get("status") or {}).get("allocation"):
+            view = ClaimView(cur)
+            if view.allocated:
                 raise WriteSkippedError("claim was allocated meanwhile")
-            annotations = cur["metadata"].get("annotations") or {}
-            marked = annotations.get(marker) == HANDED_TO_SCHEDULER
-            if marked and not has_finalizer(cur, self._finalizer):
+            marked = view.annotations.get(marker) == HANDED_TO_SCHEDULER
+            if marked and not view.has_finalizer(self._finalizer):
                 return None
             meta: Obj = {"annotations": {marker: HANDED_TO_SCHEDULER}}
-            if has_finalizer(cur, self._finalizer):
-                meta["finalizers"] = [
-                    f for f in cur["metadata"]["finalizers"] if f != self._finalizer
-                ]
+            if view.has_finalizer(self._finalizer):
+                meta["finalizers"] = [f for f in view.finalizers if f != self._finalizer]
             return {"metadata": meta}
 
         return self._rmw(claim, self._get_claim, self._patch_claim, mutate)
@@ -418,11 +417,11 @@ class KubeClaimWriter:
         the scheduler's own conditions nor needs a resourceVersion.
         """
         self._check_fence()
-        meta = pod["metadata"]
+        view = ObjectView(pod)
         cond = pod_condition(self._contract, status, reason, message, self._clock())
         self._api.request(
             "PATCH",
-            f"{_pod_path(meta.get('namespace', ''), meta['name'])}/status",
+            f"{_pod_path(view.namespace, view.name)}/status",
             body={"status": {"conditions": [cond]}},
             content_type=STRATEGIC_MERGE,
         )

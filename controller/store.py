@@ -21,11 +21,11 @@ from controller.objects import (
     Kind,
     is_allocated,
     is_older,
-    is_terminal,
     key_of,
     pod_claim_names,
 )
 from controller.seams import Planner
+from driver.apiviews import ClaimView, ObjectView, PodView
 from process.kube import Obj
 
 
@@ -113,8 +113,8 @@ class ClusterStore:
                 if not users:
                     del self._users[claim_key]
         claim_keys: set[str] = set()
-        if pod is not None and not is_terminal(pod):
-            ns = pod.get("metadata", {}).get("namespace", "")
+        if pod is not None and not PodView(pod).terminal:
+            ns = ObjectView(pod).namespace
             claim_keys = {f"{ns}/{name}" for name in pod_claim_names(pod)[0]}
         if claim_keys:
             self._uses[key] = claim_keys
@@ -126,14 +126,13 @@ class ClusterStore:
 
     def was_allocated(self, claim: Obj) -> bool:
         """Whether this claim (same UID) was seen allocated since this process started."""
-        uid = str(claim.get("metadata", {}).get("uid", ""))
-        return self._seen_allocated.get(key_of(claim)) == uid
+        return self._seen_allocated.get(key_of(claim)) == ObjectView(claim).uid
 
     def _note_allocated(self, key: str, claim: Obj | None) -> None:
         if claim is None:
             self._seen_allocated.pop(key, None)
-        elif is_allocated(claim):
-            self._seen_allocated[key] = str(claim.get("metadata", {}).get("uid", ""))
+        elif ClaimView(claim).allocated:
+            self._seen_allocated[key] = ObjectView(claim).uid
 
     def users_of(self, claim_key: str) -> Collection[str]:
         """Keys of the live (not terminated) pods that name the claim."""
@@ -172,8 +171,7 @@ class ClusterStore:
         the model for good. So only a claim still stored, as the same object, takes it (and
         `is_older` keeps a newer informer copy over it)."""
         old = self.objects[Kind.CLAIM].get(key_of(written))
-        uid = written.get("metadata", {}).get("uid")
-        return old is not None and old.get("metadata", {}).get("uid") == uid
+        return old is not None and ObjectView(old).uid == ObjectView(written).uid
 
     # -- assumed claims (commits in flight) ----------------------------------------------------
 

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from controller.tolerations import EFFECTS, DeviceTaint
+from driver.apiviews import ObjectView, SliceView
 from driver.taintrules import TaintRule, parse_taint_rule
 
 JsonView = Mapping[str, Any]  # an API object as read, never written back
@@ -35,7 +36,7 @@ class TaintRules:
         self, obj: JsonView, slices_by_node: Mapping[str, Mapping[str, JsonView]]
     ) -> set[str]:
         """Take a rule as the informer delivered it; the nodes whose devices it changes."""
-        name = str((obj.get("metadata") or {}).get("name"))
+        name = ObjectView(obj).name
         rule = parse_taint_rule(obj)
         if rule is not None and rule.effect not in EFFECTS:
             rule = None  # an effect this version does not know is informational (the API says)
@@ -52,7 +53,7 @@ class TaintRules:
         self, obj: JsonView, slices_by_node: Mapping[str, Mapping[str, JsonView]]
     ) -> set[str]:
         """The rule is deleted; the nodes whose devices it tainted."""
-        old = self._rules.pop(str((obj.get("metadata") or {}).get("name")), None)
+        old = self._rules.pop(ObjectView(obj).name, None)
         return self._changed((old,), slices_by_node)
 
     def taints(self, pool: str, device: str) -> tuple[DeviceTaint, ...]:
@@ -93,7 +94,7 @@ class TaintRules:
 def _pools(slices: Mapping[str, JsonView]) -> set[str]:
     out = set()
     for s in slices.values():
-        pool = (s.get("spec") or {}).get("pool")
-        if isinstance(pool, Mapping) and isinstance(pool.get("name"), str):
-            out.add(pool["name"])
+        pool = SliceView(s).pool_name
+        if pool:
+            out.add(pool)
     return out

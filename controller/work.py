@@ -14,14 +14,13 @@ from dataclasses import dataclass
 from controller.objects import (
     CarveClasses,
     handed_to_scheduler,
-    has_gate,
     is_allocated,
     is_carve_claim,
-    is_terminal,
     key_of,
     other_gates,
     pod_claim_names,
 )
+from driver.apiviews import ObjectView, PodView
 from driver.contract import DEFAULT_CONTRACT, Contract
 from process.kube import Obj
 
@@ -71,9 +70,9 @@ def pod_work(
     carve-sole-allocator policy), so carve allocates them, ungated; not while another
     scheduling gate (a queue's) still holds the pod.
     """
-    meta = pod.get("metadata", {})
-    gated = has_gate(pod, contract.scheduling_gate)
-    if is_terminal(pod) or pod.get("spec", {}).get("nodeName") or meta.get("deletionTimestamp"):
+    view = PodView(pod)
+    gated = view.has_gate(contract.scheduling_gate)
+    if view.terminal or view.node_name or view.deleting:
         return PodWork(WorkKind.NONE)
     others = other_gates(pod, contract.scheduling_gate) if gated else []
     if others:
@@ -91,7 +90,7 @@ def pod_work(
             WorkKind.WAIT,
             message=f"waiting for kube-controller-manager to create claims for {sorted(missing)}",
         )
-    ns = meta.get("namespace", "")
+    ns = view.namespace
     carve: list[Obj] = []
     unknown: list[str] = []
     for name in names:
@@ -111,14 +110,14 @@ def pod_work(
     if gated:
         if not carve or all(is_allocated(c) for c in carve):
             return PodWork(WorkKind.UNGATE, tuple(carve))
-        deleting = [key_of(c) for c in carve if c.get("metadata", {}).get("deletionTimestamp")]
+        deleting = [key_of(c) for c in carve if ObjectView(c).deleting]
         if deleting:
             return PodWork(WorkKind.WAIT, message=f"ResourceClaim {deleting[0]} is being deleted")
         return PodWork(WorkKind.PLACE, tuple(carve))
-    if pod.get("spec", {}).get("schedulingGates"):
+    if view.scheduling_gates:
         return PodWork(WorkKind.NONE)  # not schedulable yet: its change wakes it
     unallocated = [c for c in carve if not is_allocated(c) and not handed_to_scheduler(c, contract)]
-    if unallocated and not any(c.get("metadata", {}).get("deletionTimestamp") for c in carve):
+    if unallocated and not any(ObjectView(c).deleting for c in carve):
         return PodWork(WorkKind.PLACE, tuple(carve))
     return PodWork(WorkKind.NONE)
 
@@ -126,7 +125,7 @@ def pod_work(
 def may_need_work(pod: Obj, gate: str) -> bool:
     """False exactly when `pod_work` is NONE whatever the claims say: the pod ended, is bound,
     is being deleted, or has neither claims nor carve's gate."""
-    spec = pod.get("spec") or {}
-    if is_terminal(pod) or spec.get("nodeName") or pod.get("metadata", {}).get("deletionTimestamp"):
+    view = PodView(pod)
+    if view.terminal or view.node_name or view.deleting:
         return False
-    return bool(spec.get("resourceClaims")) or has_gate(pod, gate)
+    return bool(view.resource_claims) or view.has_gate(gate)

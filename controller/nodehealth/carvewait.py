@@ -24,8 +24,10 @@ import datetime as dt
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from driver.allocation import AllocatedDevice, AllocationFormatError, parse_allocation
+from driver.apiviews import ClaimView
 from process.kube import Obj
 
 
@@ -66,14 +68,13 @@ def carve_verdict(
     oldest: dt.datetime | None = None
     asked = False
     for claim in claims:
-        status = claim.get("status") or {}
+        view = ClaimView(claim)
         try:
-            results = parse_allocation(status.get("allocation")).results_for(driver)
+            results = parse_allocation(view.status.get("allocation")).results_for(driver)
         except AllocationFormatError:
             continue  # not what carve writes: nothing to wait for
-        conditions = _device_conditions(status.get("devices"))
-        meta = claim.get("metadata") or {}
-        ckey = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        conditions = _device_conditions(view.device_statuses)
+        ckey = f"{view.namespace}/{view.name}"
         for r in results:
             if not r.binding_conditions:
                 continue
@@ -84,7 +85,7 @@ def carve_verdict(
                 failures.append(CarveFailure(ckey, f"{r.pool}/{r.device}", have[failed[0]][1]))
             elif not all(have.get(c, ("", ""))[0] == "True" for c in r.binding_conditions):
                 waiting.append(f"{r.pool}/{r.device}")
-                stamp = _timestamp((status.get("allocation") or {}).get("allocationTimestamp"))
+                stamp = _timestamp(view.allocation.get("allocationTimestamp"))
                 if stamp is not None and (oldest is None or stamp < oldest):
                     oldest = stamp
     if not asked:
@@ -100,15 +101,11 @@ def carve_verdict(
 
 
 def _device_conditions(
-    devices: object,
+    devices: Sequence[Mapping[str, Any]],
 ) -> Mapping[tuple[str, str, str, str | None], Mapping[str, tuple[str, str]]]:
     """(driver, pool, device, shareID) -> condition type -> (status, message)."""
     out: dict[tuple[str, str, str, str | None], dict[str, tuple[str, str]]] = {}
-    if not isinstance(devices, list):
-        return out
     for entry in devices:
-        if not isinstance(entry, Mapping):
-            continue
         key = (
             str(entry.get("driver")),
             str(entry.get("pool")),

@@ -24,6 +24,7 @@ from controller.nodehealth.signals import NodeLoss, allocated_node, node_loss, n
 from controller.objects import Kind, has_finalizer, is_allocated, key_of, node_finalizers
 from controller.seams import ClaimWriter, Recorder
 from controller.store import ClusterStore
+from driver.apiviews import ClaimView, PodView
 from process.kube import Obj
 
 _log = logging.getLogger(__name__)
@@ -145,12 +146,7 @@ class LostNodes:
         pods = self._store.pods
         users = [pods[p] for p in sorted(self._store.users_of(key)) if p in pods]
         blocking = [key_of(p) for p in users if _blocks_release(p, loss)]
-        movable = [
-            key_of(p)
-            for p in users
-            if not (p.get("spec") or {}).get("nodeName")
-            and not p.get("metadata", {}).get("deletionTimestamp")
-        ]
+        movable = [key_of(p) for p in users if not PodView(p).node_name and not PodView(p).deleting]
         node_fin = self._cfg.contract.node_finalizer(loss.node)
         prepared = has_finalizer(claim, node_fin)
         if blocking:
@@ -170,7 +166,7 @@ class LostNodes:
             claim, self._cfg.contract
         ):
             return  # not ours to clear, or another node's instance is still there
-        if claim.get("status", {}).get("reservedFor"):
+        if ClaimView(claim).reserved_for:
             return  # kube-controller-manager drops deleted pods; the claim event brings us back
         self._clear(claim, loss, movable)
         self._told.pop(key, None)
@@ -210,7 +206,7 @@ class LostNodes:
         """Clear the allocation (its placement is free) and, unless a pod waits to be placed
         again elsewhere, drop the controller's finalizer."""
         key = key_of(claim)
-        deleting = bool(claim.get("metadata", {}).get("deletionTimestamp"))
+        deleting = ClaimView(claim).deleting
         if is_allocated(claim):
             claim = self._writer.clear_allocation(claim)
             self._written(claim)
@@ -253,7 +249,7 @@ def _blocks_release(pod: Obj, loss: NodeLoss) -> bool:
     assumes for non-graceful node shutdown), even while it still shows as Running or
     Terminating; on NotReady alone it keeps counting, terminating or not.
     """
-    bound = (pod.get("spec") or {}).get("nodeName")
+    bound = PodView(pod).node_name
     if not bound:
         return False
     return not (loss.strong and bound == loss.node)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from controller.nodefit import OUT_OF_SERVICE_TAINT
+from driver.apiviews import NodeView
 
 
 class LossSignal(enum.StrEnum):
@@ -79,8 +80,9 @@ def node_loss(
     """
     if node is None:
         return NodeLoss(name, LossSignal.DELETED, "its Node object was deleted")
-    for taint in (node.get("spec") or {}).get("taints") or []:
-        if isinstance(taint, Mapping) and taint.get("key") == OUT_OF_SERVICE_TAINT:
+    view = NodeView(node)
+    for taint in view.taints:
+        if taint.get("key") == OUT_OF_SERVICE_TAINT:
             effect = taint.get("effect") or "?"
             return NodeLoss(
                 name,
@@ -89,23 +91,20 @@ def node_loss(
             )
     if not grace:
         return None
-    for cond in (node.get("status") or {}).get("conditions") or []:
-        if not isinstance(cond, Mapping) or cond.get("type") != "Ready":
-            continue
-        if cond.get("status") == "True":
-            return None
-        since = _parse_time(cond.get("lastTransitionTime"))
-        if since is None:
-            return None
-        down = (now - since).total_seconds()
-        if down > grace:
-            return NodeLoss(
-                name,
-                LossSignal.NOT_READY,
-                f"Ready has been {cond.get('status')} for {down:.0f}s, "
-                f"longer than --node-loss-grace={grace:.0f}s",
-            )
+    ready = view.condition("Ready")
+    if ready is None or ready.get("status") == "True":
         return None
+    since = _parse_time(ready.get("lastTransitionTime"))
+    if since is None:
+        return None
+    down = (now - since).total_seconds()
+    if down > grace:
+        return NodeLoss(
+            name,
+            LossSignal.NOT_READY,
+            f"Ready has been {ready.get('status')} for {down:.0f}s, "
+            f"longer than --node-loss-grace={grace:.0f}s",
+        )
     return None
 
 
@@ -113,13 +112,11 @@ def not_ready_deadline(node: Mapping[str, Any], grace: float | None) -> dt.datet
     """When a NotReady node will count as lost (None: it is Ready, or the signal is off)."""
     if not grace:
         return None
-    for cond in (node.get("status") or {}).get("conditions") or []:
-        if isinstance(cond, Mapping) and cond.get("type") == "Ready":
-            if cond.get("status") == "True":
-                return None
-            since = _parse_time(cond.get("lastTransitionTime"))
-            return None if since is None else since + dt.timedelta(seconds=grace)
-    return None
+    ready = NodeView(node).condition("Ready")
+    if ready is None or ready.get("status") == "True":
+        return None
+    since = _parse_time(ready.get("lastTransitionTime"))
+    return None if since is None else since + dt.timedelta(seconds=grace)
 
 
 def allocated_node(claim: Mapping[str, Any]) -> str | None:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from driver.apiviews import ObjectView
 from process.kube import Obj
 from process.kube.errors import ApiError, status_of
 from process.kube.jsonclient import JsonRequests
@@ -68,17 +69,17 @@ class KubeEvictor:
     def evict(self, pod: Obj, *, dry_run: bool) -> EvictionResult:
         if not self._fence():
             raise EvictionFencedError("not the leader any more")
-        meta = pod["metadata"]
-        options: Obj = {"preconditions": {"uid": meta["uid"]}}
+        view = ObjectView(pod)
+        options: Obj = {"preconditions": {"uid": view.uid}}
         if dry_run:
             options["dryRun"] = ["All"]
         body = {
             "apiVersion": "policy/v1",
             "kind": "Eviction",
-            "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+            "metadata": {"name": view.name, "namespace": view.namespace},
             "deleteOptions": options,
         }
-        path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/eviction"
+        path = f"/api/v1/namespaces/{view.namespace}/pods/{view.name}/eviction"
         try:
             self._api.request("POST", path, body=body)
         except ApiError as exc:

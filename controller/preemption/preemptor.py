@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.objects import Kind, Unplaceable, is_terminal, key_of, pod_claim_names
+from controller.objects import Kind, Unplaceable, key_of, pod_claim_names
 from controller.planner import EnginePlanner
 from controller.preemption.eviction import (
     EvictionFencedError,
@@ -37,6 +37,7 @@ from controller.preemption.search import (
     may_preempt,
 )
 from controller.seams import Recorder
+from driver.apiviews import ObjectView, PodView
 from process.kube import Obj
 
 _log = logging.getLogger(__name__)
@@ -49,10 +50,6 @@ class PreemptionConfig:
     limits: SearchLimits = field(default_factory=SearchLimits)
     searches: int = 4
     """Searches per decision: each dry-run refusal (a PDB) leaves a pod out and searches again."""
-
-
-def _priority(pod: Obj) -> int:
-    return int((pod.get("spec") or {}).get("priority") or 0)
 
 
 def _parse_time(value: object) -> dt.datetime | None:
@@ -94,11 +91,11 @@ class Preemptor:
         key = key_of(pod)
         if why.permanent or self._planner.reservation(key) is not None:
             return why
-        prio = _priority(pod)
+        prio = PodView(pod).priority
         candidates, claims_of = self._candidates(key, prio, stores)
         if not candidates:
             return why
-        if not may_preempt(pod.get("spec") or {}):
+        if not may_preempt(PodView(pod).spec):
             return Unplaceable(
                 why.reason,
                 f"{why.message}; its preemptionPolicy is Never, so carve evicts no "
@@ -179,11 +176,12 @@ class Preemptor:
             p = pods.get(key)
             if p is None or key == preemptor or key in in_hold:
                 continue
-            if p.get("metadata", {}).get("deletionTimestamp") or _priority(p) >= prio:
+            view = PodView(p)
+            if view.deleting or view.priority >= prio:
                 continue
-            started = _parse_time((p.get("status") or {}).get("startTime"))
+            started = _parse_time(view.start_time)
             running = max(0.0, (now - started).total_seconds()) if started else 0.0
-            out.append(Candidate(key, node, _priority(p), running))
+            out.append(Candidate(key, node, view.priority, running))
             claims_of[key] = held
         return out, claims_of
 
@@ -197,9 +195,10 @@ class Preemptor:
         users: dict[str, int] = {}
         uses: dict[str, list[str]] = {}
         for key, p in pods.items():
-            if is_terminal(p):
+            view = PodView(p)
+            if view.terminal:
                 continue
-            ns = p.get("metadata", {}).get("namespace", "")
+            ns = view.namespace
             names = [f"{ns}/{n}" for n in pod_claim_names(p)[0]]
             uses[key] = names
             for n in names:
@@ -219,9 +218,9 @@ class Preemptor:
         return [r[1] for r in self._planner.reservations()]
 
     def _node_of(self, pod: Obj, claims: Sequence[str]) -> str | None:
-        node = (pod.get("spec") or {}).get("nodeName")
+        node = PodView(pod).node_name
         if node:
-            return str(node)
+            return node
         for c in claims:
             ck = self._planner.claim_key(c)
             hold = self._planner.model.hold_of(ck) if ck is not None else None
@@ -244,14 +243,15 @@ class Preemptor:
                 _log.info("could not list PodDisruptionBudgets in %s: %s", ns, exc)
                 continue
             for pdb in pdbs:
-                meta, status = pdb.get("metadata") or {}, pdb.get("status") or {}
-                if int(status.get("observedGeneration") or 0) < int(meta.get("generation") or 0):
+                budget = ObjectView(pdb)
+                status = budget.status
+                if int(status.get("observedGeneration") or 0) < budget.generation:
                     continue  # not evaluated yet: the dry run will tell
-                name = f"{ns}/{meta.get('name')}"
+                name = f"{ns}/{budget.name}"
                 allowances[name] = int(status.get("disruptionsAllowed") or 0)
-                selector = (pdb.get("spec") or {}).get("selector")
+                selector = budget.spec.get("selector")
                 for c in candidates:
-                    labels = pods[c.pod].get("metadata", {}).get("labels") or {}
+                    labels = ObjectView(pods[c.pod]).labels
                     if c.pod.startswith(f"{ns}/") and label_selector_matches(selector, labels):
                         budgets_of[c.pod] = (*budgets_of.get(c.pod, ()), name)
         return allowances, budgets_of
@@ -315,8 +315,8 @@ class Preemptor:
                 Kind.POD,
                 "Warning",
                 "Preempted",
-                f"preempted by pod {key} (priority {_priority(pod)} > {v.priority}), which needs "
-                f"{target} on node {chosen.node}; evicted through the Eviction API",
+                f"preempted by pod {key} (priority {PodView(pod).priority} > {v.priority}), "
+                f"which needs {target} on node {chosen.node}; evicted through the Eviction API",
             )
         self._planner.reserve(
             key,
