@@ -29,7 +29,7 @@ from driver.naming import mig_device_name
 from driver.nvml import sim
 from driver.nvml.backend import NvmlBackend
 from kubeletplugin.checkpoint import CheckpointStore
-from kubeletplugin.claims import ClaimView, parse_claim
+from kubeletplugin.claims import ClaimSnapshot, parse_claim
 from kubeletplugin.ports import ClaimRef
 from kubeletplugin.prepare import Preparer, PreparerSettings
 
@@ -54,7 +54,7 @@ class MemoryClaims:
             }
         return ClaimRef("bench", name, uid)
 
-    def get(self, namespace: str, name: str) -> ClaimView | None:
+    def get(self, namespace: str, name: str) -> ClaimSnapshot | None:
         with self._lock:
             obj = self._objs.get((namespace, name))
             return None if obj is None else parse_claim(obj)
@@ -75,7 +75,7 @@ class MemoryClaims:
         with self._lock:
             self._objs[(namespace, name)].setdefault("status", {})["devices"] = list(entries)
 
-    def holding(self, finalizer: str) -> list[ClaimView]:
+    def holding(self, finalizer: str) -> list[ClaimSnapshot]:
         with self._lock:
             return [
                 parse_claim(o)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from driver.allocation import AllocatedDevice, AllocationFormatError, parse_allocation
+from driver.apiviews import ClaimView, ObjectView
 from driver.config import OpaqueConfigEntry
 from process.kube import Obj
 from process.kube.errors import ConflictError, NotFoundError
@@ -41,7 +42,10 @@ class ClaimFormatError(ValueError):
 
 
 @dataclass(frozen=True)
-class ClaimView:
+class ClaimSnapshot:
+    """A claim as preparation reads it, copied out of the JSON when it was read (a frozen
+    value, unlike `driver.apiviews.ClaimView`, which reads the live object)."""
+
     namespace: str
     name: str
     uid: str
@@ -64,30 +68,29 @@ def _str(obj: Mapping[str, Any], key: str, where: str) -> str:
     return value
 
 
-def parse_claim(obj: Mapping[str, Any]) -> ClaimView:
-    """Reduce an apiserver ResourceClaim object to a ClaimView."""
-    meta = obj.get("metadata")
-    if not isinstance(meta, Mapping):
+def parse_claim(obj: Mapping[str, Any]) -> ClaimSnapshot:
+    """Reduce an apiserver ResourceClaim object to a ClaimSnapshot."""
+    if not isinstance(obj.get("metadata"), Mapping):
         raise ClaimFormatError("ResourceClaim has no metadata")
-    status = obj.get("status") or {}
-    allocation = status.get("allocation") or None
+    view = ClaimView(obj)
+    meta = view.metadata
+    allocation = view.status.get("allocation") or None
     try:
         parsed = parse_allocation(allocation)
     except AllocationFormatError as exc:
         raise ClaimFormatError(str(exc)) from exc
-    return ClaimView(
+    return ClaimSnapshot(
         namespace=_str(meta, "namespace", "metadata"),
         name=_str(meta, "name", "metadata"),
         uid=_str(meta, "uid", "metadata"),
-        resource_version=str(meta.get("resourceVersion", "")),
-        deleting=meta.get("deletionTimestamp") is not None,
-        finalizers=tuple(meta.get("finalizers") or ()),
+        resource_version=view.resource_version,
+        deleting=view.deleting,
+        finalizers=tuple(view.finalizers),
         allocated=allocation is not None,
         results=parsed.results,
         config=parsed.config,
         reserved_for=tuple(
-            f"{r.get('resource', '?')}/{r.get('name', '?')}"
-            for r in status.get("reservedFor") or ()
+            f"{r.get('resource', '?')}/{r.get('name', '?')}" for r in view.reserved_for
         ),
     )
 
@@ -95,7 +98,7 @@ def parse_claim(obj: Mapping[str, Any]) -> ClaimView:
 class ClaimClient(Protocol):
     """What the preparer needs from the API; the only seam tests may replace."""
 
-    def get(self, namespace: str, name: str) -> ClaimView | None:
+    def get(self, namespace: str, name: str) -> ClaimSnapshot | None:
         """The claim, or None if it does not exist."""
 
     def add_finalizer(self, namespace: str, name: str, uid: str, finalizer: str) -> None:
@@ -104,7 +107,7 @@ class ClaimClient(Protocol):
     def remove_finalizer(self, namespace: str, name: str, uid: str, finalizer: str) -> None:
         """Remove `finalizer`; a missing claim, a different UID or an absent finalizer is fine."""
 
-    def holding(self, finalizer: str) -> list[ClaimView]:
+    def holding(self, finalizer: str) -> list[ClaimSnapshot]:
         """Every claim in the cluster that carries `finalizer` (a node's: the claims that node
         may have carved for, which is what a damaged checkpoint is rebuilt from)."""
 
@@ -149,7 +152,7 @@ class KubernetesClaimClient:
         except NotFoundError:
             return None
 
-    def get(self, namespace: str, name: str) -> ClaimView | None:
+    def get(self, namespace: str, name: str) -> ClaimSnapshot | None:
         obj = self._read(namespace, name)
         with self._last_read_lock:
             if obj is None:
@@ -164,7 +167,7 @@ class KubernetesClaimClient:
         """The claim as `get` last read it, once, if it is the object with this UID."""
         with self._last_read_lock:
             obj = self._last_read.pop((namespace, name), None)
-        if obj is None or (obj.get("metadata") or {}).get("uid") != uid:
+        if obj is None or ObjectView(obj).uid != uid:
             return None
         return obj
 
@@ -179,10 +182,11 @@ class KubernetesClaimClient:
         path = _claim_path(namespace, name)
 
         def mutate(cur: dict[str, Any]) -> dict[str, Any] | None:
-            current: list[str] = list(cur["metadata"].get("finalizers") or [])
+            view = ObjectView(cur)
+            current = list(view.finalizers)
             if (finalizer in current) == add:
                 return None
-            if add and cur["metadata"].get("deletionTimestamp"):
+            if add and view.deleting:
                 raise WriteSkippedError(f"ResourceClaim {namespace}/{name} is being deleted")
             wanted = [*current, finalizer] if add else [f for f in current if f != finalizer]
             return {"metadata": {"finalizers": wanted}}
@@ -228,16 +232,16 @@ class KubernetesClaimClient:
                 content_type=APPLY_PATCH,
             )
 
-    def holding(self, finalizer: str) -> list[ClaimView]:
-        out: list[ClaimView] = []
+    def holding(self, finalizer: str) -> list[ClaimSnapshot]:
+        out: list[ClaimSnapshot] = []
         token = ""
         while True:
             query = [("limit", "500"), *([("continue", token)] if token else [])]
             page = self._api.request("GET", _ALL_CLAIMS, query=query)
             for obj in page.get("items") or []:
-                if finalizer in ((obj.get("metadata") or {}).get("finalizers") or ()):
+                if ObjectView(obj).has_finalizer(finalizer):
                     out.append(parse_claim(obj))
-            token = str((page.get("metadata") or {}).get("continue") or "")
+            token = str(ObjectView(page).metadata.get("continue") or "")
             if not token:
                 return out
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from driver.apiviews import PodView
 from kubeletplugin.checkpoint import MpsDaemon
 from kubeletplugin.mps import MpsError
 from process.kube.errors import NotFoundError
@@ -65,7 +66,7 @@ class PodSettings:
 
 
 def _container_state(pod: Mapping[str, Any]) -> Mapping[str, Any]:
-    for c in (pod.get("status") or {}).get("containerStatuses") or ():
+    for c in PodView(pod).container_statuses:
         if c.get("name") == CONTAINER:
             state: Mapping[str, Any] = c.get("state") or {}
             return state
@@ -170,7 +171,7 @@ class DaemonPods:
 
     def running(self, d: MpsDaemon) -> bool:
         pod = self._get(d)
-        if pod is None or (pod.get("metadata") or {}).get("deletionTimestamp"):
+        if pod is None or PodView(pod).deleting:
             return False
         return "running" in _container_state(pod)
 
@@ -181,11 +182,12 @@ class DaemonPods:
             return None  # the API may answer again before the deadline
         if pod is None:
             return f"pod {d.pod} is gone"
-        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        view = PodView(pod)
+        if view.deleting:
             return f"pod {d.pod} is being deleted"
         state = _container_state(pod)
-        phase = (pod.get("status") or {}).get("phase")
-        if phase in ("Failed", "Succeeded") or "terminated" in state:
+        phase = view.phase
+        if view.terminal or "terminated" in state:
             ended = state.get("terminated") or {}
             said = " ".join(str(ended.get("message", "")).split())[-500:]
             return (

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
+from driver.apiviews import ObjectView
 from kubeletplugin.claims import plugin_event_writer
 from process.kube.jsonclient import JsonRequests
 
@@ -48,11 +49,10 @@ class KubernetesNodeEvents:
         if self._uid is None:
             try:
                 node = self._api.request("GET", f"/api/v1/nodes/{self._node}")
-                self._uid = str(node["metadata"]["uid"])
+                self._uid = ObjectView(node).uid or None
             except Exception as e:  # the kubelet's spelling: the node's name as its UID
                 log.info("node UID unknown for events", extra={"error": str(e)})
-                return self._node
-        return self._uid
+        return self._uid or self._node
 
     def event(self, *, type_: str, reason: str, message: str, action: str = "GpuHealth") -> None:
         uid = self._node_uid()

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from driver.apiviews import SliceView
 from driver.cdi import DeviceNode, uvm_device_nodes
 from driver.devnodes import parse_char_major
 from driver.driverroot import LIBRARY_DIRS, DriverRootError, nvml_library
@@ -159,13 +160,13 @@ class NodeHardware:
                     bad[minors[u]] = f"{bad[minors[u]]}; {why}" if minors[u] in bad else why
             down = mps_down()
             by_minor = {minors[u]: places for u, places in sick_devices().items() if u in minors}
-            devices = [
-                (s["spec"]["pool"]["name"], d["name"])
+            slices = [
+                SliceView(s)
                 for s in self.resource_slices(
                     driver=driver, node_name=node_name, generation=0, split=True, whole=whole()
                 )
-                for d in s["spec"].get("devices") or ()
             ]
+            devices = [(s.pool_name, d["name"]) for s in slices for d in s.devices]
             out = []
             for pool, name in devices:
                 parsed = parse_device_name(name)

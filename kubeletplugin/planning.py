@@ -17,7 +17,7 @@ from driver.config import ConfigError, MpsConfig, SharingStrategy, resolve_confi
 from driver.naming import DevicePlace, parse_device_name
 from driver.nvml.types import GpuInfo
 from kubeletplugin.checkpoint import DeviceRecord
-from kubeletplugin.claims import ClaimView, describe_results
+from kubeletplugin.claims import ClaimSnapshot, describe_results
 from kubeletplugin.ports import ClaimError
 from kubeletplugin.wording import gpu_label
 
@@ -70,7 +70,7 @@ class GpuRefusedError(ClaimError):
 
 
 def plan_devices(
-    claim: ClaimView,
+    claim: ClaimSnapshot,
     node: NodeIdentity,
     gpus: Mapping[int, GpuInfo],
     *,

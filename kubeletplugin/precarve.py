@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from driver.allocation import AllocatedDevice
+from driver.apiviews import ClaimView, ObjectView
 from driver.contract import Contract
 from driver.naming import parse_device_name
 from kubeletplugin.checkpoint import Checkpoint
@@ -107,8 +108,8 @@ def _reported_devices(
     """(pool, device, shareID) of the driver's device entries that carry a verdict."""
     verdicts = {contract.carved_condition, contract.carve_failed_condition}
     out: set[tuple[str, str, str | None]] = set()
-    for entry in (obj.get("status") or {}).get("devices") or ():
-        if not isinstance(entry, Mapping) or entry.get("driver") != contract.driver:
+    for entry in ClaimView(obj).device_statuses:
+        if entry.get("driver") != contract.driver:
             continue
         for cond in entry.get("conditions") or ():
             if (
@@ -204,15 +205,15 @@ class KubernetesDeviceStatus:
             have = {(r.pool, r.device, r.share_id) for r in claim.results_for(target_driver)}
             if claim.deleting or not wanted <= have:
                 raise WriteSkippedError("the claim's allocation changed meanwhile")
-            status = cur.get("status") or {}
+            current = ClaimView(cur).device_statuses
             new = device_status_entries(
-                status.get("devices") or [],
+                current,
                 target.devices,
                 verdict,
                 contract=self._contract,
                 now=self._clock(),
             )
-            if new == (status.get("devices") or []):
+            if new == current:
                 return None
             return {"status": {"devices": new}}
 
@@ -305,17 +306,17 @@ class PreCarver:
     # -- events ---------------------------------------------------------------------------
 
     def on_claim(self, event: str, obj: Mapping[str, Any]) -> None:
-        uid = str((obj.get("metadata") or {}).get("uid", ""))
+        uid = ObjectView(obj).uid
         if event == "DELETED":
             self._maybe_release(uid)
             return
         try:
             target = carve_target(obj, contract=self._contract, pool=self._pool)
         except ClaimFormatError as e:
-            meta = obj.get("metadata") or {}
+            view = ObjectView(obj)
             log.warning(
                 "ignoring a claim carve cannot read",
-                extra={"claim": f"{meta.get('namespace')}/{meta.get('name')}", "error": str(e)},
+                extra={"claim": f"{view.namespace}/{view.name}", "error": str(e)},
             )
             return
         if target is None:

@@ -47,7 +47,7 @@ from kubeletplugin.checkpoint import (
     DeviceRecord,
     WarmInstance,
 )
-from kubeletplugin.claims import ClaimClient, ClaimEvents, ClaimGoneError, ClaimView
+from kubeletplugin.claims import ClaimClient, ClaimEvents, ClaimGoneError, ClaimSnapshot
 from kubeletplugin.devicereport import DeviceReport
 from kubeletplugin.foreign import ForeignPolicy, blocked_places, describe
 from kubeletplugin.foreignscan import ForeignScanner
@@ -311,7 +311,7 @@ class Preparer:
         done = tuple(replace(d, cdi_ids=(c,)) for d, c in zip(record.devices, cdi_ids, strict=True))
         return self.ledger.put(replace(record, state=ClaimState.PREPARE_COMPLETED, devices=done))
 
-    def _read_claim(self, ref: ClaimRef) -> ClaimView:
+    def _read_claim(self, ref: ClaimRef) -> ClaimSnapshot:
         try:
             claim = self._claims.get(ref.namespace, ref.name)
         except Exception as e:
@@ -330,7 +330,7 @@ class Preparer:
             raise ClaimError("not-allocated", "ResourceClaim is not allocated")
         return claim
 
-    def _plan(self, claim: ClaimView) -> list[PlannedDevice]:
+    def _plan(self, claim: ClaimSnapshot) -> list[PlannedDevice]:
         try:
             return plan_devices(
                 claim,

@@ -41,6 +41,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from driver.apiviews import ObjectView, SliceView
 from kubeletplugin.metrics import PluginMetrics
 from process.kube.errors import ApiError, NotFoundError
 from process.kube.jsonclient import KubeJson
@@ -145,7 +146,7 @@ class SlicePublisher:
                 "apiVersion": "v1",
                 "kind": "Node",
                 "name": self._settings.node_name,
-                "uid": node["metadata"]["uid"],
+                "uid": ObjectView(node).uid,
                 "controller": True,
             }
         ]
@@ -163,8 +164,7 @@ class SlicePublisher:
         wrote before (a slice left by a predecessor, or unannotated, is taken over)."""
         out = {}
         for name, obj in current.items():
-            meta = obj.get("metadata") or {}
-            writer = (meta.get("annotations") or {}).get(self._publisher_key())
+            writer = ObjectView(obj).annotations.get(self._publisher_key())
             if writer and writer != self.identity:
                 out[name] = str(writer)
         return out
@@ -175,8 +175,7 @@ class SlicePublisher:
         taken = {
             n: w
             for n, w in foreign.items()
-            if n in self._written
-            and current[n]["metadata"].get("resourceVersion") != self._written[n]
+            if n in self._written and ObjectView(current[n]).resource_version != self._written[n]
         }
         if taken and not self.conflict:
             writers = ", ".join(sorted(set(taken.values())))
@@ -220,24 +219,23 @@ class SlicePublisher:
 
     def _sync(self) -> bool:
         split = self.split_counters()
-        current = {s["metadata"]["name"]: s for s in self.existing()}
+        current = {ObjectView(s).name: s for s in self.existing()}
         if self._check_conflict(current):
             return False
-        pool_generations = {int(s["spec"]["pool"].get("generation", 0)) for s in current.values()}
+        pool_generations = {SliceView(s).pool_generation for s in current.values()}
         generation = max(pool_generations, default=0)
         # Built once, already at the next generation: names and content hashes do not depend on
         # the generation, so the same objects answer "unchanged?" and are what gets written.
         wanted = {
-            d["metadata"]["name"]: d
-            for d in self._desired(generation + 1, split, self._node_owner())
+            ObjectView(d).name: d for d in self._desired(generation + 1, split, self._node_owner())
         }
         unchanged = (
             set(current) == set(wanted)
             and len(pool_generations) == 1
             and not self._foreign(current)
             and all(
-                (current[n]["metadata"].get("annotations") or {}).get(self._hash_key())
-                == wanted[n]["metadata"]["annotations"][self._hash_key()]
+                ObjectView(current[n]).annotations.get(self._hash_key())
+                == ObjectView(wanted[n]).annotations.get(self._hash_key())
                 for n in wanted
             )
         )
@@ -248,7 +246,7 @@ class SlicePublisher:
                 written = self._replace(current[name], d)
             else:
                 written = self._api.request("POST", SLICES_PATH, body=d)
-            self._written[name] = str((written.get("metadata") or {}).get("resourceVersion"))
+            self._written[name] = ObjectView(written).resource_version
         for name in set(current) - set(wanted):
             self._delete(name)
             self._written.pop(name, None)
@@ -264,12 +262,12 @@ class SlicePublisher:
         the fresh copy only lends its resourceVersion). A slice the kubelet wiped meanwhile is
         created instead; any other failure ends this sync and the retry loop below starts over
         from a fresh listing, because the pool generation is decided over all slices at once."""
-        meta = listed["metadata"]
-        path = f"{SLICES_PATH}/{meta['name']}"
+        view = ObjectView(listed)
+        path = f"{SLICES_PATH}/{view.name}"
         target = Target(
             namespace="",
-            name=meta["name"],
-            uid=meta.get("uid", ""),
+            name=view.name,
+            uid=view.uid,
             read=lambda: self._api.request("GET", path),
             write=lambda body: self._api.request("PUT", path, body=body),
         )
@@ -288,7 +286,7 @@ class SlicePublisher:
 
     def cleanup(self) -> int:
         """Delete every slice of this driver on this node (uninstall); returns how many."""
-        names = [s["metadata"]["name"] for s in self.existing()]
+        names = [ObjectView(s).name for s in self.existing()]
         for name in names:
             self._delete(name)
         log.info("ResourceSlices removed", extra={"slices": len(names)})

@@ -18,7 +18,7 @@ from driver.contract import Contract
 from driver.nvml.errors import GpuLost, GpuNotPresent
 from driver.nvml.types import GpuInfo, GpuInstance
 from kubeletplugin.checkpoint import ClaimRecord, ClaimState
-from kubeletplugin.claims import ClaimClient, ClaimView
+from kubeletplugin.claims import ClaimClient, ClaimSnapshot
 from kubeletplugin.devicereport import DeviceReport
 from kubeletplugin.foreignscan import ForeignScanner
 from kubeletplugin.ledger import Ledger, find_own_instance
@@ -149,7 +149,7 @@ class Recovery:
             f"({', '.join(released) or 'none'}); other MIG instances are kept as foreign"
         )
 
-    def _rebuild_one(self, claim: ClaimView) -> bool:
+    def _rebuild_one(self, claim: ClaimSnapshot) -> bool:
         """Record one claim prepared again if NVML still has all its devices; False if not."""
         if not claim.allocated:
             return False
@@ -239,7 +239,7 @@ class Recovery:
         self._warm.reclaim_expired()
         self._foreign.rescan()
 
-    def _not_ours_any_more(self, claim: ClaimView | None, uid: str) -> str:
+    def _not_ours_any_more(self, claim: ClaimSnapshot | None, uid: str) -> str:
         """Why a prepared claim no longer belongs on this node ("" when it still does)."""
         if claim is None or claim.uid != uid:
             return "no longer exists in the API"

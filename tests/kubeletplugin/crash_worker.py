@@ -28,7 +28,7 @@ from driver.cdi import CdiWriter
 from driver.nvml import sim
 from driver.nvml.backend import NvmlBackend
 from kubeletplugin.checkpoint import Checkpoint, CheckpointStore
-from kubeletplugin.claims import ClaimGoneError, ClaimView, parse_claim
+from kubeletplugin.claims import ClaimGoneError, ClaimSnapshot, parse_claim
 from kubeletplugin.ports import ClaimRef
 from kubeletplugin.prepare import Preparer, PreparerSettings
 from kubeletplugin.warm import WarmSettings
@@ -64,7 +64,7 @@ class FileClaims:
             obj: dict[str, Any] | None = data.get(f"{namespace}/{name}")
             return obj
 
-    def get(self, namespace: str, name: str) -> ClaimView | None:
+    def get(self, namespace: str, name: str) -> ClaimSnapshot | None:
         obj = self.raw(namespace, name)
         return None if obj is None else parse_claim(obj)
 
@@ -94,7 +94,7 @@ class FileClaims:
             if obj is not None and obj["metadata"]["uid"] == uid:
                 obj.setdefault("status", {})["devices"] = list(entries)
 
-    def holding(self, finalizer: str) -> list[ClaimView]:
+    def holding(self, finalizer: str) -> list[ClaimSnapshot]:
         with self._locked() as data:
             return [
                 parse_claim(o)

@@ -18,7 +18,7 @@ from driver.naming import gpu_device_name, mig_device_name
 from driver.nvml import sim
 from driver.nvml.backend import NvmlBackend
 from kubeletplugin.checkpoint import CheckpointStore
-from kubeletplugin.claims import ClaimGoneError, ClaimView, parse_claim
+from kubeletplugin.claims import ClaimGoneError, ClaimSnapshot, parse_claim
 from kubeletplugin.foreign import ForeignPolicy
 from kubeletplugin.ports import ClaimRef
 from kubeletplugin.prepare import Preparer, PreparerSettings
@@ -102,7 +102,7 @@ class FakeClaims:
             return list(obj["metadata"]["finalizers"]) if obj else []
 
     # -- ClaimClient --
-    def get(self, namespace: str, name: str) -> ClaimView | None:
+    def get(self, namespace: str, name: str) -> ClaimSnapshot | None:
         with self.lock:
             self.reads += 1
             obj = self.objects.get((namespace, name))
@@ -149,7 +149,7 @@ class FakeClaims:
             mine.clear()
             mine.update((e["driver"], e["pool"], e["device"]) for e in entries)
 
-    def holding(self, finalizer: str) -> list[ClaimView]:
+    def holding(self, finalizer: str) -> list[ClaimSnapshot]:
         with self.lock:
             return [
                 parse_claim(o)
