@@ -20,7 +20,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from controller.config import ReconcilerConfig
-from controller.nodehealth.signals import NodeLoss, allocated_node, node_loss, not_ready_deadline
+from controller.nodehealth.signals import NodeLoss, node_loss, not_ready_deadline
 from controller.objects import Kind, has_finalizer, is_allocated, key_of, node_finalizers
 from controller.seams import ClaimWriter, Recorder
 from controller.store import ClusterStore
@@ -86,7 +86,7 @@ class LostNodes:
 
     def loss_of(self, claim: Obj, now: dt.datetime) -> NodeLoss | None:
         """The loss of the node the claim is allocated to, if that node is lost."""
-        node = allocated_node(claim)
+        node = ClaimView(claim).node
         return None if node is None else self._loss_of_node(node, now)
 
     def on_lost_node(self, claims: Sequence[Obj]) -> bool:
@@ -104,7 +104,7 @@ class LostNodes:
         self._next_check = None
         by_node: dict[str, list[str]] = {}
         for key, claim in self._store.claims.items():
-            node = allocated_node(claim)
+            node = ClaimView(claim).node
             if node is not None:
                 by_node.setdefault(node, []).append(key)
         lost: dict[str, NodeLoss] = {}

@@ -117,26 +117,3 @@ def not_ready_deadline(node: Mapping[str, Any], grace: float | None) -> dt.datet
         return None
     since = _parse_time(ready.get("lastTransitionTime"))
     return None if since is None else since + dt.timedelta(seconds=grace)
-
-
-def allocated_node(claim: Mapping[str, Any]) -> str | None:
-    """The node a claim's allocation pins it to (its ``nodeSelector`` field match on
-    ``metadata.name``, as carve and kube-scheduler write it); None for a node-less one."""
-    allocation = (claim.get("status") or {}).get("allocation")
-    if not isinstance(allocation, Mapping):
-        return None
-    selector = allocation.get("nodeSelector")
-    if not isinstance(selector, Mapping):
-        return None
-    for term in selector.get("nodeSelectorTerms") or []:
-        if not isinstance(term, Mapping):
-            continue
-        for req in term.get("matchFields") or []:
-            if (
-                isinstance(req, Mapping)
-                and req.get("key") == "metadata.name"
-                and req.get("operator") == "In"
-                and len(req.get("values") or []) == 1
-            ):
-                return str(req["values"][0])
-    return None

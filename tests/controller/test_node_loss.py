@@ -21,11 +21,12 @@ from controller.cache import trim_node
 from controller.config import ReconcilerConfig
 from controller.main import parse_options
 from controller.nodefit import MisfitReason, PodNeeds, check_node, parse_node
-from controller.nodehealth.signals import LossSignal, allocated_node, node_loss
+from controller.nodehealth.signals import LossSignal, node_loss
 from controller.objects import EventType, Kind
 from controller.planner import EnginePlanner
 from controller.reconciler import Reconciler
 from controller.tolerations import Toleration
+from driver.apiviews import ClaimView
 from driver.contract import DEFAULT_CONTRACT
 from process.flags import UsageError
 from tests.support.engine_cluster import device_class, node, profile_claim, slices
@@ -99,7 +100,7 @@ class Cluster:
     def bind(self, pod_name: str, claim_name: str, *, prepare: bool = True) -> None:
         """kube-scheduler binds the pod, the kubelet runs it, the plugin prepares the claim."""
         c = self.writer.objects[claim_name]
-        target = allocated_node(c)
+        target = ClaimView(c).node
         assert target is not None
         p = self.writer.objects[pod_name]
         p["spec"]["nodeName"] = target
@@ -126,7 +127,7 @@ class Cluster:
         return self.writer.objects[name]
 
     def node_of(self, claim_name: str) -> str | None:
-        return allocated_node(self.claim(claim_name))
+        return ClaimView(self.claim(claim_name)).node
 
     def device_of(self, claim_name: str) -> tuple[str, str]:
         [r] = self.claim(claim_name)["status"]["allocation"]["devices"]["results"]

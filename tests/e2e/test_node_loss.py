@@ -23,8 +23,8 @@ from typing import Any, TypeVar
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from controller.nodehealth.signals import allocated_node
 from devcluster.waiting import wait_for
+from driver.apiviews import ClaimView
 from nodesim.simnode import SimNode
 from tests.e2e.harness import E2E, cel, request
 
@@ -219,7 +219,7 @@ def _fill_a(e2e: E2E, watch: _Watch, replicas: int, *, waiting: bool) -> tuple[S
             if pod is None or pod["spec"].get("schedulingGates"):
                 return False
             try:
-                return allocated_node(e2e.claim_of("waiting", "mig")) == a.name
+                return ClaimView(e2e.claim_of("waiting", "mig")).node == a.name
             except AssertionError:  # no claim yet
                 return False
 
@@ -271,11 +271,11 @@ def test_a_deleted_node_gives_its_claims_up_and_its_stale_instances_die_when_it_
         )
         # Its pod is still bound to A (until PodGC): the claim stays reserved and allocated.
         claim = _claim(e2e, name)
-        assert claim is not None and allocated_node(claim) == a.name
+        assert claim is not None and ClaimView(claim).node == a.name
 
     watch.until(
         "the unbound pod's claim placed again, on B",
-        lambda: allocated_node(e2e.claim_of("waiting", "mig")) == b.name,
+        lambda: ClaimView(e2e.claim_of("waiting", "mig")).node == b.name,
         timeout=30,
     )
     assert e2e.claim_of("waiting", "mig")["metadata"]["name"] == waiting_claim
