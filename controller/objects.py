@@ -10,11 +10,13 @@ and frozen values; no I/O.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from driver import apiviews
 from driver.allocation import AllocatedDevice
 from driver.apiviews import ClaimView, ObjectView, PodView
-from driver.apiviews import key_of as _key_of
 from driver.contract import DEFAULT_CONTRACT, HANDED_TO_SCHEDULER, Contract
 from process.kube import Obj
 
@@ -106,9 +108,12 @@ class CarveClasses:
         return isinstance(name, str) and (name in self.names or name.endswith(self.suffix))
 
 
-key_of = _key_of
-"""The store key of an object (``namespace/name``), the controller's name for every object it
-holds; the function is `driver.apiviews.key_of`, named here with the rest of the vocabulary."""
+# The hottest reads are driver.apiviews' plain functions, named here with the rest of the
+# vocabulary: key_of is the store key (``namespace/name``) of every object the controller holds.
+key_of = apiviews.key_of
+is_terminal = apiviews.is_terminal
+is_allocated = apiviews.is_allocated
+has_gate = apiviews.has_gate
 
 
 def claim_class_names(claim: Obj) -> list[str]:
@@ -126,9 +131,15 @@ def pod_claim_refs(pod: Obj) -> dict[str, str | None]:
     for: None while a template's claim has not been generated, or when kube-controller-manager
     recorded that the pod does not need it after all."""
     view = PodView(pod)
-    generated = {s.get("name"): s.get("resourceClaimName") for s in view.resource_claim_statuses}
+    return _claim_refs(view.resource_claims, view.resource_claim_statuses)
+
+
+def _claim_refs(
+    entries: Sequence[Mapping[str, Any]], statuses: Sequence[Mapping[str, Any]]
+) -> dict[str, str | None]:
+    generated = {s.get("name"): s.get("resourceClaimName") for s in statuses}
     refs: dict[str, str | None] = {}
-    for ref in view.resource_claims:
+    for ref in entries:
         entry = str(ref.get("name"))
         if ref.get("resourceClaimName"):
             refs[entry] = str(ref["resourceClaimName"])
@@ -141,11 +152,14 @@ def pod_claim_refs(pod: Obj) -> dict[str, str | None]:
 def pod_claim_names(pod: Obj) -> tuple[list[str], list[str]]:
     """Names of the claims a pod uses, and the pod-claim entries whose claim does not exist yet."""
     view = PodView(pod)
-    generated = {s.get("name") for s in view.resource_claim_statuses}
-    refs = pod_claim_refs(pod)
+    entries, statuses = view.resource_claims, view.resource_claim_statuses
+    if not entries:
+        return [], []
+    generated = {s.get("name") for s in statuses}
+    refs = _claim_refs(entries, statuses)
     names: list[str] = []
     missing: list[str] = []
-    for ref in view.resource_claims:
+    for ref in entries:
         claim_name = refs.get(str(ref.get("name")))
         if claim_name is not None:
             names.append(claim_name)
@@ -157,14 +171,6 @@ def pod_claim_names(pod: Obj) -> tuple[list[str], list[str]]:
 def handed_to_scheduler(claim: Obj, contract: Contract) -> bool:
     """Whether the controller left this claim to kube-scheduler (native fallback)."""
     return ObjectView(claim).annotations.get(contract.allocator_annotation) == HANDED_TO_SCHEDULER
-
-
-def is_allocated(claim: Obj) -> bool:
-    return ClaimView(claim).allocated
-
-
-def is_terminal(pod: Obj) -> bool:
-    return PodView(pod).terminal
 
 
 def priority_key(pod: Obj) -> tuple[int, str, str]:
@@ -180,10 +186,6 @@ def has_finalizer(obj: Obj, finalizer: str) -> bool:
 def has_condition(pod: Obj, type_: str) -> bool:
     """Whether the pod's status carries a condition of `type_` (whatever its status)."""
     return PodView(pod).condition(type_) is not None
-
-
-def has_gate(pod: Obj, gate: str) -> bool:
-    return PodView(pod).has_gate(gate)
 
 
 def other_gates(pod: Obj, gate: str) -> list[str]:

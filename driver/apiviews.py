@@ -11,7 +11,10 @@ they hold, never through a view), and each accessor
 reads through it when asked. So making one is as cheap as a tuple, and a view of an object
 that changes later reads the change. The controller makes them on its decision path, which is
 why they are plain slotted classes: a frozen dataclass pays for its ``__setattr__`` guard on
-every construction. The hottest read, the store key, is also a plain function (`key_of`).
+every construction. The hottest reads (the store key, whether a pod ended or carries a gate,
+whether a claim is allocated) are also plain functions, which the views' accessors call:
+the controller asks them of every pod or claim in a scan, where making a view costs as much
+as the read.
 
 No accessor raises on a shape the API would not send: a missing, null, empty or mistyped
 field at any level reads as absent ("", 0, an empty mapping or sequence, None), so a malformed
@@ -51,7 +54,9 @@ def _seq(value: object) -> Sequence[Any]:
 
 def _maps(value: object) -> list[Mapping[str, Any]]:
     """The objects of a JSON array, skipping entries that are not objects."""
-    return [v for v in _seq(value) if isinstance(v, Mapping)]
+    if not value:
+        return []
+    return [v for v in _seq(value) if type(v) is dict or isinstance(v, Mapping)]
 
 
 def _str(value: object) -> str:
@@ -85,6 +90,33 @@ def key_of(obj: Mapping[str, Any]) -> str:
     return f"{ns}/{meta.get('name')}" if ns else str(meta.get("name"))
 
 
+def is_terminal(pod: Mapping[str, Any]) -> bool:
+    """`PodView.terminal`, as a plain function for the controller's per-pod scans."""
+    status = pod.get("status")
+    if type(status) is not dict:
+        status = _map(status)
+    return status.get("phase") in TERMINAL_PHASES
+
+
+def is_allocated(claim: Mapping[str, Any]) -> bool:
+    """`ClaimView.allocated`, as a plain function for the controller's per-claim scans."""
+    status = claim.get("status")
+    if type(status) is not dict:
+        status = _map(status)
+    return bool(status.get("allocation"))
+
+
+def has_gate(pod: Mapping[str, Any], gate: str) -> bool:
+    """`PodView.has_gate`, as a plain function for the controller's per-pod scans."""
+    spec = pod.get("spec")
+    if type(spec) is not dict:
+        spec = _map(spec)
+    for g in _seq(spec.get("schedulingGates")):
+        if (type(g) is dict or isinstance(g, Mapping)) and g.get("name") == gate:
+            return True
+    return False
+
+
 class ObjectView:
     """What every API object has: its ``metadata``."""
 
@@ -100,9 +132,11 @@ class ObjectView:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({key_of(self.raw)})"
 
+    # metadata, spec and status test for a plain dict inline: they are read on every access.
     @property
     def metadata(self) -> Mapping[str, Any]:
-        return _map(self.raw.get("metadata"))
+        meta = self.raw.get("metadata")
+        return meta if type(meta) is dict else _map(meta)
 
     @property
     def name(self) -> str:
@@ -167,11 +201,13 @@ class ObjectView:
 
     @property
     def spec(self) -> Mapping[str, Any]:
-        return _map(self.raw.get("spec"))
+        spec = self.raw.get("spec")
+        return spec if type(spec) is dict else _map(spec)
 
     @property
     def status(self) -> Mapping[str, Any]:
-        return _map(self.raw.get("status"))
+        status = self.raw.get("status")
+        return status if type(status) is dict else _map(status)
 
 
 def _condition(conditions: Sequence[Mapping[str, Any]], type_: str) -> Mapping[str, Any] | None:
@@ -198,7 +234,7 @@ class PodView(ObjectView):
     @property
     def terminal(self) -> bool:
         """Whether the pod ended (Succeeded or Failed): nothing of it runs any more."""
-        return self.status.get("phase") in TERMINAL_PHASES
+        return is_terminal(self.raw)
 
     @property
     def priority(self) -> int:
@@ -215,7 +251,7 @@ class PodView(ObjectView):
         return [_str(g.get("name")) for g in _maps(self.spec.get("schedulingGates"))]
 
     def has_gate(self, gate: str) -> bool:
-        return gate in self.scheduling_gates
+        return has_gate(self.raw, gate)
 
     @property
     def resource_claims(self) -> list[Mapping[str, Any]]:
@@ -288,7 +324,7 @@ class ClaimView(ObjectView):
 
     @property
     def allocated(self) -> bool:
-        return bool(self.status.get("allocation"))
+        return is_allocated(self.raw)
 
     @property
     def results(self) -> list[Mapping[str, Any]]:
