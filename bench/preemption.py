@@ -26,17 +26,16 @@ import random
 import statistics
 import time
 from collections.abc import Sequence
-from typing import Any
 
 from controller.objects import Kind, Plan
 from controller.placement import NoPlacement, PlacementRequest
 from controller.planner import EnginePlanner
 from controller.preemption.search import Candidate, SearchLimits, cheapest_victims
 from controller.status import build_allocation_status
+from driver.apiobject import Obj
 from driver.catalog import gpu_model
 from driver.resourceslice import PublishedGpu, build_resource_slices
 
-Obj = dict[str, Any]
 DRIVER = "mig.carve.dev"
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 PROFILES = {

@@ -14,7 +14,6 @@ other tests on this control plane. Those two forms are covered from the tracker'
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
 from kubernetes.client import ApiClient
@@ -23,12 +22,12 @@ from kubernetes.client.exceptions import ApiException
 from controller.taintrules import TaintRules
 from controller.tolerations import blocking, parse_tolerations
 from devcluster.waiting import wait_for
+from driver.apiobject import Obj
 from tests.cluster.dra_objects import Api, claim_spec, claim_template, pod, pod_condition
 from tests.cluster.dra_objects import unique_driver as _unique_driver
 
 pytestmark = pytest.mark.cluster
 
-Obj = dict[str, Any]
 KEY = "example.com/maintenance"
 DEVICE = "gpu-0"  # the toy pool's whole GPU, which the claim's profile "full" selects
 # (selector with {driver} and {pool} filled in, or None; effect; tolerated; carve blocks it)

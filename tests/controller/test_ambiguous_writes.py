@@ -23,13 +23,12 @@ from controller.leader import LeaderElector, LeaseConfig
 from controller.objects import ClaimAllocation, Kind
 from controller.status import KubeClaimWriter
 from controller.writepool import WritePool
+from driver.apiobject import Obj
 from process.kube.jsonclient import KubeJson
 from process.kube.rmw import RetryPolicy, Target, is_transient, read_modify_write
 from process.kubeconfig import load_api_client
 from tests.support.engine_cluster import node
 from tests.support.reconciler import Harness, HeldWrites, MemoryWriter, claim, pod
-
-Obj = dict[str, Any]
 
 _RESET = urllib3.exceptions.ProtocolError(
     "Connection aborted.", ConnectionResetError(104, "Connection reset by peer")

@@ -20,12 +20,12 @@ from controller.cache import (
     strip_bookkeeping,
 )
 from controller.nodefit import pod_requests
+from driver.apiobject import Obj
 from driver.catalog import gpu_model
 from driver.contract import DEFAULT_CONTRACT
 from driver.resourceslice import PublishedGpu, build_resource_slices
 
 GATE = DEFAULT_CONTRACT.scheduling_gate
-Obj = dict[str, Any]
 
 
 def _pod(**spec: Any) -> Obj:

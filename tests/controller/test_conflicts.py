@@ -21,10 +21,10 @@ from controller.objects import EventType, Kind
 from controller.planner import EnginePlanner
 from controller.reconciler import Reconciler
 from controller.status import node_selector_for
+from driver.apiobject import Obj
 from tests.support.engine_cluster import DRIVER, device_class, node, slices
 from tests.support.reconciler import ListRecorder, MemoryWriter, claim
 
-Obj = dict[str, Any]
 DEVICE = "gpu-0-mig-7g80gb-0-0"
 
 

@@ -20,6 +20,7 @@ from controller.extended_resources import (
     resource_classes,
 )
 from controller.objects import CarveClasses, EventType, Kind, has_gate
+from driver.apiobject import Obj
 from driver.catalog import gpu_model
 from driver.contract import (
     DEFAULT_CONTRACT,
@@ -29,7 +30,6 @@ from driver.contract import (
 from driver.resourceslice import PublishedGpu, build_resource_slices
 from tests.support.engine_cluster import Cluster, device_class, node, profile_claim
 
-Obj = dict[str, Any]
 GATE = DEFAULT_CONTRACT.scheduling_gate
 DRIVER = "mig.carve.dev"
 

@@ -6,17 +6,14 @@ The bench with 50,000 foreign claims and slices is bench/foreign_objects.py.
 
 from __future__ import annotations
 
-from typing import Any
-
 from controller.cache import claim_view
 from controller.informers import InformerConfig, standard_informers
 from controller.objects import CarveClasses, Kind
 from controller.status import node_selector_for
+from driver.apiobject import Obj
 from driver.contract import DEFAULT_CONTRACT
 from tests.support.fake_lists import EmptyLists
 from tests.support.reconciler import Harness, claim, pod
-
-Obj = dict[str, Any]
 
 
 def _nic_claim(name: str) -> Obj:

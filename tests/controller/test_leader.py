@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
-from typing import Any
 
 import pytest
 
 from controller.leader import LeaderElector, LeaseConfig, may_take
 from tests.support.lease import LeaseResponse, LeaseStore
-
-Obj = dict[str, Any]
 
 
 class Clock:

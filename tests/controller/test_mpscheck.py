@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from controller.claims import parse_claim_spec
 from controller.mpscheck import with_floors
 from controller.objects import EventType, Kind
+from driver.apiobject import Obj
 from tests.support.engine_cluster import DRIVER, Cluster, device_class, profile_claim
 
-Obj = dict[str, Any]
 GIB = 2**30
 
 

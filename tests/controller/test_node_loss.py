@@ -26,13 +26,13 @@ from controller.objects import EventType, Kind
 from controller.planner import EnginePlanner
 from controller.reconciler import Reconciler
 from controller.tolerations import Toleration
+from driver.apiobject import Obj
 from driver.apiviews import ClaimView
 from driver.contract import DEFAULT_CONTRACT
 from process.flags import UsageError
 from tests.support.engine_cluster import device_class, node, profile_claim, slices
 from tests.support.reconciler import ListRecorder, MemoryWriter, pod
 
-Obj = dict[str, Any]
 A100 = "A100-SXM4-40GB"
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 OOS = "node.kubernetes.io/out-of-service"

@@ -17,10 +17,10 @@ from controller.metrics import SliceUsageIndex, slice_usage
 from controller.model import GpuInventory, inventories_from_slices
 from controller.objects import Kind, key_of
 from controller.planner import EnginePlanner
+from driver.apiobject import Obj
 from driver.catalog import gpu_model
 from driver.resourceslice import PublishedGpu, build_resource_slices
 
-Obj = dict[str, Any]
 DRIVER = "mig.carve.dev"
 NODE = "n1"
 MODELS = ("H100-SXM5-80GB", "A100-SXM4-80GB", "H100-SXM5-80GB", "A30-24GB")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
-from typing import Any
 
 from controller.config import ReconcilerConfig
 from controller.objects import EventType, Kind, Plan, Unplaceable
@@ -18,10 +17,10 @@ from controller.planner import EnginePlanner
 from controller.preemption.eviction import EvictionOutcome, EvictionResult
 from controller.preemption.preemptor import Preemptor
 from controller.reconciler import Reconciler
+from driver.apiobject import Obj
 from tests.support.engine_cluster import Cluster, profile_claim
 from tests.support.reconciler import pod
 
-Obj = dict[str, Any]
 NOW = dt.datetime(2026, 1, 1, 1, 0, tzinfo=dt.UTC)
 PDB_REFUSAL = "Cannot evict pod as it would violate the pod's disruption budget."
 

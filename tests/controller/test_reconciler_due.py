@@ -18,8 +18,6 @@ from controller.objects import EventType, Kind, Unplaceable, key_of
 from controller.work import PodWork, WorkKind, pod_work
 from tests.support.reconciler import Harness, claim, count_classifications, pod
 
-Obj = dict[str, Any]
-
 
 def test_a_pass_classifies_and_decides_only_what_changed(monkeypatch: pytest.MonkeyPatch) -> None:
     seen = count_classifications(monkeypatch)

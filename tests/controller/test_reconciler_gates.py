@@ -12,9 +12,9 @@ from typing import Any
 
 from controller.objects import CarveClasses, Kind, has_gate, other_gates
 from controller.work import GATED_ELSEWHERE, WorkKind, pod_work
+from driver.apiobject import Obj
 from tests.support.reconciler import SCHEDULING_GATE, Harness, claim, pod
 
-Obj = dict[str, Any]
 KUEUE_GATE = "kueue.x-k8s.io/admission"
 
 

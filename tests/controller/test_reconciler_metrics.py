@@ -10,10 +10,10 @@ from prometheus_client import generate_latest
 
 from controller.metrics import ControllerMetrics, slice_usage
 from controller.objects import Kind
+from driver.apiobject import Obj
 from driver.catalog import gpu_model
 from driver.resourceslice import PublishedGpu, build_resource_slices
 
-Obj = dict[str, Any]
 DRIVER = "mig.carve.dev"
 
 

@@ -23,13 +23,13 @@ from controller.status import (
     node_selector_for,
 )
 from driver.allocation import AllocatedDevice
+from driver.apiobject import Obj
 from driver.contract import DEFAULT_CONTRACT
 from process.kube.errors import ConflictError, api_error
 
 ALLOCATION_FINALIZER = DEFAULT_CONTRACT.allocation_finalizer
 SCHEDULING_GATE = DEFAULT_CONTRACT.scheduling_gate
 
-Obj = dict[str, Any]
 NOW = dt.datetime(2026, 3, 1, 12, 0, 0, tzinfo=dt.UTC)
 
 

@@ -15,11 +15,11 @@ from controller.informers import FirstServed, Informer, InformerConfig
 from controller.objects import EventType, Kind
 from controller.taintrules import TaintRules
 from controller.tolerations import DeviceTaint
+from driver.apiobject import Obj
 from driver.taintrules import TaintRule, parse_taint_rule, rules_on
 from tests.support.engine_cluster import Cluster, node, profile_claim, slices
 from tests.support.reconciler import claim
 
-Obj = dict[str, Any]
 DRIVER = "mig.carve.dev"
 KEY = "example.com/maintenance"
 

@@ -8,16 +8,15 @@ slice and counter-set names, the minor in device names) and per-GPU identity (UU
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import pytest
 
+from driver.apiobject import Obj
 from driver.catalog import CATALOG, gpu_model
 from driver.contract import DEFAULT_DRIVER_NAME, PCI_BUS_ID_ATTRIBUTE, Attr
 from driver.naming import parse_device_name
 from driver.resourceslice import PublishedGpu, build_resource_slices
 
-Obj = dict[str, Any]
 _IDENTITY = {Attr.UUID, Attr.PARENT_UUID, PCI_BUS_ID_ATTRIBUTE}
 
 

@@ -14,12 +14,12 @@ from __future__ import annotations
 import copy
 from collections import defaultdict
 from collections.abc import Iterable
-from typing import Any
 
 import pytest
 import yaml
 
 from controller.model import device_facts
+from driver.apiobject import Obj
 from driver.catalog import CATALOG, gpu_model
 from driver.cel import CelError, compile_selector, evaluate
 from driver.contract import DEFAULT_DRIVER_NAME
@@ -28,7 +28,6 @@ from driver.resourceslice import PublishedGpu, build_resource_slices
 from tests.support.guide import read_page
 from tests.support.sourcetext import REPO
 
-Obj = dict[str, Any]
 MIB = 1 << 20
 PAGE = REPO / "docs" / "guide" / "kueue.md"
 CLASSES = REPO / "deploy" / "manifests" / "10-deviceclasses.yaml"

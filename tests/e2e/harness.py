@@ -14,6 +14,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from devcluster.waiting import wait_for
+from driver.apiobject import Obj
 from driver.slicereader import parse_resource_slices
 from nodesim.invariants import allocated_devices, at_rest, leaks, overlaps
 from nodesim.lifecycle import claim_names
@@ -21,7 +22,6 @@ from nodesim.simnode import DRIVER, SimNode, SimNodeSpec
 from nodesim.stack import CarveStack, gates_pod
 from process.kube.jsonclient import KubeJson
 
-Obj = dict[str, Any]
 GROUP_LABEL = "e2e.carve.dev/group"
 NATIVE_CLASS = "e2e-native-mig"
 GATED_NAMESPACES = {"e2e.carve.dev/gated": "on"}

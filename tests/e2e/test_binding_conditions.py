@@ -32,6 +32,7 @@ from controller.informers import Informer
 from controller.objects import Kind
 from devcluster.cluster import LocalCluster
 from devcluster.waiting import wait_for
+from driver.apiobject import Obj
 from driver.contract import DEFAULT_CONTRACT, Contract
 from driver.nvml import sim
 from nodesim.stack import CarveStack
@@ -41,7 +42,6 @@ from tests.e2e.harness import E2E, cel, environment_for, request
 
 pytestmark = pytest.mark.cluster
 
-Obj = dict[str, Any]
 BINDING = ("--binding-conditions",)
 WAITS = Contract("mig.bindwait.carve.dev")
 WAITS_LABELS = {"e2e.carve.dev/bindwait": "on"}

@@ -17,13 +17,13 @@ import pytest
 import yaml
 
 from devcluster.waiting import wait_for
+from driver.apiobject import Obj
 from driver.contract import DEFAULT_CONTRACT
 from nodesim.stack import CarveStack
 from tests.e2e.harness import E2E, GATED_NAMESPACES, GROUP_LABEL, cel, environment_for, request
 
 pytestmark = pytest.mark.cluster
 
-Obj = dict[str, Any]
 D = DEFAULT_CONTRACT
 ATTR = f'device.attributes["{D.driver}"]'
 ROLE = "conformance.carve.dev/role"

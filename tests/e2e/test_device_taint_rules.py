@@ -11,18 +11,17 @@ when the test fails; other tests share the control plane and the controller.
 from __future__ import annotations
 
 import io
-from typing import Any
 
 import pytest
 from kubernetes.client.exceptions import ApiException
 
 from carvecli.main import main as carve_cli
 from devcluster.waiting import wait_for
+from driver.apiobject import Obj
 from tests.e2e.harness import E2E, profile_is, request
 
 pytestmark = pytest.mark.cluster
 
-Obj = dict[str, Any]
 KEY = "example.com/maintenance"
 
 

@@ -4,17 +4,14 @@ is destroyed and released when the pod ends (docs/extended-resources.md)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from devcluster.waiting import wait_for
+from driver.apiobject import Obj
 from nodesim.simnode import SimNode, read_hardware
 from tests.e2e.harness import E2E, GROUP_LABEL, profile_is, request
 
 pytestmark = pytest.mark.cluster
-
-Obj = dict[str, Any]
 
 
 def limits_pod(e2e: E2E, name: str, limits: dict[str, str], run_seconds: float) -> Obj:

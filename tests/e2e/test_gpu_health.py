@@ -19,7 +19,6 @@ from tests.e2e.harness import E2E, profile_is, request
 
 pytestmark = pytest.mark.cluster
 
-Obj = dict[str, Any]
 KEY = "mig.carve.dev/gpu-unhealthy"
 
 

@@ -24,13 +24,13 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from devcluster.waiting import wait_for
+from driver.apiobject import Obj
 from driver.apiviews import ClaimView
 from nodesim.simnode import SimNode
 from tests.e2e.harness import E2E, cel, request
 
 pytestmark = pytest.mark.cluster
 
-Obj = dict[str, Any]
 T = TypeVar("T")
 A100 = "A100-SXM4-40GB"
 OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from devcluster.waiting import wait_for
+from driver.apiobject import Obj
 from driver.config import API_VERSION, KIND_MIG_DEVICE_CONFIG
 from driver.nvml.sim.mpscontrol import CONTROL_LOG
 from nodesim.simnode import SimNode, read_hardware
@@ -23,7 +23,6 @@ from tests.e2e.harness import E2E, cel, profile_is, request
 
 pytestmark = pytest.mark.cluster
 
-Obj = dict[str, Any]
 ATTR = 'device.attributes["mig.carve.dev"]'
 
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
+from driver.apiobject import Obj
 from kubeletplugin.claims import ClaimGoneError, KubernetesClaimClient
 from process.kube.errors import api_error
 
-Obj = dict[str, Any]
 PATH = "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c"
 MINE = "mig.carve.dev/node-n1"
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from driver.apiobject import Obj
 from process.kube.rmw import (
     ObjectGoneError,
     ObjectReplacedError,
@@ -22,8 +23,6 @@ from process.kube.rmw import (
     WriteSkippedError,
     read_modify_write,
 )
-
-Obj = dict[str, Any]
 
 
 class HttpError(Exception):

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from devcluster.waiting import wait_for
+from driver.apiobject import Obj
 from driver.naming import parse_device_name
 from nodesim.stack import CarveStack
 from realnode.cluster import RealNodes
@@ -20,7 +21,6 @@ from realnode.images import TEST_IMAGE
 from realnode.node import RealNode
 from tests.e2e.harness import E2E
 
-Obj = dict[str, Any]
 REAL_GROUP_LABEL = "realnode.carve.dev/suite"
 REAL_GROUP = "on"
 REAL_NAMESPACES = {"realnode.carve.dev/gated": "on"}

@@ -8,16 +8,14 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 from kubernetes import client
 from kubernetes.client import ApiClient
 
 from controller.objects import Kind
 from controller.planner import EnginePlanner
+from driver.apiobject import Obj
 from tests.controller.cluster.objects import allocated_devices, claims_of, pods_of, raw
-
-Obj = dict[str, Any]
 
 
 class ControllerProcess:

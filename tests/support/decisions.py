@@ -11,17 +11,16 @@ import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from controller.objects import Kind, Plan
 from controller.planner import EnginePlanner
 from controller.status import build_allocation_status
 from devcluster.nodes import FakeNode, node_manifest, node_status
+from driver.apiobject import Obj
 from tests.support.gpufleet import FLEET_LABEL, fleet_node, node_slices
 from tests.support.real_allocator import device_classes
 from tests.support.scale_pods import PROFILES, claim_template
 
-Obj = dict[str, Any]
 _NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 _NAMESPACE = "bench"
 

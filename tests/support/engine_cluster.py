@@ -14,13 +14,13 @@ from typing import Any
 from controller.objects import EventType, Kind
 from controller.planner import EnginePlanner
 from controller.reconciler import Reconciler
+from driver.apiobject import Obj
 from driver.catalog import gpu_model
 from driver.contract import DEFAULT_CONTRACT
 from driver.resourceslice import PublishedGpu, build_resource_slices
 from tests.support.reconciler import ListRecorder, MemoryWriter, claim, pod
 
 SCHEDULING_GATE = DEFAULT_CONTRACT.scheduling_gate
-Obj = dict[str, Any]
 DRIVER = "mig.carve.dev"
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-Obj = dict[str, Any]
+from driver.apiobject import Obj
 
 
 class LeaseResponse:

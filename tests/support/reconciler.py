@@ -19,12 +19,12 @@ from controller.objects import ClaimAllocation, EventType, Kind, Plan, Unplaceab
 from controller.reconciler import Reconciler
 from controller.status import build_allocation_status
 from driver.allocation import AllocatedDevice
+from driver.apiobject import Obj
 from driver.contract import DEFAULT_CONTRACT, HANDED_TO_SCHEDULER
 
 ALLOCATION_FINALIZER = DEFAULT_CONTRACT.allocation_finalizer
 SCHEDULING_GATE = DEFAULT_CONTRACT.scheduling_gate
 
-Obj = dict[str, Any]
 NODE_FINALIZER = "mig.carve.dev/node-a"
 _uid = itertools.count(1)
 

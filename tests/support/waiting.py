@@ -17,7 +17,6 @@ from tests.support.decisions import fleet_objects
 from tests.support.reconciler import ListRecorder, MemoryWriter, pod
 from tests.support.scale_pods import PROFILES, claim_template
 
-Obj = dict[str, Any]
 _NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
 

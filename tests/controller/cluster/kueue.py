@@ -33,9 +33,9 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
 from devcluster.waiting import wait_for
+from driver.apiobject import Obj
 from tests.controller.cluster.objects import REPO
 
-Obj = dict[str, Any]
 KUEUE_VERSION = "v0.17.0"
 KUEUE_BUILD = REPO / "hack" / "kueue" / "build.sh"
 KUEUE_NS = "kueue-system"

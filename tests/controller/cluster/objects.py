@@ -14,10 +14,10 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
 from devcluster.waiting import wait_for
+from driver.apiobject import Obj
 from driver.catalog import gpu_model
 from driver.resourceslice import PublishedGpu, build_resource_slices
 
-Obj = dict[str, Any]
 REPO = Path(__file__).resolve().parents[3]
 MANIFESTS = REPO / "deploy" / "manifests"
 DRIVER = "mig.carve.dev"

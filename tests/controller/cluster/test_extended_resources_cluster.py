@@ -19,6 +19,7 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
 from devcluster.waiting import wait_for
+from driver.apiobject import Obj
 from driver.contract import EXTENDED_RESOURCE_CLAIM_ANNOTATION
 from tests.controller.cluster.objects import (
     GATE_LABEL,
@@ -32,7 +33,6 @@ from tests.controller.cluster.objects import pod as claim_pod
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-Obj = dict[str, Any]
 H100 = "H100-SXM5-80GB"
 MIG_3G = "nvidia.com/mig-3g.40gb"
 CLASS_3G = "mig-3g-40gb.mig.carve.dev"

@@ -21,6 +21,7 @@ from kubernetes.client import ApiClient
 
 from devcluster.cluster import LocalCluster
 from devcluster.waiting import wait_for
+from driver.apiobject import Obj
 from nodesim.invariants import NodeHardware, allocated_devices, overlaps
 from tests.controller.cluster.objects import (
     DRIVER,
@@ -35,7 +36,6 @@ from tests.support.controller_cluster import ControllerProcess
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-Obj = dict[str, Any]
 H100 = "H100-SXM5-80GB"
 
 

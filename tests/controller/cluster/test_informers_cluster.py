@@ -17,14 +17,13 @@ from kubernetes.client import ApiClient
 from controller.informers import Informer, InformerConfig
 from controller.objects import EventType, Kind
 from devcluster.waiting import wait_for
+from driver.apiobject import Obj
 from process.kube.errors import GoneError
 from process.kube.jsonclient import KubeJson
 from process.kube.listwatch import JsonCollection
 from tests.controller.cluster.objects import template
 
 pytestmark = pytest.mark.cluster
-
-Obj = dict[str, Any]
 
 
 class Recorder:

@@ -22,6 +22,7 @@ from kubernetes.client import ApiClient
 from controller.work import GATED_ELSEWHERE
 from devcluster.cluster import LocalCluster
 from devcluster.waiting import wait_for
+from driver.apiobject import Obj
 from driver.contract import DEFAULT_CONTRACT
 from tests.controller.cluster import kueue as kq
 from tests.controller.cluster.objects import (
@@ -38,7 +39,6 @@ from tests.support.guide import read_page
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-Obj = dict[str, Any]
 CARVE_GATE = DEFAULT_CONTRACT.scheduling_gate
 PROFILE = "1g.5gb"
 PROFILE_CLASS = "mig-1g-5gb.mig.carve.dev"  # a class per profile, as the chart renders them

@@ -27,6 +27,7 @@ from controller.objects import Kind
 from controller.planner import EnginePlanner
 from devcluster.cluster import LocalCluster
 from devcluster.waiting import wait_for
+from driver.apiobject import Obj
 from tests.controller.cluster.objects import (
     claims_of,
     ensure_cluster_object,
@@ -40,7 +41,6 @@ from tests.support.controller_cluster import ControllerProcess, assert_consisten
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-Obj = dict[str, Any]
 LOW, HIGH = "carve-test-low", "carve-test-high"
 GATE = "mig.carve.dev/placement"
 
