@@ -146,7 +146,7 @@ class LostNodes:
         pods = self._store.pods
         users = [pods[p] for p in sorted(self._store.users_of(key)) if p in pods]
         blocking = [key_of(p) for p in users if _blocks_release(p, loss)]
-        movable = [key_of(p) for p in users if not PodView(p).node_name and not PodView(p).deleting]
+        movable = [key_of(p) for p in users if _movable(PodView(p))]
         node_fin = self._cfg.contract.node_finalizer(loss.node)
         prepared = has_finalizer(claim, node_fin)
         if blocking:
@@ -239,6 +239,11 @@ class LostNodes:
             return
         self._told[key] = message
         self._recorder.event(claim, Kind.CLAIM, "Warning", "NodeLost", message)
+
+
+def _movable(pod: PodView) -> bool:
+    """A user that can be placed again elsewhere: not bound yet, and not being deleted."""
+    return not pod.node_name and not pod.deleting
 
 
 def _blocks_release(pod: Obj, loss: NodeLoss) -> bool:
