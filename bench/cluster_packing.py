@@ -61,16 +61,15 @@ import dataclasses
 import json
 import math
 import shutil
-import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from tests.bench.alibaba import CITATION, NODE_FILE, TRACE_DIR, load_nodes, load_tasks
 from tests.bench.cluster_figures import ArmFigures, ClassWaits, arm_figures, fleet_model
+from tests.bench.cluster_runs import summarize, to_json
 from tests.bench.cluster_workload import SIZE_CLASSES, Timing, Workload, describe, trace_workload
 from tests.bench.mig_mix import MIXES, describe_mix, mix_named, mix_workload
 from tests.support.cluster_packing import ArmSettings, ClusterPacking
@@ -157,86 +156,6 @@ def ratios(figures: Sequence[ArmFigures]) -> list[str]:
 
 def _ratio(a: float, b: float) -> str:
     return f"{a / b:.3f}" if b and not math.isnan(a) and not math.isnan(b) else "n/a"
-
-
-# ---------------------------------------------------------------------------------------------
-# JSON and the summary over runs
-
-
-def to_json(workload: Workload, head: Sequence[str], figures: Sequence[ArmFigures]) -> str:
-    return json.dumps(
-        {
-            "workload": workload.name,
-            "head": list(head),
-            "arms": [dataclasses.asdict(f) for f in figures],
-        },
-        indent=1,
-    )
-
-
-def from_json(data: Mapping[str, Any]) -> list[ArmFigures]:
-    out = []
-    for saved in data["arms"]:
-        a = dict(saved)
-        a["waits"] = {c: ClassWaits(**w) for c, w in a["waits"].items()}
-        a["large"] = ClassWaits(**a["large"])
-        a["notes"] = tuple(a.get("notes") or ())
-        out.append(ArmFigures(**a))
-    return out
-
-
-def summarize(paths: Sequence[Path]) -> list[str]:
-    """Mean and range over runs, per workload and arm, and the in-run ratios."""
-    runs: dict[str, list[list[ArmFigures]]] = {}
-    for path in paths:
-        data = json.loads(path.read_text())
-        runs.setdefault(data["workload"], []).append(from_json(data))
-    lines: list[str] = []
-    for workload, per_run in runs.items():
-        lines.append(f"{workload}: {len(per_run)} runs")
-        arms = [f.arm for f in per_run[0]]
-
-        def spread(values: Sequence[float], fmt: str = ".3f") -> str:
-            values = [v for v in values if not math.isnan(v)]
-            if not values:
-                return "n/a"
-            return f"{statistics.fmean(values):{fmt}} [{min(values):{fmt}}-{max(values):{fmt}}]"
-
-        for arm in arms:
-            got = [f for run in per_run for f in run if f.arm == arm]
-            lines.append(
-                f"  {arm:<22} share {spread([f.share for f in got])}  /bound "
-                f"{spread([f.of_bound for f in got])}  jobs "
-                f"{spread([f.placed_fraction for f in got])}"
-                f"  frag {spread([f.frag for f in got])}  large p99 "
-                f"{spread([f.large.p99 for f in got], '.0f')}s  7g p99 "
-                f"{spread([f.waits['7g'].p99 for f in got], '.0f')}s  multi-GPU p99 "
-                f"{spread([f.waits['multi-GPU'].p99 for f in got], '.0f')}s"
-            )
-        for arm in arms:
-            if not arm.startswith("carve"):
-                continue
-            for peer in (a for a in arms if a.startswith("scheduler-")):
-                pairs = [
-                    (next(f for f in run if f.arm == arm), next(f for f in run if f.arm == peer))
-                    for run in per_run
-                ]
-                lines.append(
-                    f"  {arm} / {peer}: share x{spread([a.share / b.share for a, b in pairs])}, "
-                    f"large p99 x{spread([_div(a.large.p99, b.large.p99) for a, b in pairs])}, "
-                    "7g p99 x"
-                    + spread([_div(a.waits["7g"].p99, b.waits["7g"].p99) for a, b in pairs])
-                    + ", "
-                    "multi-GPU p99 x"
-                    + spread(
-                        [_div(a.waits["multi-GPU"].p99, b.waits["multi-GPU"].p99) for a, b in pairs]
-                    )
-                )
-    return lines
-
-
-def _div(a: float, b: float) -> float:
-    return a / b if b else math.nan
 
 
 def in_process(args: argparse.Namespace, workload: Workload, head: Sequence[str]) -> int:

@@ -1,0 +1,102 @@
+"""The end-to-end packing runs' JSON files (``python -m bench.cluster_packing --json``), and
+the summary over several of them (``--summarize``): per workload and arm, the mean and the range
+over the runs, and each carve arm's ratios to each scheduler arm, taken within each run.
+
+Runs of one workload are grouped by its name (a mix's seeds share it, so several seeds make one
+summary); they need not have the same arms."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tests.bench.cluster_figures import ArmFigures, ClassWaits
+from tests.bench.cluster_workload import Workload
+
+
+def to_json(workload: Workload, head: Sequence[str], figures: Sequence[ArmFigures]) -> str:
+    return json.dumps(
+        {
+            "workload": workload.name,
+            "head": list(head),
+            "arms": [dataclasses.asdict(f) for f in figures],
+        },
+        indent=1,
+    )
+
+
+def from_json(data: Mapping[str, Any]) -> list[ArmFigures]:
+    out = []
+    for saved in data["arms"]:
+        a = dict(saved)
+        a["waits"] = {c: ClassWaits(**w) for c, w in a["waits"].items()}
+        a["large"] = ClassWaits(**a["large"])
+        a["notes"] = tuple(a.get("notes") or ())
+        out.append(ArmFigures(**a))
+    return out
+
+
+def summarize(paths: Sequence[Path]) -> list[str]:
+    """Mean and range over runs, per workload and arm, and the in-run ratios. Runs need not
+    have the same arms (carve with the default profile in one, with bin-packing in the next):
+    each arm is summarized over the runs that have it, each ratio over the runs that have both
+    arms, and every line says how many runs it is over."""
+    runs: dict[str, list[list[ArmFigures]]] = {}
+    for path in paths:
+        data = json.loads(path.read_text())
+        runs.setdefault(data["workload"], []).append(from_json(data))
+    lines: list[str] = []
+    for workload, per_run in runs.items():
+        lines.append(f"{workload}: {len(per_run)} runs")
+        arms = list(dict.fromkeys(f.arm for run in per_run for f in run))
+        for arm in arms:
+            got = [f for run in per_run for f in run if f.arm == arm]
+            lines.append(
+                f"  {arm:<22} {len(got)} runs: share {_spread([f.share for f in got])}  /bound "
+                f"{_spread([f.of_bound for f in got])}  jobs "
+                f"{_spread([f.placed_fraction for f in got])}"
+                f"  frag {_spread([f.frag for f in got])}  large p99 "
+                f"{_spread([f.large.p99 for f in got], '.0f')}s  7g p99 "
+                f"{_spread([f.waits['7g'].p99 for f in got], '.0f')}s  multi-GPU p99 "
+                f"{_spread([f.waits['multi-GPU'].p99 for f in got], '.0f')}s"
+            )
+        for arm in (a for a in arms if a.startswith("carve")):
+            for peer in (a for a in arms if a.startswith("scheduler-")):
+                pairs = [
+                    (mine[0], theirs[0])
+                    for run in per_run
+                    if (mine := [f for f in run if f.arm == arm])
+                    and (theirs := [f for f in run if f.arm == peer])
+                ]
+                if pairs:
+                    lines.append(_ratio_line(arm, peer, pairs))
+    return lines
+
+
+def _spread(values: Sequence[float], fmt: str = ".3f") -> str:
+    """``mean [min-max]`` of the values that are numbers."""
+    values = [v for v in values if not math.isnan(v)]
+    if not values:
+        return "n/a"
+    return f"{statistics.fmean(values):{fmt}} [{min(values):{fmt}}-{max(values):{fmt}}]"
+
+
+def _ratio_line(arm: str, peer: str, pairs: Sequence[tuple[ArmFigures, ArmFigures]]) -> str:
+    def ratio(pick: Callable[[ArmFigures], float]) -> str:
+        return _spread([_div(pick(a), pick(b)) for a, b in pairs])
+
+    return (
+        f"  {arm} / {peer} ({len(pairs)} runs): share x{ratio(lambda f: f.share)}, "
+        f"large p99 x{ratio(lambda f: f.large.p99)}, "
+        f"7g p99 x{ratio(lambda f: f.waits['7g'].p99)}, "
+        f"multi-GPU p99 x{ratio(lambda f: f.waits['multi-GPU'].p99)}"
+    )
+
+
+def _div(a: float, b: float) -> float:
+    return a / b if b else math.nan
