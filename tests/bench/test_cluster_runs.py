@@ -1,7 +1,8 @@
 """The summary over end-to-end runs (`python -m bench.cluster_packing --summarize`): several seeds
 of one workload make one summary, and runs with different scheduler arms (carve with the default
 profile in one run, with bin-packing in the next) are summarized together, each ratio taken
-only within a run that has both arms."""
+only within a run that has both arms. And the note a run gets when its clean-up left objects
+behind."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 
 from tests.bench.cluster_figures import ArmFigures, ClassWaits
 from tests.bench.cluster_runs import from_json, summarize
+from tests.support.cluster_packing import leftovers
 
 _CLASSES = ("1g", "2g-4g", "7g", "multi-GPU")
 
@@ -115,3 +117,27 @@ def test_a_ratio_over_a_zero_wait_is_not_a_number(tmp_path: Path) -> None:
     ratio = next(line for line in lines if "/ scheduler-default" in line)
     assert "7g p99 xn/a" in ratio
     assert pytest.approx(0.9 / 0.8, abs=5e-4) == float(ratio.split("share x")[1].split(" ")[0])
+
+
+def test_what_a_clean_up_left_says_which_side_did_not_let_go() -> None:
+    pods = [
+        {"metadata": {"name": "a", "deletionTimestamp": "2026-12-04T20:00:00Z"}},
+        {"metadata": {"name": "b"}},
+    ]
+    claims = [
+        {
+            "metadata": {
+                "name": "a-gpu",
+                "deletionTimestamp": "2026-12-04T20:00:00Z",
+                "finalizers": ["mig.carve.dev/node-a", "resource.kubernetes.io/delete-protection"],
+            },
+            "status": {"allocation": {"devices": {"results": []}}},
+        },
+        {"metadata": {"name": "b-gpu", "finalizers": ["mig.carve.dev/node-a"]}, "status": None},
+        {"metadata": {"name": "c-gpu"}},
+    ]
+    assert leftovers(pods, claims) == (
+        "2 pods (1 terminating), 3 claims (1 allocated, 1 terminating; 2 with "
+        "mig.carve.dev/node-a; 1 with resource.kubernetes.io/delete-protection)"
+    )
+    assert leftovers([], []) == "0 pods (0 terminating), 0 claims (0 allocated, 0 terminating)"

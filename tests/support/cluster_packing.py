@@ -39,6 +39,7 @@ import math
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -418,7 +419,7 @@ class ClusterPacking:
         cpu1 = math.nan
         stop = threading.Event()
         threads: list[threading.Thread] = []
-        clean = True
+        left: dict[str, str] = {}  # namespace -> what of it outlived the clean-up
         try:
             begin[0] = time.monotonic()
             for st in states:
@@ -443,30 +444,32 @@ class ClusterPacking:
                 if st.end is None:
                     st.end = clock()
             try:
-                clean = self._clean_up([st.namespace for st in states], ctl)
+                left = self._clean_up([st.namespace for st in states], ctl)
             except Exception as exc:  # the figures were recorded already: keep them
                 self.say(f"warning: the clean-up failed, objects may be left behind: {exc!r}")
-                clean = False
+                left = {st.namespace: "unknown, the clean-up failed" for st in states}
             for st in states:
                 st.stand_in.stop()
             for w in watchers:
                 w.stop()
             if ctl is not None:
                 ctl.stop()
-        return [self._arm_run(st, clean, work0, work1, cpu1 - cpu0) for st in states]
+        return [
+            self._arm_run(st, left.get(st.namespace), work0, work1, cpu1 - cpu0) for st in states
+        ]
 
     def _arm_run(
         self,
         st: _ArmState,
-        clean: bool,
+        left: str | None,
         work0: Mapping[str, SchedulerWork],
         work1: Mapping[str, SchedulerWork],
         carve_cpu_s: float,
     ) -> ArmRun:
         records = st.records()
         notes: list[str] = []
-        if not clean:
-            notes.append("pods or claims were left behind after the run")
+        if left is not None:
+            notes.append(f"pods or claims were left behind after the run: {left}")
         if st.stand_in.late:
             notes.append(
                 f"{st.stand_in.late} claims were gone before the node stand-in got to them"
@@ -577,9 +580,10 @@ class ClusterPacking:
                 self.say(f"{now:.0f}s (created/bound/running/waiting): " + ", ".join(parts))
             time.sleep(0.2)
 
-    def _clean_up(self, namespaces: Sequence[str], ctl: Any) -> bool:
+    def _clean_up(self, namespaces: Sequence[str], ctl: Any) -> dict[str, str]:
         """Delete the arms' pods and wait for their claims to go (the stand-ins drop their
-        finalizers, carve's controller its own)."""
+        finalizers, carve's controller its own); what is left of each namespace that is not
+        empty when the wait ends."""
         from process.kube.errors import ApiError
 
         for ns in namespaces:
@@ -608,6 +612,29 @@ class ClusterPacking:
                 break
             if left:
                 time.sleep(0.5)
-        if left:
-            self.say(f"warning: pods or claims of {', '.join(left)} were left behind")
-        return not left
+        out = {ns: self._what_is_left(ns) for ns in left}
+        for ns, what in out.items():
+            self.say(f"warning: left behind in {ns} after the clean-up: {what}")
+        return out
+
+    def _what_is_left(self, namespace: str) -> str:
+        pods = self.api.request("GET", f"/api/v1/namespaces/{namespace}/pods").get("items") or []
+        claims_path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
+        claims = self.api.request("GET", claims_path).get("items") or []
+        return leftovers(pods, claims)
+
+
+def leftovers(pods: Sequence[Mapping[str, Any]], claims: Sequence[Mapping[str, Any]]) -> str:
+    """What a clean-up left of an arm, and how far its deletion got: a claim still allocated,
+    or still carrying a finalizer, says which side did not let go."""
+
+    def terminating(objs: Sequence[Mapping[str, Any]]) -> int:
+        return sum(1 for o in objs if o["metadata"].get("deletionTimestamp"))
+
+    allocated = sum(1 for c in claims if (c.get("status") or {}).get("allocation"))
+    finalizers = Counter(f for c in claims for f in c["metadata"].get("finalizers") or ())
+    held = "".join(f"; {n} with {f}" for f, n in sorted(finalizers.items()))
+    return (
+        f"{len(pods)} pods ({terminating(pods)} terminating), {len(claims)} claims "
+        f"({allocated} allocated, {terminating(claims)} terminating{held})"
+    )
