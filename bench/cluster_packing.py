@@ -51,7 +51,7 @@ after the run from what it recorded. The run ends with one line per arm:
 
 ``--json PATH`` writes the figures; ``--summarize`` prints several such files side by side,
 per workload and arm, with the mean and the range over the runs, and each carve arm's ratio to
-each scheduler arm, taken within each run.
+each scheduler arm, taken within each run (``tests.bench.cluster_runs``).
 """
 
 from __future__ import annotations
