@@ -53,9 +53,10 @@ def summarize(paths: Sequence[Path]) -> list[str]:
     lines: list[str] = []
     for workload, per_run in runs.items():
         lines.append(f"{workload}: {len(per_run)} runs")
-        arms = list(dict.fromkeys(f.arm for run in per_run for f in run))
+        by_arm = [{f.arm: f for f in run} for run in per_run]
+        arms = list(dict.fromkeys(arm for run in by_arm for arm in run))
         for arm in arms:
-            got = [f for run in per_run for f in run if f.arm == arm]
+            got = [run[arm] for run in by_arm if arm in run]
             lines.append(
                 f"  {arm:<22} {len(got)} runs: share {_spread([f.share for f in got])}  /bound "
                 f"{_spread([f.of_bound for f in got])}  jobs "
@@ -67,12 +68,7 @@ def summarize(paths: Sequence[Path]) -> list[str]:
             )
         for arm in (a for a in arms if a.startswith("carve")):
             for peer in (a for a in arms if a.startswith("scheduler-")):
-                pairs = [
-                    (mine[0], theirs[0])
-                    for run in per_run
-                    if (mine := [f for f in run if f.arm == arm])
-                    and (theirs := [f for f in run if f.arm == peer])
-                ]
+                pairs = [(run[arm], run[peer]) for run in by_arm if arm in run and peer in run]
                 if pairs:
                     lines.append(_ratio_line(arm, peer, pairs))
     return lines

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from driver.apiviews import ClaimView, ObjectView
 from tests.bench.alibaba import DRIVER, GPU_CLASS, MIG_CLASS, claim_spec
 from tests.bench.cluster_figures import JobRecord
 from tests.bench.cluster_workload import NodeSpec, TimedJob, Workload
@@ -627,14 +628,13 @@ class ClusterPacking:
 def leftovers(pods: Sequence[Mapping[str, Any]], claims: Sequence[Mapping[str, Any]]) -> str:
     """What a clean-up left of an arm, and how far its deletion got: a claim still allocated,
     or still carrying a finalizer, says which side did not let go."""
-
-    def terminating(objs: Sequence[Mapping[str, Any]]) -> int:
-        return sum(1 for o in objs if o["metadata"].get("deletionTimestamp"))
-
-    allocated = sum(1 for c in claims if (c.get("status") or {}).get("allocation"))
-    finalizers = Counter(f for c in claims for f in c["metadata"].get("finalizers") or ())
+    claim_views = [ClaimView(c) for c in claims]
+    terminating_pods = sum(1 for p in pods if ObjectView(p).deleting)
+    terminating_claims = sum(1 for c in claim_views if c.deleting)
+    allocated = sum(1 for c in claim_views if c.allocated)
+    finalizers = Counter(f for c in claim_views for f in c.finalizers)
     held = "".join(f"; {n} with {f}" for f, n in sorted(finalizers.items()))
     return (
-        f"{len(pods)} pods ({terminating(pods)} terminating), {len(claims)} claims "
-        f"({allocated} allocated, {terminating(claims)} terminating{held})"
+        f"{len(pods)} pods ({terminating_pods} terminating), {len(claims)} claims "
+        f"({allocated} allocated, {terminating_claims} terminating{held})"
     )
