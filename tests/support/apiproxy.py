@@ -207,7 +207,7 @@ class ApiProxy:
                     try:
                         while chunk := resp.read1(65536):
                             pieces.put(chunk)
-                    except (OSError, ValueError, AttributeError):
+                    except (OSError, ValueError, AttributeError, http.client.HTTPException):
                         pass  # the upstream connection was closed under the read
                     pieces.put(b"")
 
