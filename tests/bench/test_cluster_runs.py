@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -124,7 +125,7 @@ def test_what_a_clean_up_left_says_which_side_did_not_let_go() -> None:
         {"metadata": {"name": "a", "deletionTimestamp": "2026-12-04T20:00:00Z"}},
         {"metadata": {"name": "b"}},
     ]
-    claims = [
+    claims: list[dict[str, Any]] = [
         {
             "metadata": {
                 "name": "a-gpu",
@@ -139,5 +140,14 @@ def test_what_a_clean_up_left_says_which_side_did_not_let_go() -> None:
     assert leftovers(pods, claims) == (
         "2 pods (1 terminating), 3 claims (1 allocated, 1 terminating; 2 with "
         "mig.carve.dev/node-a; 1 with resource.kubernetes.io/delete-protection)"
+    )
+    per_node = [
+        {"metadata": {"name": f"c{i}", "finalizers": [f"mig.carve.dev/node-{i % 5}"]}}
+        for i in range(11)
+    ]
+    assert leftovers([], per_node) == (
+        "0 pods (0 terminating), 11 claims (0 allocated, 0 terminating; 3 with "
+        "mig.carve.dev/node-0; 2 with mig.carve.dev/node-1; 2 with mig.carve.dev/node-2; "
+        "2 other finalizers)"
     )
     assert leftovers([], []) == "0 pods (0 terminating), 0 claims (0 allocated, 0 terminating)"

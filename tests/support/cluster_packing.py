@@ -584,19 +584,14 @@ class ClusterPacking:
     def _clean_up(self, namespaces: Sequence[str], ctl: Any) -> dict[str, str]:
         """Delete the arms' pods and wait for their claims to go (the stand-ins drop their
         finalizers, carve's controller its own); what is left of each namespace that is not
-        empty when the wait ends."""
-        from process.kube.errors import ApiError
+        empty when the wait ends.
 
-        for ns in namespaces:
-            with contextlib.suppress(ApiError):
-                self.api.request(
-                    "DELETE",
-                    f"/api/v1/namespaces/{ns}/pods",
-                    query=[("gracePeriodSeconds", "0")],
-                    body={},
-                )
+        The pods' deletion is asked again while some remain: on a control plane still busy
+        with the arms, one collection delete of thousands of pods can outlive its request,
+        and the server stops deleting when the client gives up."""
         deadline = time.monotonic() + self.settings.cleanup_s
         left = list(namespaces)
+        asked: dict[str, float] = {}
         while left and time.monotonic() < deadline:
             for ns in list(left):
                 pods = self.api.request(
@@ -609,6 +604,9 @@ class ClusterPacking:
                 )
                 if not pods.get("items") and not claims.get("items"):
                     left.remove(ns)
+                elif pods.get("items") and time.monotonic() - asked.get(ns, -1e9) > 15:
+                    asked[ns] = time.monotonic()
+                    self._delete_pods(ns)
             if ctl is not None and not ctl.alive():
                 break
             if left:
@@ -618,11 +616,31 @@ class ClusterPacking:
             self.say(f"warning: left behind in {ns} after the clean-up: {what}")
         return out
 
+    def _delete_pods(self, namespace: str) -> None:
+        import urllib3
+
+        from process.kube.errors import ApiError
+
+        try:
+            self.api.request(
+                "DELETE",
+                f"/api/v1/namespaces/{namespace}/pods",
+                query=[("gracePeriodSeconds", "0")],
+                body={},
+                timeout=120,
+            )
+        except (ApiError, urllib3.exceptions.HTTPError) as exc:
+            self.say(f"clean-up: deleting the pods of {namespace} failed, asking again: {exc}")
+
     def _what_is_left(self, namespace: str) -> str:
         pods = self.api.request("GET", f"/api/v1/namespaces/{namespace}/pods").get("items") or []
         claims_path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
         claims = self.api.request("GET", claims_path).get("items") or []
         return leftovers(pods, claims)
+
+
+_FINALIZERS_SHOWN = 3
+"""A node stand-in's finalizer names its node: a hundred of them would drown the note."""
 
 
 def leftovers(pods: Sequence[Mapping[str, Any]], claims: Sequence[Mapping[str, Any]]) -> str:
@@ -633,7 +651,10 @@ def leftovers(pods: Sequence[Mapping[str, Any]], claims: Sequence[Mapping[str, A
     terminating_claims = sum(1 for c in claim_views if c.deleting)
     allocated = sum(1 for c in claim_views if c.allocated)
     finalizers = Counter(f for c in claim_views for f in c.finalizers)
-    held = "".join(f"; {n} with {f}" for f, n in sorted(finalizers.items()))
+    ranked = sorted(finalizers.items(), key=lambda item: (-item[1], item[0]))
+    held = "".join(f"; {n} with {f}" for f, n in ranked[:_FINALIZERS_SHOWN])
+    if len(ranked) > _FINALIZERS_SHOWN:
+        held += f"; {len(ranked) - _FINALIZERS_SHOWN} other finalizers"
     return (
         f"{len(pods)} pods ({terminating_pods} terminating), {len(claims)} claims "
         f"({allocated} allocated, {terminating_claims} terminating{held})"
