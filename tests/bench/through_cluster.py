@@ -228,6 +228,9 @@ def run_path(
             if p.status and p.status.phase == "Failed"
         ]
         notes = [f"{len(finished)} finished", f"{len(bound)} bound"]
+        unbound = sorted(set(created) - set(bound))
+        if unbound:
+            notes.append(f"never bound: {_why_unbound(env, unbound)}")
         if failed:
             notes.append(f"{len(failed)} failed: {', '.join(sorted(failed)[:5])}")
         problems = env.check_invariants()
@@ -240,3 +243,18 @@ def run_path(
             problems = env.teardown()
             if problems:
                 print(f"teardown problems ({name}): {problems[0][:500]}", file=sys.stderr)
+
+
+def _why_unbound(env: Any, pods: list[str]) -> str:
+    """Each pod that never bound, with its conditions' messages: what a failed run needs to
+    tell a slow release from a stuck one."""
+    out = []
+    for name in pods[:5]:
+        pod = env.core.read_namespaced_pod(name, env.namespace)
+        told = [
+            f"{c.type}={c.status} {c.reason or ''} {c.message or ''}".strip()
+            for c in (pod.status.conditions if pod.status else None) or []
+        ]
+        gates = [g.name for g in pod.spec.scheduling_gates or []]
+        out.append(f"{name} (gates {gates}; {'; '.join(told) or 'no conditions'})")
+    return ", ".join(out)
