@@ -196,7 +196,13 @@ def test_the_scheduler_discards_an_extended_resource_claim_allocated_by_someone_
     )
     assert theirs["metadata"]["uid"] != ours["metadata"]["uid"]
     assert allocated_on(theirs), theirs
-    assert read_pod(k8s_api, namespace, "p")["spec"]["nodeName"] == node
+    # kube-scheduler writes its claim's allocation before it binds the pod.
+    bound_to = wait_for(
+        "the pod bound",
+        lambda: read_pod(k8s_api, namespace, "p")["spec"].get("nodeName"),
+        timeout=60,
+    )
+    assert bound_to == node
     notes = " ".join(
         str(e.get("note")) for e in events_for(k8s_api, namespace, "p") if e["type"] == "Warning"
     )
