@@ -222,15 +222,12 @@ def run_path(
         figures.wait_p50 = percentile(waits, 0.50)
         figures.wait_p99 = percentile(waits, 0.99)
         figures.wait_mean = statistics.fmean(waits) if waits else 0.0
-        failed = [
-            p.metadata.name
-            for p in env.core.list_namespaced_pod(env.namespace).items
-            if p.status and p.status.phase == "Failed"
-        ]
+        last = env.core.list_namespaced_pod(env.namespace).items
+        failed = [p.metadata.name for p in last if p.status and p.status.phase == "Failed"]
         notes = [f"{len(finished)} finished", f"{len(bound)} bound"]
-        unbound = sorted(set(created) - set(bound))
+        unbound = [p for p in last if p.metadata.name in created and p.metadata.name not in bound]
         if unbound:
-            notes.append(f"never bound: {_why_unbound(env, unbound)}")
+            notes.append(f"never bound: {_why_unbound(unbound)}")
         if failed:
             notes.append(f"{len(failed)} failed: {', '.join(sorted(failed)[:5])}")
         problems = env.check_invariants()
@@ -245,16 +242,15 @@ def run_path(
                 print(f"teardown problems ({name}): {problems[0][:500]}", file=sys.stderr)
 
 
-def _why_unbound(env: Any, pods: list[str]) -> str:
+def _why_unbound(pods: Sequence[Any]) -> str:
     """Each pod that never bound, with its conditions' messages: what a failed run needs to
     tell a slow release from a stuck one."""
     out = []
-    for name in pods[:5]:
-        pod = env.core.read_namespaced_pod(name, env.namespace)
+    for pod in pods[:5]:
         told = [
             f"{c.type}={c.status} {c.reason or ''} {c.message or ''}".strip()
             for c in (pod.status.conditions if pod.status else None) or []
         ]
         gates = [g.name for g in pod.spec.scheduling_gates or []]
-        out.append(f"{name} (gates {gates}; {'; '.join(told) or 'no conditions'})")
+        out.append(f"{pod.metadata.name} (gates {gates}; {'; '.join(told) or 'no conditions'})")
     return ", ".join(out)
