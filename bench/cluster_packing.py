@@ -68,7 +68,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tests.bench.alibaba import CITATION, NODE_FILE, TRACE_DIR, load_nodes, load_tasks
-from tests.bench.cluster_figures import ArmFigures, ClassWaits, arm_figures, fleet_model
+from tests.bench.cluster_figures import (
+    ArmFigures,
+    ClassWaits,
+    arm_figures,
+    ceiling,
+    fleet_model,
+    headroom_closed,
+)
 from tests.bench.cluster_runs import summarize, to_json
 from tests.bench.cluster_workload import SIZE_CLASSES, Timing, Workload, describe, trace_workload
 from tests.bench.mig_mix import MIXES, describe_mix, mix_named, mix_workload
@@ -132,7 +139,9 @@ LEGEND = (
     "bound (fluid and configuration LP of the jobs present); jobs: bound before the arm ended; "
     "by hor.: bound by the last arrival; util: memory slices held; frag: free share on nodes "
     "that cannot host the largest waiting request / GPUs; waits: p50/p99 seconds (+: some jobs "
-    "never bound, their waits are lower bounds); large: 7g and multi-GPU"
+    "never bound, their waits are lower bounds); large: 7g and multi-GPU; share ceiling: carve's "
+    "bound over the scheduler's share, the most any packer could have held over it; headroom "
+    "closed: (carve's share - the scheduler's) / (carve's bound - the scheduler's share)"
 )
 
 
@@ -149,7 +158,8 @@ def ratios(figures: Sequence[ArmFigures]) -> list[str]:
                 f"x{_ratio(f.placed_fraction, p.placed_fraction)}, large p99 wait "
                 f"x{_ratio(f.large.p99, p.large.p99)}, 7g p99 "
                 f"x{_ratio(f.waits['7g'].p99, p.waits['7g'].p99)}, multi-GPU p99 "
-                f"x{_ratio(f.waits['multi-GPU'].p99, p.waits['multi-GPU'].p99)}"
+                f"x{_ratio(f.waits['multi-GPU'].p99, p.waits['multi-GPU'].p99)}; share "
+                f"ceiling x{ceiling(f, p):.3f}, headroom closed {headroom_closed(f, p):.2f}"
             )
     return out
 

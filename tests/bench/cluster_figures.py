@@ -106,6 +106,21 @@ class ArmFigures:
         )
 
 
+def ceiling(carve: ArmFigures, peer: ArmFigures) -> float:
+    """The most GPU share any packer could have held over the peer on these jobs: carve's
+    bound over the peer's share. A share target above it could not be met in this run by any
+    policy, which is worth saying next to a ratio that misses one."""
+    return carve.bound / peer.share if peer.share else math.nan
+
+
+def headroom_closed(carve: ArmFigures, peer: ArmFigures) -> float:
+    """How much of the peer's room below the bound carve took: 1 for a perfect packer, 0 for
+    no better than the peer, below 0 for worse. Unlike a ratio, it does not move with how close
+    the peer happened to come to the bound on a stretch of jobs."""
+    room = carve.bound - peer.share
+    return (carve.share - peer.share) / room if room > 0 else math.nan
+
+
 def fleet_model(nodes: Sequence[NodeSpec]) -> ClusterModel:
     """The fleet in carve's model, with no holds: each node's cpu and memory, and its GPUs as
     ``tests.support.cluster_builders.build_gpu`` publishes them (device names are the ones the

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.bench.cluster_figures import ArmFigures, ClassWaits
+from tests.bench.cluster_figures import ArmFigures, ClassWaits, ceiling, headroom_closed
 from tests.bench.cluster_workload import Workload
 
 
@@ -90,7 +90,9 @@ def _ratio_line(arm: str, peer: str, pairs: Sequence[tuple[ArmFigures, ArmFigure
         f"  {arm} / {peer} ({len(pairs)} runs): share x{ratio(lambda f: f.share)}, "
         f"large p99 x{ratio(lambda f: f.large.p99)}, "
         f"7g p99 x{ratio(lambda f: f.waits['7g'].p99)}, "
-        f"multi-GPU p99 x{ratio(lambda f: f.waits['multi-GPU'].p99)}"
+        f"multi-GPU p99 x{ratio(lambda f: f.waits['multi-GPU'].p99)}; share ceiling "
+        f"x{_spread([ceiling(a, b) for a, b in pairs])}, headroom closed "
+        f"{_spread([headroom_closed(a, b) for a, b in pairs], '.2f')}"
     )
 
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.bench.cluster_figures import ArmFigures, ClassWaits
+from tests.bench.cluster_figures import ArmFigures, ClassWaits, ceiling, headroom_closed
 from tests.bench.cluster_runs import from_json, summarize
 from tests.support.cluster_packing import leftovers
 
@@ -86,6 +87,9 @@ def test_runs_with_different_scheduler_arms_are_summarized_together(tmp_path: Pa
     assert "(2 runs)" in default_ratio
     assert f"share x{(0.88 / 0.72 + 0.90 / 0.75) / 2:.3f} [1.200-1.222]" in default_ratio
     assert "7g p99 x1.250 [0.500-2.000]" in default_ratio
+    # The bound is 0.9 in every run: 0.9/0.72 and 0.9/0.75; 0.16 of 0.18 and 0.15 of 0.15.
+    assert "share ceiling x1.225 [1.200-1.250]" in default_ratio
+    assert f"headroom closed {(0.16 / 0.18 + 1.0) / 2:.2f} [0.89-1.00]" in default_ratio
     binpack_ratio = next(line for line in lines if "/ scheduler-binpack" in line)
     assert "(1 runs): share x1.075 [1.075-1.075]" in binpack_ratio
     assert "7g p99 x0.500" in binpack_ratio
@@ -151,3 +155,23 @@ def test_what_a_clean_up_left_says_which_side_did_not_let_go() -> None:
         "2 other finalizers)"
     )
     assert leftovers([], []) == "0 pods (0 terminating), 0 claims (0 allocated, 0 terminating)"
+
+
+def test_a_run_says_how_much_of_the_schedulers_headroom_carve_took() -> None:
+    from bench.cluster_packing import ratios
+
+    carve, peer = _arm("carve-least-waste", 0.87, 500.0), _arm("scheduler-default", 0.78, 900.0)
+    (line,) = ratios([carve, peer])
+    # A bound of 0.9: no packer could have held more than 0.9/0.78 over the scheduler, and
+    # carve took 0.09 of its 0.12 below the bound.
+    assert line.startswith("carve-least-waste vs scheduler-default: share x1.115")
+    assert line.endswith("share ceiling x1.154, headroom closed 0.75")
+
+
+def test_headroom_is_not_a_number_where_the_scheduler_reached_the_bound() -> None:
+    carve, peer = _arm("carve-least-waste", 0.85, 1.0), _arm("scheduler-binpack", 0.9, 1.0)
+    assert math.isnan(headroom_closed(carve, peer))
+    assert ceiling(carve, peer) == pytest.approx(1.0)
+    below = _arm("scheduler-default", 0.8, 1.0)
+    assert headroom_closed(carve, below) == pytest.approx(0.5)
+    assert headroom_closed(_arm("carve-least-waste", 0.75, 1.0), below) == pytest.approx(-0.5)
