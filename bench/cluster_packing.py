@@ -59,7 +59,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import shutil
 import sys
 import tempfile
@@ -72,11 +71,9 @@ from tests.bench.cluster_figures import (
     ArmFigures,
     ClassWaits,
     arm_figures,
-    ceiling,
     fleet_model,
-    headroom_closed,
 )
-from tests.bench.cluster_runs import summarize, to_json
+from tests.bench.cluster_runs import ratios, summarize, to_json
 from tests.bench.cluster_workload import SIZE_CLASSES, Timing, Workload, describe, trace_workload
 from tests.bench.mig_mix import MIXES, describe_mix, mix_named, mix_workload
 from tests.support.cluster_packing import ArmSettings, ClusterPacking
@@ -143,29 +140,6 @@ LEGEND = (
     "bound over the scheduler's share, the most any packer could have held over it; headroom "
     "closed: (carve's share - the scheduler's) / (carve's bound - the scheduler's share)"
 )
-
-
-def ratios(figures: Sequence[ArmFigures]) -> list[str]:
-    """Each carve arm against each scheduler arm, in this run."""
-    out = []
-    peers = [f for f in figures if f.arm.startswith("scheduler-")]
-    for f in figures:
-        if not f.arm.startswith("carve"):
-            continue
-        for p in peers:
-            out.append(
-                f"{f.arm} vs {p.arm}: share x{_ratio(f.share, p.share)}, jobs "
-                f"x{_ratio(f.placed_fraction, p.placed_fraction)}, large p99 wait "
-                f"x{_ratio(f.large.p99, p.large.p99)}, 7g p99 "
-                f"x{_ratio(f.waits['7g'].p99, p.waits['7g'].p99)}, multi-GPU p99 "
-                f"x{_ratio(f.waits['multi-GPU'].p99, p.waits['multi-GPU'].p99)}; share "
-                f"ceiling x{ceiling(f, p):.3f}, headroom closed {headroom_closed(f, p):.2f}"
-            )
-    return out
-
-
-def _ratio(a: float, b: float) -> str:
-    return f"{a / b:.3f}" if b and not math.isnan(a) and not math.isnan(b) else "n/a"
 
 
 def in_process(args: argparse.Namespace, workload: Workload, head: Sequence[str]) -> int:

@@ -1,6 +1,7 @@
-"""The end-to-end packing runs' JSON files (``python -m bench.cluster_packing --json``), and
-the summary over several of them (``--summarize``): per workload and arm, the mean and the range
-over the runs, and each carve arm's ratios to each scheduler arm, taken within each run.
+"""The end-to-end packing runs' JSON files (``python -m bench.cluster_packing --json``), the
+ratio lines a run ends with (each carve arm over each scheduler arm), and the summary over
+several runs (``--summarize``): per workload and arm, the mean and the range over the runs,
+and each carve arm's ratios to each scheduler arm, taken within each run.
 
 Runs of one workload are grouped by its name (a mix's seeds share it, so several seeds make one
 summary); they need not have the same arms."""
@@ -98,3 +99,26 @@ def _ratio_line(arm: str, peer: str, pairs: Sequence[tuple[ArmFigures, ArmFigure
 
 def _div(a: float, b: float) -> float:
     return a / b if b else math.nan
+
+
+def ratios(figures: Sequence[ArmFigures]) -> list[str]:
+    """Each carve arm against each scheduler arm, in this run."""
+    out = []
+    peers = [f for f in figures if f.arm.startswith("scheduler-")]
+    for f in figures:
+        if not f.arm.startswith("carve"):
+            continue
+        for p in peers:
+            out.append(
+                f"{f.arm} vs {p.arm}: share x{_ratio(f.share, p.share)}, jobs "
+                f"x{_ratio(f.placed_fraction, p.placed_fraction)}, large p99 wait "
+                f"x{_ratio(f.large.p99, p.large.p99)}, 7g p99 "
+                f"x{_ratio(f.waits['7g'].p99, p.waits['7g'].p99)}, multi-GPU p99 "
+                f"x{_ratio(f.waits['multi-GPU'].p99, p.waits['multi-GPU'].p99)}; share "
+                f"ceiling x{ceiling(f, p):.3f}, headroom closed {headroom_closed(f, p):.2f}"
+            )
+    return out
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.3f}" if b and not math.isnan(a) and not math.isnan(b) else "n/a"

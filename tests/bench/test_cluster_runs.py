@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.bench.cluster_figures import ArmFigures, ClassWaits, ceiling, headroom_closed
-from tests.bench.cluster_runs import from_json, summarize
+from tests.bench.cluster_runs import from_json, ratios, summarize
 from tests.support.cluster_packing import leftovers
 
 _CLASSES = ("1g", "2g-4g", "7g", "multi-GPU")
@@ -158,8 +158,6 @@ def test_what_a_clean_up_left_says_which_side_did_not_let_go() -> None:
 
 
 def test_a_run_says_how_much_of_the_schedulers_headroom_carve_took() -> None:
-    from bench.cluster_packing import ratios
-
     carve, peer = _arm("carve-least-waste", 0.87, 500.0), _arm("scheduler-default", 0.78, 900.0)
     (line,) = ratios([carve, peer])
     # A bound of 0.9: no packer could have held more than 0.9/0.78 over the scheduler, and
