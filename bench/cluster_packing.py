@@ -67,12 +67,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tests.bench.alibaba import CITATION, NODE_FILE, TRACE_DIR, load_nodes, load_tasks
-from tests.bench.cluster_figures import (
-    ArmFigures,
-    ClassWaits,
-    arm_figures,
-    fleet_model,
-)
+from tests.bench.cluster_figures import ArmFigures, ClassWaits, arm_figures, fleet_model
 from tests.bench.cluster_runs import ratios, summarize, to_json
 from tests.bench.cluster_workload import SIZE_CLASSES, Timing, Workload, describe, trace_workload
 from tests.bench.mig_mix import MIXES, describe_mix, mix_named, mix_workload

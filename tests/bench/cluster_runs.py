@@ -121,4 +121,5 @@ def ratios(figures: Sequence[ArmFigures]) -> list[str]:
 
 
 def _ratio(a: float, b: float) -> str:
-    return f"{a / b:.3f}" if b and not math.isnan(a) and not math.isnan(b) else "n/a"
+    r = _div(a, b)
+    return "n/a" if math.isnan(r) else f"{r:.3f}"
