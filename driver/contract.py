@@ -189,6 +189,13 @@ class Contract:
         return f"{self.driver}/gpu-unhealthy"
 
     @property
+    def unresponsive_taint_key(self) -> str:
+        """Device taint a node's plugin puts on the devices of a GPU whose NVML call overran its
+        deadline (`NoSchedule`; `NoExecute` on a device whose claim is stuck on it), until the
+        call returns."""
+        return f"{self.driver}/gpu-unresponsive"
+
+    @property
     def carved_condition(self) -> str:
         """Device condition (in a claim's `status.devices`) and binding condition: the node
         carved the device's MIG instance, so kube-scheduler may bind the pod."""

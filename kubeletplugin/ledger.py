@@ -74,9 +74,17 @@ class Ledger:
             self._inherited.discard(uid)
 
     def inherited(self, uid: str) -> bool:
-        """Whether the claim's record was left unfinished by an earlier process."""
+        """Whether the claim's record was left unfinished by an earlier process, or by a carve
+        in this one whose answer never came (`unsure`): its instance may exist unrecorded."""
         with self._checkpoint_lock:
             return uid in self._inherited
+
+    def unsure(self, uid: str) -> None:
+        """A carve for the claim overran its deadline: NVML may still create the instance when
+        the hung call returns, with no id recorded. The claim's teardown then looks for it by
+        intent, and nobody else takes an instance there for theirs, as for an inherited claim."""
+        with self._checkpoint_lock:
+            self._inherited.add(uid)
 
     def pending_intents(self, gpu_uuid: str) -> list[DeviceRecord]:
         """MIG devices on the GPU of inherited claims with no recorded instance: an instance

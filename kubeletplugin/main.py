@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from kubeletplugin.checkpoint import ForeignInstance
     from kubeletplugin.foreign import ForeignTaints
     from kubeletplugin.gpuhealth import HealthMonitor
+    from kubeletplugin.gpuwatch import GpuWatch
     from kubeletplugin.metrics import PluginMetrics
     from kubeletplugin.mps import MpsControl
     from kubeletplugin.nodehardware import NodeHardware
@@ -102,10 +103,11 @@ class NodePlugin:
         self.api = api
         self._stop = stop if stop is not None else threading.Event()
         self.metrics: PluginMetrics = PluginMetrics()
-        self.node: NodeHardware = open_backend(opts.simulate, opts.driver_root)
+        self.node: NodeHardware = open_backend(
+            opts.simulate, opts.driver_root, timeout=opts.nvml_timeout
+        )
         self.driver_files: DriverFiles | None = self._driver_files()
         self.node_events = KubernetesNodeEvents(api, driver=opts.driver_name, node=opts.node_name)
-        self._told_lost: set[int] = set()
         self.preparer: Preparer = Preparer(
             settings=PreparerSettings(
                 driver_name=opts.driver_name,
@@ -128,6 +130,8 @@ class NodePlugin:
             offers_changed=self._republish,
         )
         self.health: HealthMonitor = self._health_monitor()
+        self.gpu_watch: GpuWatch = self._gpu_watch()
+        self._back_pending = threading.Event()  # a GPU answers again: finish what it stopped
         self.precarve: PreCarve | None = self._precarve() if opts.binding_conditions else None
         self.publisher: SlicePublisher = self._publisher()
         self.server: PluginServer = self._server()
@@ -176,6 +180,27 @@ class NodePlugin:
             events=self.node_events,
         )
 
+    def _gpu_watch(self) -> GpuWatch:
+        from driver.contract import Contract
+        from kubeletplugin.gpuwatch import GpuWatch
+
+        return GpuWatch(
+            self.node.mig,
+            self.node_events,
+            self.metrics,
+            taint_key=Contract(self.opts.driver_name).unresponsive_taint_key,
+            on_back=self._gpus_back,
+            on_change=self._republish,
+        )
+
+    def _gpus_back(self) -> None:
+        """GPUs answer again: those lost or failing when the plugin started are new to its
+        parts (prepare on them, watch their health, publish them), and housekeeping finishes
+        what a hang or loss interrupted there (teardowns left in UnprepareStarted)."""
+        self.preparer.gpus_changed()
+        self.health.watch([g.uuid for g in self.node.mig.gpus() if g.mig_capable])
+        self._back_pending.set()
+
     def _precarve(self) -> PreCarve:
         from kubeletplugin.precarve import build_precarve
 
@@ -201,6 +226,8 @@ class NodePlugin:
 
     def _taints(self) -> Mapping[str, tuple[Mapping[str, str], ...]]:
         taints = dict(self.health.taints())
+        for gpu, more in self.gpu_watch.taints().items():
+            taints[gpu] = (*taints.get(gpu, ()), *more)
         if self.precarve is not None:
             for gpu, more in self.precarve.carver.failures.taints().items():
                 taints[gpu] = (*taints.get(gpu, ()), *more)
@@ -229,6 +256,11 @@ class NodePlugin:
         self, foreign: Mapping[str, ForeignTaints]
     ) -> Mapping[str, Mapping[DevicePlace, tuple[Mapping[str, str], ...]]]:
         out = {gpu: dict(places) for gpu, places in self.health.device_taints().items()}
+        stuck = self.gpu_watch.stuck_device_taints(self.preparer.checkpoint())
+        for gpu, places in stuck.items():
+            mine = out.setdefault(gpu, {})
+            for place, taints in places.items():
+                mine[place] = (*mine.get(place, ()), *taints)
         for gpu, ft in foreign.items():
             mine = out.setdefault(gpu, {})
             for place, taints in ft.devices.items():
@@ -391,43 +423,9 @@ class NodePlugin:
         return watch.last_error or "ResourceClaims not listed yet"
 
     def _gpus_check(self) -> str:
-        """Which GPUs are out: one lost GPU is isolated, the others keep working, and the
-        operator sees which one (`/readyz`, `carve_lost_gpus`, a Node event)."""
-        lost = self.node.mig.lost()
-        return "; ".join(f"GPU index {i} is lost ({why})" for i, why in sorted(lost.items()))
-
-    def _watch_lost_gpus(self) -> None:
-        """Enumerate the GPUs again; a GPU that fell off the bus or came back is told once."""
-        try:
-            self.node.mig.gpus()
-        except Exception as e:
-            log.warning("listing GPUs failed", extra={"error": str(e)})
-            return
-        lost = self.node.mig.lost()
-        for index, why in sorted(lost.items()):
-            self.metrics.lost_gpus.labels(gpu=str(index)).set(1)
-            if index not in self._told_lost:
-                self.node_events.event(
-                    type_="Warning",
-                    reason="GpuLost",
-                    message=f"GPU index {index} answers NVML_ERROR_GPU_IS_LOST ({why}): carve "
-                    "isolates it (its devices are tainted NoExecute, or withdrawn if it was "
-                    "lost before the plugin started; claims on it are released) and the other "
-                    "GPUs keep working. Reset the GPU or reboot the node",
-                )
-        back = self._told_lost - set(lost)
-        for index in sorted(back):
-            self.metrics.lost_gpus.labels(gpu=str(index)).set(0)
-            self.node_events.event(
-                type_="Normal", reason="GpuBack", message=f"GPU index {index} answers NVML again"
-            )
-        self._told_lost = set(lost)
-        if back:
-            # GPUs lost when the plugin started are new to its parts: prepare on them, watch
-            # their health, publish them.
-            self.preparer.gpus_changed()
-            self.health.watch([g.uuid for g in self.node.mig.gpus() if g.mig_capable])
-            self._republish()
+        """Which GPUs are out (lost, unresponsive or failing): each is isolated, the others
+        keep working, and the operator sees which one (`/readyz`, the gauges, a Node event)."""
+        return self.gpu_watch.summary()
 
     def _pending_check(self) -> str:
         from kubeletplugin.checkpoint import ClaimState
@@ -443,7 +441,7 @@ class NodePlugin:
 
     def run(self) -> int:
         """Recover, serve, publish (in that order), then keep at it until `stop()`."""
-        self._watch_lost_gpus()
+        self.gpu_watch.check()
         self.preparer.reconcile()
         # Before serving: release instances of checkpointed claims that are gone from the API (the
         # node came back to a different or rebuilt cluster, or finalizers were stripped by hand).
@@ -485,10 +483,11 @@ class NodePlugin:
             last_verdict = verdict
             if self.precarve is not None:
                 self.precarve.carver.expire_taints()
-            if time.monotonic() >= next_gpu_check:
-                self._watch_lost_gpus()
+            if self.gpu_watch.due.is_set() or time.monotonic() >= next_gpu_check:
+                self.gpu_watch.check()
                 next_gpu_check = time.monotonic() + _GPU_CHECK_SECONDS
-            if time.monotonic() >= next_retry:
+            if self._back_pending.is_set() or time.monotonic() >= next_retry:
+                self._back_pending.clear()
                 self.preparer.retry_pending()
                 next_retry = time.monotonic() + _RETRY_PENDING_SECONDS
 

@@ -66,6 +66,19 @@ class PluginMetrics:
             ["gpu"],
             registry=self.registry,
         )
+        self.unresponsive_gpus = Gauge(
+            "carve_unresponsive_gpus",
+            "GPUs whose NVML call overran --nvml-timeout and has not returned, by NVML index: 1 "
+            "while it hangs. Their devices are tainted; the node's other GPUs keep working.",
+            ["gpu"],
+            registry=self.registry,
+        )
+        self.nvml_timeouts = Counter(
+            "carve_nvml_timeouts_total",
+            "Times a GPU became unresponsive (an NVML call on it overran --nvml-timeout).",
+            ["gpu"],
+            registry=self.registry,
+        )
         self.prepared_slice = Gauge(
             "carve_prepared_slice_info",
             "1 per MIG device of a prepared claim: which pod and claim it serves, and which MIG "

@@ -20,7 +20,7 @@ from driver.devnodes import parse_char_major
 from driver.driverroot import LIBRARY_DIRS, DriverRootError, nvml_library
 from driver.naming import DevicePlace, parse_device_name
 from driver.nvml.backend import NvmlBackend
-from driver.nvml.errors import GpuLost
+from driver.nvml.errors import NvmlError
 from driver.pcie import read_topology, standard_bus_id
 from driver.resourceslice import PublishedGpu, build_resource_slices
 
@@ -35,7 +35,7 @@ class NodeHardware:
     # which a container sees as the host's, or the simulator's fake tree.
     sys_root: Path = Path("/sys")
     # GPU UUID -> (offers MIG devices, offers itself) as last published: a GPU that falls off
-    # the bus cannot say, and keeps what it offered, tainted by the health monitor.
+    # the bus, hangs or fails cannot say, and keeps what it offered, tainted.
     _offers: dict[str, tuple[bool, bool]] = field(default_factory=dict)
 
     def common_device_nodes(self) -> tuple[DeviceNode, ...]:
@@ -81,7 +81,7 @@ class NodeHardware:
             if g.mig_toggle_needs_reset:
                 try:
                     mig_on = self.mig.mig_mode(g.uuid).current
-                except GpuLost:
+                except NvmlError:  # lost, hung or failing: it keeps what it offered
                     mig_on = self._offers.get(g.uuid, (True, False))[0]
                 offers_mig, offers_whole = mig_on, not mig_on
             else:
@@ -184,8 +184,11 @@ class NodeHardware:
         self.mig.close()
 
 
-def open_backend(simulate: Path | None, driver_root: Path = Path("/")) -> NodeHardware:
-    """Open NVML, or the simulator configured by the file `simulate`.
+def open_backend(
+    simulate: Path | None, driver_root: Path = Path("/"), *, timeout: float | None = None
+) -> NodeHardware:
+    """Open NVML, or the simulator configured by the file `simulate`, with ``timeout`` as the
+    deadline of every GPU operation (driver.nvml.deadline; None: none).
 
     With a driver root other than ``/`` (the GPU Operator's ``/run/nvidia/driver``, or the
     host's root mounted into the plugin's container), NVML is the driver root's own
@@ -196,12 +199,13 @@ def open_backend(simulate: Path | None, driver_root: Path = Path("/")) -> NodeHa
         os.environ["CARVE_SIM_CONFIG"] = str(simulate)
         sim.configure(simulate)
         proc = sim.sim_proc_root()
-        return NodeHardware(NvmlBackend(sim, proc_root=proc).open(), proc, sim.sim_sys_root())
+        backend = NvmlBackend(sim, proc_root=proc, timeout=timeout)
+        return NodeHardware(backend.open(), proc, sim.sim_sys_root())
     import pynvml
 
     if driver_root != Path("/"):
         _load_nvml_from(driver_root)
-    return NodeHardware(NvmlBackend(pynvml).open())
+    return NodeHardware(NvmlBackend(pynvml, timeout=timeout).open())
 
 
 def _load_nvml_from(driver_root: Path) -> None:

@@ -90,6 +90,13 @@ WARM_SLICES_ACROSS_NAMESPACES = flags.switch(
     "let a claim reuse a warm MIG instance another namespace's claim released (MIG leaves the "
     "previous user's data in the slice's memory; carve clears nothing)",
 )
+NVML_TIMEOUT = flags.duration(
+    "nvml-timeout",
+    "deadline of one NVML operation on a GPU (a carve, a destroy, a MIG-mode change); a GPU "
+    "whose call overruns it is unresponsive until the call returns: tainted, reported, and "
+    "left alone while the other GPUs go on (0s: no deadline)",
+    "20s",
+)
 SIMULATE: Flag[Path | None] = Flag(
     "simulate",
     "NVML simulator config file: use driver.nvml.sim instead of the real NVML",
@@ -226,6 +233,7 @@ COMMAND_LINE = flags.CommandLine(
         FOREIGN_INSTANCES,
         WARM_SLICES_TTL,
         WARM_SLICES_ACROSS_NAMESPACES,
+        NVML_TIMEOUT,
         SIMULATE,
         DRIVER_ROOT,
         DEV_ROOT,
@@ -276,6 +284,7 @@ class Options:
     binding_conditions: bool = False
     carve_failure_cooldown: float = 300.0
     warm: WarmSettings = field(default_factory=WarmSettings)
+    nvml_timeout: float | None = 20.0  # None: no deadline
     mps_daemon_image: str | None = None
     mps_daemon_namespace: str | None = None
     mps_daemon_pull_policy: str = "IfNotPresent"
@@ -325,6 +334,7 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
         binding_conditions=got[BINDING_CONDITIONS],
         carve_failure_cooldown=got[CARVE_FAILURE_COOLDOWN],
         warm=WarmSettings(got[WARM_SLICES_TTL], got[WARM_SLICES_ACROSS_NAMESPACES]),
+        nvml_timeout=got[NVML_TIMEOUT] or None,
         mps_daemon_image=got[MPS_DAEMON_IMAGE],
         mps_daemon_namespace=got[MPS_DAEMON_NAMESPACE],
         mps_daemon_pull_policy=got[MPS_DAEMON_IMAGE_PULL_POLICY],

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from driver.catalog import GpuModel, Placement
-from driver.nvml.types import CarvedInstance, GpuInfo, GpuInstance
+from driver.nvml.types import CarvedInstance, GpuInfo, GpuInstance, Unusable
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,7 @@ class MigBackend(Protocol):
     """The slice of the NVML backend the state machine uses (see driver.nvml.backend)."""
 
     def gpus(self) -> Sequence[GpuInfo]: ...
+    def unusable(self) -> Mapping[int, Unusable]: ...
     def gpu_model(self, gpu_uuid: str) -> GpuModel: ...
     def mig_enabled(self, gpu_uuid: str) -> bool: ...
     def enable_mig(self, gpu_uuid: str) -> object: ...

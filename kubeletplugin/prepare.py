@@ -36,7 +36,13 @@ from driver.cdi import (
     SpecEdits,
 )
 from driver.contract import Contract
-from driver.nvml.errors import GpuLost, GpuNotPresent, InstanceMismatch, PlacementTaken
+from driver.nvml.errors import (
+    GpuLost,
+    GpuNotPresent,
+    GpuUnresponsive,
+    InstanceMismatch,
+    PlacementTaken,
+)
 from driver.nvml.types import GpuInfo
 from kubeletplugin.cdidevices import NodeDevices, cdi_devices
 from kubeletplugin.checkpoint import (
@@ -79,7 +85,10 @@ class PreparerSettings:
     node_name: str
     pool_name: str
     foreign_policy: ForeignPolicy = ForeignPolicy.LEAVE
-    parallelism: int = 8
+    # Above the gRPC server's 16 workers, so that the pool is never what a claim waits for:
+    # claims stuck behind a hung GPU (each waits at most --nvml-timeout) must not hold up
+    # claims on the node's other GPUs.
+    parallelism: int = 32
     warm: WarmSettings = field(default_factory=WarmSettings)
 
 
@@ -254,6 +263,7 @@ class Preparer:
         claim = self._read_claim(ref)
         ctx["pods"] = list(claim.reserved_for)
         plan = self._plan(claim)
+        self._refuse_unresponsive(plan)
         record = self.ledger.put(
             ClaimRecord(
                 ref.uid,
@@ -278,6 +288,8 @@ class Preparer:
             if current is not None:
                 try:
                     self._teardown(current, ctx)
+                except ClaimError as e:  # said: the record stays, housekeeping finishes it
+                    log.warning("rollback failed; will retry", extra={**ctx, "error": str(e)})
                 except Exception:
                     log.exception("rollback failed; will retry", extra=ctx)
             raise
@@ -346,6 +358,17 @@ class Preparer:
                 f"{e}; the node taints the device {self.foreign.taint_key}:NoExecute, so that "
                 "the pod is evicted and placed again elsewhere",
             ) from e
+
+    def _refuse_unresponsive(self, plan: Sequence[PlannedDevice]) -> None:
+        """A claim on a GPU whose NVML call hangs fails at once, before anything is written,
+        with the call that hangs: the kubelet's retries get a clear answer instead of one
+        blocked worker each, and no finalizer waits for a GPU that may never answer."""
+        hung = {
+            u.uuid: u.why for u in self._backend.unusable().values() if u.kind == "unresponsive"
+        }
+        for p in plan:
+            if p.gpu.uuid in hung:
+                raise ClaimError("gpu-unresponsive", f"{p.result.device}: {hung[p.gpu.uuid]}")
 
     def _carve(self, p: PlannedDevice, record: ClaimRecord, i: int, ref: ClaimRef) -> ClaimRecord:
         """Carve device `i` of `record`; the new ids are checkpointed before the GPU lock is
@@ -439,6 +462,11 @@ class Preparer:
                 c = self._backend.carve(gpu.uuid, p.profile.id, p.placement.start)
         except PlacementTaken as e:
             return self._placement_conflict(p, rec, ref, e)
+        except GpuUnresponsive as e:
+            # The carve may still happen when the hung call returns: the rollback and later
+            # teardowns look for the instance by intent (Ledger.unsure).
+            self.ledger.unsure(ref.uid)
+            raise ClaimError("gpu-unresponsive", f"{p.result.device}: {e}") from e
         except Exception as e:
             raise ClaimError(
                 "carve-failed",
@@ -566,9 +594,12 @@ class Preparer:
                 if parked is not None:
                     record = parked
                     continue
-            self._destroy_device(d, ctx, by_intent=self.ledger.inherited(record.uid))
-            cleared = replace(d, gi_id=None, ci_id=None, mig_uuid=None)
-            record = self.ledger.put(record.with_device(i, cleared))
+            lost = self._destroy_device(d, ctx, by_intent=self.ledger.inherited(record.uid))
+            if lost and d.gi_id is not None:
+                record = self.warm.owe_destroy(record, i)
+            else:
+                cleared = replace(d, gi_id=None, ci_id=None, mig_uuid=None)
+                record = self.ledger.put(record.with_device(i, cleared))
         self._cdi.remove(record.uid)
         # Whether or not `finalizer_added` was saved: the PATCH may have been applied with its
         # answer lost, or the process killed between the PATCH and the save. Removing a
@@ -588,23 +619,35 @@ class Preparer:
 
     def _destroy_device(
         self, d: DeviceRecord, ctx: Mapping[str, object], *, by_intent: bool
-    ) -> None:
+    ) -> bool:
         """Destroy the device's instance. Without a recorded id, only a claim inherited from an
         earlier process (`by_intent`) looks for it by profile and placement: that process may
         have crashed between the carve and the save. In this process a failed carve leaves
         nothing behind (the backend rolls back, `_undo_unsaved_carve` covers the save), so an
         instance found there now is someone else's.
 
-        On a GPU that has fallen off the bus or is no longer on the node the instance is gone
-        with it (a reset or reboot brings the GPU back empty), so the claim is released: its
-        finalizer must not stay behind for a destroy that can never succeed."""
+        On a GPU that is no longer on the node the instance is gone with it, and on one that
+        has fallen off the bus it goes with the reset that brings the GPU back, so the claim is
+        released: its finalizer must not stay behind for a destroy that may never succeed.
+        Returns True for a lost GPU: the instance may still be there if the GPU answers again
+        without a reset, so the caller hands it to the warm pool to destroy then."""
         try:
             self._destroy_locked(d, ctx, by_intent=by_intent)
-        except (GpuLost, GpuNotPresent) as e:
+        except GpuUnresponsive as e:  # kept, with its finalizer, until the call returns
+            raise ClaimError("gpu-unresponsive", f"destroying {d.device_name}: {e}") from e
+        except GpuNotPresent as e:
             log.warning(
-                "the claim's GPU is lost or gone, and its MIG instance with it; releasing",
+                "the claim's GPU is gone, and its MIG instance with it; releasing",
                 extra={**ctx, "gpu": d.gpu_uuid, "device": d.device_name, "error": str(e)},
             )
+        except GpuLost as e:
+            log.warning(
+                "the claim's GPU is lost; releasing the claim, and destroying its MIG instance "
+                "if the GPU answers again with it",
+                extra={**ctx, "gpu": d.gpu_uuid, "device": d.device_name, "error": str(e)},
+            )
+            return True
+        return False
 
     def _destroy_locked(
         self, d: DeviceRecord, ctx: Mapping[str, object], *, by_intent: bool
@@ -636,7 +679,7 @@ class Preparer:
                     extra={**ctx, "gpu": d.gpu_uuid, "giID": gi_id, "device": d.device_name},
                 )
                 return
-            except (GpuLost, GpuNotPresent):
+            except (GpuLost, GpuNotPresent, GpuUnresponsive):
                 raise
             except Exception as e:
                 raise ClaimError(

@@ -103,6 +103,20 @@ class WarmPool:
         )
         return saved.claims[new.uid]
 
+    def owe_destroy(self, record: ClaimRecord, i: int) -> ClaimRecord:
+        """Device `i`'s claim is released while its GPU is lost: a reset takes the instance,
+        but a GPU that answers again without one still has it, and nobody would own it. So the
+        pool takes it over as RECLAIMING in the same save that drops it from the claim, and
+        destroys it once the GPU answers (or forgets it when the GPU comes back empty)."""
+        d = record.devices[i]
+        cleared = replace(d, gi_id=None, ci_id=None, mig_uuid=None)
+        new = record.with_device(i, cleared)
+        if d.gi_id is None or d.ci_id is None or d.mig_uuid is None or d.profile_id is None:
+            return self._ledger.put(new)
+        owed = replace(park(d, record.namespace, time.time()), state=WarmState.RECLAIMING)
+        saved = self._ledger.save(lambda cp: cp.with_claim(new).with_warm((*cp.warm, owed)))
+        return saved.claims[new.uid]
+
     def reuse(self, p: PlannedDevice, rec: DeviceRecord, ref: ClaimRef) -> DeviceRecord | None:
         """The device record with a warm instance taken over, or None (carve as usual). The
         caller holds the GPU lock and saves the record, which also drops the warm entry."""
@@ -205,13 +219,21 @@ class WarmPool:
                 "warm MIG instance is gone and its id now names another instance",
                 extra={**ctx, "gpu": warm.gpu_uuid, "giID": warm.gi_id},
             )
-        except (GpuLost, GpuNotPresent):
+        except GpuNotPresent:
             self.forget(warm, WarmEvent.VANISHED)
             log.warning(
-                "warm MIG instance's GPU is lost or gone, and the instance with it",
+                "warm MIG instance's GPU is gone, and the instance with it",
                 extra={**ctx, "gpu": warm.gpu_uuid, "giID": warm.gi_id},
             )
             return
+        except GpuLost as e:
+            # Kept RECLAIMING: a reset takes the instance (then the destroy finds it gone), a
+            # GPU that answers again without one still has it.
+            raise ClaimError(
+                "gpu-lost",
+                f"the MIG instance at {span(placement_of(warm))} on GPU {warm.gpu_uuid} "
+                f"(GI {warm.gi_id}) is destroyed once the GPU answers again: {e}",
+            ) from e
         except Exception as e:
             raise ClaimError(
                 "destroy-failed",

@@ -20,26 +20,31 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from driver import devnodes
 from driver.catalog import GpuModel, Placement, ProfileSpec
 from driver.nvml import calls, computeinstances, errors, gpudescription, healthevents
 from driver.nvml.computeinstances import CiProfile
+from driver.nvml.deadline import CallDeadlines, Hang
 from driver.nvml.errors import (
     GpuLost,
     GpuNotPresent,
+    GpuUnresponsive,
     InstanceInUse,
     InstanceMismatch,
     InvalidPlacement,
     MigDisabled,
+    NoPermission,
     NotFound,
     NotSupported,
     NvmlError,
     NvmlFailure,
+    NvmlUnavailable,
     PlacementTaken,
     ResetRequired,
 )
@@ -51,9 +56,39 @@ from driver.nvml.types import (
     GpuInfo,
     GpuInstance,
     MigMode,
+    Unusable,
 )
 
 _T = TypeVar("_T")
+_P = ParamSpec("_P")
+
+# The deadline of one backend operation when the caller sets none (`--nvml-timeout`): far above
+# what a healthy GPU takes for the slowest one (a MIG-mode change, a few seconds), and below
+# the kubelet's 45 s wait for a prepare, so its retry gets an answer rather than a timeout.
+DEFAULT_TIMEOUT_SECONDS = 20.0
+_NODE_WIDE = -1  # the worker for calls that name no GPU (counting them)
+
+
+def _on_gpu_worker(
+    what: str,
+) -> Callable[
+    [Callable[Concatenate[NvmlBackend, str, _P], _T]],
+    Callable[Concatenate[NvmlBackend, str, _P], _T],
+]:
+    """Run the method (whose first argument is a GPU UUID) on that GPU's NVML worker, under
+    the backend's deadline (driver.nvml.deadline): one hung GPU never stalls another."""
+
+    def wrap(
+        method: Callable[Concatenate[NvmlBackend, str, _P], _T],
+    ) -> Callable[Concatenate[NvmlBackend, str, _P], _T]:
+        @functools.wraps(method)
+        def run(self: NvmlBackend, gpu_uuid: str, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+            return self._on_gpu(gpu_uuid, what, lambda: method(self, gpu_uuid, *args, **kwargs))
+
+        return run
+
+    return wrap
+
 
 # NVML constants the backend needs (nvml.h); numeric so the binding can be any pynvml-shaped
 # module. They are part of NVML's ABI and never change.
@@ -69,17 +104,26 @@ class NvmlBackend:
     device handles and discovered profiles, which NVML keeps stable for the process lifetime.
     Methods are safe to call from several threads; NVML serialises conflicting changes itself
     and reports them as errors, which become the typed exceptions of ``driver.nvml.errors``.
+
+    With ``timeout`` (seconds) every operation on a GPU runs on that GPU's own worker thread and
+    is waited for at most that long (driver.nvml.deadline): a GPU whose call overruns raises
+    `GpuUnresponsive` until the call returns, and `unusable()` lists it. ``None`` runs every
+    call on the caller's thread with no deadline.
     """
 
-    def __init__(self, nvml: Any, *, proc_root: str | Path = "/proc") -> None:
+    def __init__(
+        self, nvml: Any, *, proc_root: str | Path = "/proc", timeout: float | None = None
+    ) -> None:
         self._nvml = nvml
         self._proc_root = Path(proc_root)
+        self._deadlines = CallDeadlines(timeout)
         self._lock = threading.RLock()
         self._opened = 0
         self._handles: dict[str, Any] = {}
         self._gpus: dict[str, GpuInfo] = {}
         self._by_index: dict[int, str] = {}  # NVML index -> UUID, as last read
-        self._lost: dict[int, str] = {}  # NVML index -> why, for GPUs answering GPU_IS_LOST
+        # NVML index -> why, for GPUs that could not be enumerated at the last `gpus()`.
+        self._unusable: dict[int, Unusable] = {}
         self._ci_profile_cache: dict[tuple[str, int], tuple[CiProfile, ...]] = {}
 
     # --- lifecycle --------------------------------------------------------------------------
@@ -100,6 +144,8 @@ class NvmlBackend:
                 self._handles.clear()
                 self._gpus.clear()
                 self._ci_profile_cache.clear()
+                if self._deadlines.hung():
+                    return  # nvmlShutdown would wait for the hung call; the exit takes both
                 # Shutting down anyway: an error here leaves nothing to act on.
                 with contextlib.suppress(self._nvml.NVMLError):
                     self._nvml.nvmlShutdown()
@@ -126,34 +172,88 @@ class NvmlBackend:
     def gpus(self) -> tuple[GpuInfo, ...]:
         """Every GPU of the node, in NVML index order, with its discovered MIG profiles.
 
-        A GPU that has fallen off the bus (GPU_IS_LOST) does not take the others down with it:
-        it is listed with what was read of it before, if anything was (its calls keep failing
-        with GpuLost, so its users can isolate it), and left out otherwise; `lost()` says which
-        are out."""
-        with self._lock:
-            count = self._call("count GPUs", None, self._nvml.nvmlDeviceGetCount)
-            out = []
-            for index in range(count):
-                try:
-                    handle = self._call(
-                        f"get GPU {index}", None, self._nvml.nvmlDeviceGetHandleByIndex, index
-                    )
-                    uuid = self._call(
-                        f"read GPU {index} UUID", None, self._nvml.nvmlDeviceGetUUID, handle
-                    )
-                    if uuid not in self._gpus:
-                        self._gpus[uuid] = gpudescription.describe(self._nvml, index, uuid, handle)
-                except GpuLost as e:
-                    known = self._by_index.get(index)
-                    self._lost[index] = f"{known or 'UUID unknown'}: {e}"
+        One GPU that cannot be read does not take the others down with it, whatever NVML
+        answers for it (GPU_IS_LOST, UNKNOWN, TIMEOUT, RESET_REQUIRED, ...) or if its call
+        hangs: it is listed with what was read of it before, if anything was (its calls keep
+        failing, so its users can isolate it), and left out otherwise; `unusable()` says which
+        are out and why. Each GPU is read on its own worker under the deadline, and no lock is
+        held while NVML answers, so a hung GPU stalls neither this nor the other GPUs' calls."""
+        count = self._deadlines.run(
+            _NODE_WIDE,
+            "the node",
+            "count GPUs",
+            lambda: self._call("count GPUs", None, self._nvml.nvmlDeviceGetCount),
+        )
+        out = []
+        for index in range(count):
+            with self._lock:
+                known = self._by_index.get(index)
+            try:
+                uuid, handle = self._deadlines.run(
+                    index,
+                    known or f"GPU index {index}",
+                    f"read GPU {index}",
+                    functools.partial(self._read_gpu, index),
+                )
+            except (NvmlUnavailable, NoPermission):
+                raise  # the node's, not one GPU's: no GPU can be used, and the operator must act
+            except GpuUnresponsive:  # `hung()` says so for as long as it lasts
+                if known is not None:
+                    with self._lock:
+                        out.append(self._gpus[known])
+                continue
+            except NvmlError as e:
+                kind = "lost" if isinstance(e, GpuLost) else "failing"
+                with self._lock:
+                    self._unusable[index] = Unusable(kind, f"{known or 'UUID unknown'}: {e}", known)
                     if known is not None:
                         out.append(self._gpus[known])
-                    continue
-                self._lost.pop(index, None)
+                continue
+            with self._lock:
+                self._unusable.pop(index, None)
                 self._handles[uuid] = handle
                 self._by_index[index] = uuid
                 out.append(self._gpus[uuid])
-            return tuple(out)
+        return tuple(out)
+
+    def _read_gpu(self, index: int) -> tuple[str, Any]:
+        """(UUID, handle) of GPU ``index``, described once per process (NVML keeps it)."""
+        handle = self._call(f"get GPU {index}", None, self._nvml.nvmlDeviceGetHandleByIndex, index)
+        uuid = str(self._call(f"read GPU {index} UUID", None, self._nvml.nvmlDeviceGetUUID, handle))
+        with self._lock:
+            described = uuid in self._gpus
+        if not described:
+            info = gpudescription.describe(self._nvml, index, uuid, handle)
+            with self._lock:
+                self._gpus[uuid] = info
+        return uuid, handle
+
+    def _on_gpu(self, gpu_uuid: str, what: str, fn: Callable[[], _T]) -> _T:
+        with self._lock:
+            info = self._gpus.get(gpu_uuid)
+        if info is None:  # unknown here: `_known` enumerates once more, then says so
+            return fn()
+        return self._deadlines.run(info.index, gpu_uuid, what, fn)
+
+    def unusable(self) -> Mapping[int, Unusable]:
+        """NVML index -> why, for the GPUs whose call hangs now and those that could not be
+        read at the last `gpus()` (lost or failing)."""
+        with self._lock:
+            out = dict(self._unusable)
+            known = dict(self._by_index)
+        for index, hang in self.hung().items():
+            if index != _NODE_WIDE:
+                why = str(hang.error(self._deadlines.clock()))
+                out[index] = Unusable("unresponsive", why, known.get(index))
+        return out
+
+    def hung(self) -> Mapping[int, Hang]:
+        """NVML index -> the call that overran its deadline there and has not returned."""
+        return self._deadlines.hung()
+
+    def on_responsiveness_change(self, callback: Callable[[], None]) -> None:
+        """``callback`` runs (on an NVML worker) when a GPU hangs or answers again."""
+        self._deadlines.on_change = callback
 
     def uuid_of(self, handle: Any) -> str:
         """The UUID of a device handle NVML gave back (an event's). A GPU that has fallen off
@@ -171,11 +271,6 @@ class NvmlBackend:
                         return uuid
             raise
 
-    def lost(self) -> Mapping[int, str]:
-        """NVML index -> why, for the GPUs that answered GPU_IS_LOST at the last `gpus()`."""
-        with self._lock:
-            return dict(self._lost)
-
     def gpu(self, gpu_uuid: str) -> GpuInfo:
         return self._known(self._gpus, gpu_uuid)
 
@@ -186,9 +281,11 @@ class NvmlBackend:
         """``table[gpu_uuid]`` from one of the per-GPU caches; an unknown UUID gets one fresh
         enumeration before it is reported as not on this node."""
         with self._lock:
-            if gpu_uuid not in table:
-                self.gpus()
             value = table.get(gpu_uuid)
+        if value is None:
+            self.gpus()
+            with self._lock:
+                value = table.get(gpu_uuid)
         if value is None:
             raise GpuNotPresent(f"no GPU with UUID {gpu_uuid} on this node", gpu=gpu_uuid)
         return value
@@ -198,6 +295,7 @@ class NvmlBackend:
         module and the ResourceSlice builder need, with no catalog lookup."""
         return gpudescription.model_of(self.gpu(gpu_uuid))
 
+    @_on_gpu_worker("read the remaining capacity")
     def remaining_capacity(self, gpu_uuid: str, profile_id: int) -> int:
         """How many more instances of the profile NVML would create now (MIG must be on)."""
         handle = self._handle(gpu_uuid)
@@ -213,14 +311,17 @@ class NvmlBackend:
         handles = {uuid: self._handle(uuid) for uuid in gpu_uuids}
         return healthevents.subscribe(self._nvml, handles, self.uuid_of)
 
+    @_on_gpu_worker("read the recovery action")
     def recovery_action(self, gpu_uuid: str) -> int | None:
         return healthevents.recovery_action(self._nvml, gpu_uuid, self._handle(gpu_uuid))
 
+    @_on_gpu_worker("read the ECC error count")
     def uncorrected_ecc_errors(self, gpu_uuid: str) -> int | None:
         return healthevents.uncorrected_ecc_errors(self._nvml, gpu_uuid, self._handle(gpu_uuid))
 
     # --- MIG mode ---------------------------------------------------------------------------
 
+    @_on_gpu_worker("read MIG mode")
     def mig_mode(self, gpu_uuid: str) -> MigMode:
         handle = self._handle(gpu_uuid)
         current, pending = self._call(
@@ -228,10 +329,12 @@ class NvmlBackend:
         )
         return MigMode(current=current == _MIG_ENABLE, pending=pending == _MIG_ENABLE)
 
+    @_on_gpu_worker("read MIG mode")
     def mig_enabled(self, gpu_uuid: str) -> bool:
         info = self.gpu(gpu_uuid)
         return info.mig_capable and self.mig_mode(gpu_uuid).current
 
+    @_on_gpu_worker("change MIG mode")
     def set_mig_mode(self, gpu_uuid: str, enabled: bool) -> MigMode:
         """Ask NVML for a MIG-mode change and check the activation status it returns
         (pynvml raises only for the call itself; a refused activation is a return value)."""
@@ -270,6 +373,7 @@ class NvmlBackend:
             f"{gpu_uuid}: {want} MIG mode was not activated", code=int(status), gpu=gpu_uuid
         )
 
+    @_on_gpu_worker("enable MIG mode")
     def enable_mig(self, gpu_uuid: str) -> MigMode:
         """Turn MIG mode on where that needs no GPU reset (Hopper and later). On Ampere carve
         never resets a GPU itself: it refuses with ResetRequired and says what to run."""
@@ -289,6 +393,7 @@ class NvmlBackend:
             )
         return self.set_mig_mode(gpu_uuid, True)
 
+    @_on_gpu_worker("disable MIG mode")
     def disable_mig(self, gpu_uuid: str) -> MigMode:
         """Turn MIG mode off so that the whole GPU can be handed out (Hopper and later, where
         that needs no reset). Ampere is refused with ResetRequired as in `enable_mig`: carve
@@ -330,6 +435,7 @@ class NvmlBackend:
 
     # --- carving ----------------------------------------------------------------------------
 
+    @_on_gpu_worker("create a MIG instance")
     def carve(self, gpu_uuid: str, profile_id: int, placement_start: int) -> CarvedInstance:
         """Create a GPU instance of ``profile_id`` at ``placement_start`` plus a full-size
         compute instance, and resolve its MIG UUID. On any failure after the GPU instance
@@ -400,6 +506,7 @@ class NvmlBackend:
                 "it is left in place and shows up in the instance list"
             )
 
+    @_on_gpu_worker("create a compute instance")
     def ensure_compute_instance(self, gpu_uuid: str, gi_id: int) -> CarvedInstance:
         """Finish a GPU instance whose compute instance is missing (a carve interrupted by a
         crash) or return the one it has. Raises NotFound if the GPU instance is gone."""
@@ -495,6 +602,7 @@ class NvmlBackend:
 
     # --- listing and destroying -------------------------------------------------------------
 
+    @_on_gpu_worker("list MIG instances")
     def instances(self, gpu_uuid: str) -> tuple[GpuInstance, ...]:
         """Every GPU instance on the GPU (carve's or not), ordered by GI id. Empty when MIG
         mode is off, since no instance can exist then."""
@@ -549,6 +657,7 @@ class NvmlBackend:
                 int(exc.value), f"look up GPU instance {gi_id}", gpu=gpu_uuid
             ) from exc
 
+    @_on_gpu_worker("destroy a MIG instance")
     def destroy(
         self,
         gpu_uuid: str,
@@ -622,6 +731,7 @@ class NvmlBackend:
                 int(exc.value), f"destroy GPU instance {gi_id}", gpu=gpu_uuid
             ) from exc
 
+    @_on_gpu_worker("list processes on a MIG device")
     def running_processes(self, gpu_uuid: str, mig_uuid: str) -> tuple[int, ...]:
         """Host PIDs of the processes running on the MIG device ``mig_uuid``, asked of that MIG
         device's own handle (the parent GPU's handle aggregates every MIG device). Raises

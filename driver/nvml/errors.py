@@ -107,6 +107,17 @@ class GpuLost(NvmlError):
     reboot, which bring it back without its MIG instances."""
 
 
+class GpuUnresponsive(NvmlError):
+    """An NVML call on the GPU has not returned within its deadline (a sick GPU often hangs
+    rather than fails). Until that call returns, every further call on the GPU fails at once
+    with this error instead of queueing behind it; `call` names the one that hangs."""
+
+    def __init__(self, message: str, *, gpu: str | None, call: str, since: float) -> None:
+        super().__init__(message, gpu=gpu)
+        self.call = call
+        self.since = since
+
+
 class GpuNotPresent(NotFound):
     """No GPU with that UUID on this node (any more): gone after a reboot, or lost at start."""
 

@@ -112,3 +112,15 @@ class CapDevice:
     path: str  # /dev/nvidia-caps/nvidia-cap<minor>
     major: int
     minor: int
+
+
+@dataclass(frozen=True)
+class Unusable:
+    """Why a GPU of the node cannot be used now. ``kind`` is ``lost`` (GPU_IS_LOST: fallen off
+    the bus), ``unresponsive`` (an NVML call on it overran its deadline and has not returned)
+    or ``failing`` (any other NVML error while it was enumerated); ``uuid`` is None when it was
+    never read in this process."""
+
+    kind: str
+    why: str
+    uuid: str | None = None

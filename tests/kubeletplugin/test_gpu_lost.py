@@ -49,7 +49,7 @@ def test_a_restart_with_one_gpu_lost_releases_its_claims_and_serves_the_other(no
     claims = n.p.checkpoint().claims
     assert on_lost.uid not in claims and n.claims.finalizers(on_lost) == []
     assert on_good.uid in claims and n.claims.finalizers(on_good) == [FINALIZER]
-    assert n.backend.lost().keys() == {0}
+    assert n.backend.unusable().keys() == {0}
 
     assert n.p.unprepare([on_good]) == {on_good.uid: ""}
     assert [i for i in n.instances() if i[0] == 1] == []  # its slice destroyed

@@ -22,7 +22,7 @@ The package is the module callers import; its parts each hold one concern:
 - ``runtime``: the process's chosen config, nvmlInit's count, the open state store;
 - ``handles``: handle pointers and ctypes out-parameters;
 - ``calls``: the per-call transaction (latency, fault points, lock) and NVML's pre-checks;
-- ``faults``: injected errors and kills, kept in the state file;
+- ``faults``: injected errors, hangs and kills, kept in the state file;
 - ``hardware`` also lays out the node's fake ``/sys`` (the GPUs' PCI places);
 - ``driverfiles``: the node's fake driver root (libraries, an ``nvidia-smi -L`` stand-in) and
   its device nodes under a dev root, kept in step with the state;
@@ -91,7 +91,9 @@ from driver.nvml.sim.devices import (
 from driver.nvml.sim.faults import (
     sim_clear_faults,
     sim_crash_at,
+    sim_hung_calls,
     sim_inject_fault,
+    sim_release_hangs,
 )
 from driver.nvml.sim.gpu_instances import (
     nvmlDeviceCreateGpuInstance,
@@ -213,6 +215,7 @@ __all__ = [
     "sim_config",
     "sim_crash_at",
     "sim_health",
+    "sim_hung_calls",
     "sim_inject_ecc",
     "sim_inject_fault",
     "sim_inject_xid",
@@ -220,6 +223,7 @@ __all__ = [
     "sim_node_files",
     "sim_proc_root",
     "sim_reboot",
+    "sim_release_hangs",
     "sim_reset_gpu",
     "sim_set_busy",
     "sim_set_gpu_clients",

@@ -3,7 +3,8 @@
 ``call`` makes each call one transaction on the state file: the configured latency is slept
 first, outside the lock; then the "before" fault point, the operation and the "after" fault point
 run under the file lock, so a fault that kills at either point leaves the old or the new state,
-as a process killed around a real NVML call does.
+as a process killed around a real NVML call does. A hang at either point waits outside the lock
+(sim.faults), so only the hung call stops.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pynvml
 
 from driver.catalog import ProfileSpec
 from driver.nvml.sim.config import SimConfig
-from driver.nvml.sim.faults import fire
+from driver.nvml.sim.faults import fire, wait_released
 from driver.nvml.sim.handles import Resolved, decode
 from driver.nvml.sim.hardware import HwState
 from driver.nvml.sim.runtime import raise_nvml, require_init, state_store
@@ -42,10 +43,18 @@ def call(op: str, handle: Any, body: Callable[[SimConfig, HwState], _T]) -> _T:
     if delay > 0:
         time.sleep(delay)
     store = state_store(cfg)
-    with store.transaction() as state:
-        fire(store, state, op, index, "before")
-        result = body(cfg, state)
-        fire(store, state, op, index, "after")
+    released = False
+    while True:
+        with store.transaction() as state:
+            hold = None if released else fire(store, state, op, index, "before")
+            if hold is None:
+                result = body(cfg, state)
+                after = fire(store, state, op, index, "after")
+                break
+        wait_released(store, hold)  # then the operation runs, as a call that got unstuck
+        released = True
+    if after is not None:
+        wait_released(store, after)
     return result
 
 

@@ -86,7 +86,8 @@ class SimConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Fault:
-    """An injected fault: make an operation fail, or kill the calling process, at a named step.
+    """An injected fault: make an operation fail, hang, or kill the calling process, at a
+    named step.
 
     ``op`` matches a pynvml function name without the "nvml" prefix, or any suffix of it
     ("CreateGpuInstanceWithPlacement" matches "DeviceCreateGpuInstanceWithPlacement").
@@ -97,7 +98,7 @@ class Fault:
 
     op: str
     when: str = "before"
-    action: str = "error"  # "error" or "kill"
+    action: str = "error"  # "error", "kill", or "hang" (until sim_release_hangs)
     code: int = 999  # NVML_ERROR_UNKNOWN
     times: int = 1
     gpu: int | None = None
@@ -322,8 +323,8 @@ KNOWN_OPS: tuple[str, ...] = ()  # filled by the package with every simulated fu
 def validate_fault(fault: Fault) -> None:
     if fault.when not in ("before", "after"):
         raise SimConfigError(f"fault on {fault.op!r}: 'when' must be 'before' or 'after'")
-    if fault.action not in ("error", "kill"):
-        raise SimConfigError(f"fault on {fault.op!r}: 'action' must be 'error' or 'kill'")
+    if fault.action not in ("error", "kill", "hang"):
+        raise SimConfigError(f"fault on {fault.op!r}: 'action' must be 'error', 'kill' or 'hang'")
     if fault.times < 1:
         raise SimConfigError(f"fault on {fault.op!r}: 'times' must be at least 1")
     if KNOWN_OPS and not any(op == fault.op or op.endswith(fault.op) for op in KNOWN_OPS):

@@ -113,6 +113,9 @@ class HwState:
     # set sees those with a serial above the one current when it registered.
     events: list[dict[str, int]] = field(default_factory=list)
     event_serial: int = 0
+    # Calls held by a "hang" fault (sim.faults), each {"id", "op", "gpu", "when"}: the call
+    # waits, outside the state lock, until its entry is removed (sim_release_hangs).
+    hangs: list[dict[str, Any]] = field(default_factory=list)
 
     def next_serial(self) -> int:
         self.serial += 1
@@ -125,6 +128,8 @@ class HwState:
         if self.event_serial:
             extra["events"] = [dict(e) for e in self.events]
             extra["event_serial"] = self.event_serial
+        if self.hangs:
+            extra["hangs"] = [dict(h) for h in self.hangs]
         return {
             **extra,
             "format": STATE_FORMAT,
@@ -165,6 +170,7 @@ class HwState:
             node_roots=dict(data.get("node_roots") or {}),
             events=[dict(e) for e in data.get("events") or ()],
             event_serial=int(data.get("event_serial", 0)),
+            hangs=[dict(h) for h in data.get("hangs") or ()],
         )
 
 

@@ -97,14 +97,26 @@ def test_no_addressing_mode_with_a_binding_that_lacks_the_call(
     assert g.addressing_mode is None and g.brand == "Nvidia"
 
 
-def test_another_addressing_mode_failure_is_an_nvml_error(make_backend: MakeBackend) -> None:
-    failing = [{"op": "DeviceGetAddressingMode", "error": "UNKNOWN"}]
-    with pytest.raises(NvmlFailure, match="read the addressing mode"):
-        make_backend([A100], faults=failing).gpus()
-    # GPU_IS_LOST there is the GPU falling off the bus while it is described: left out
-    lost = [{"op": "DeviceGetAddressingMode", "error": "GPU_IS_LOST"}]
-    b = make_backend([A100], faults=lost)
-    assert b.gpus() == () and "fallen off the bus" in b.lost()[0]
+@pytest.mark.parametrize(
+    ("error", "said"),
+    [
+        ("UNKNOWN", "read the addressing mode: NVML call failed (NVML error 999)"),
+        ("TIMEOUT", "read the addressing mode: NVML call failed (NVML error 10)"),
+        ("RESET_REQUIRED", "needs a reset"),
+        ("GPU_IS_LOST", "fallen off the bus"),
+    ],
+)
+def test_any_error_while_describing_a_gpu_leaves_out_that_gpu_only(
+    make_backend: MakeBackend, error: str, said: str
+) -> None:
+    """Issue 45, point 2: whatever NVML answers for one GPU at start-up, the node's other GPUs
+    are enumerated and the failing one is reported with the reason (it used to raise, and the
+    agent exited, taking every healthy GPU with it)."""
+    failing = [{"op": "DeviceGetAddressingMode", "error": error, "gpu": 0}]
+    b = make_backend([A100, A100], faults=failing)
+    assert [g.index for g in b.gpus()] == [1]
+    assert set(b.unusable()) == {0} and said in b.unusable()[0].why, b.unusable()
+    assert [g.index for g in b.gpus()] == [0, 1] and b.unusable() == {}  # it answers again
 
 
 @pytest.mark.parametrize("key", [A100, H100, RTX, "A30-24GB", "B200-180GB"])
@@ -326,7 +338,7 @@ def test_a_lost_gpu_does_not_take_the_others_down(make_backend: MakeBackend) -> 
     first = b.gpus()
     sim.sim_lose_gpu(2)
     assert [g.uuid for g in b.gpus()] == [g.uuid for g in first]  # described before: kept
-    assert set(b.lost()) == {2} and first[2].uuid in b.lost()[2]
+    assert set(b.unusable()) == {2} and first[2].uuid in b.unusable()[2].why
     with pytest.raises(GpuLost, match="fallen off the bus"):
         b.instances(first[2].uuid)
     assert b.instances(first[0].uuid) == ()
@@ -334,8 +346,8 @@ def test_a_lost_gpu_does_not_take_the_others_down(make_backend: MakeBackend) -> 
     fresh = NvmlBackend(sim, proc_root=sim.sim_proc_root()).open()  # a restarted plugin
     try:
         assert [g.index for g in fresh.gpus()] == [0, 1]  # GPU 2 was never described here
-        assert "UUID unknown" in fresh.lost()[2]
+        assert "UUID unknown" in fresh.unusable()[2].why
         sim.sim_reset_gpu(2)
-        assert [g.index for g in fresh.gpus()] == [0, 1, 2] and fresh.lost() == {}
+        assert [g.index for g in fresh.gpus()] == [0, 1, 2] and fresh.unusable() == {}
     finally:
         fresh.close()
