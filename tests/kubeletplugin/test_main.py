@@ -192,6 +192,34 @@ def test_process_without_apiserver_serves_and_fails_claims_cleanly(tmp_path: Pat
     assert failed and failed[0]["claim"] == "default/c" and failed[0]["reason"] == "api"
 
 
+def test_a_gpu_hung_at_start_up_leaves_the_others_served_and_sigterm_still_ends_it(
+    tmp_path: Path,
+) -> None:
+    """Issue 45, point 1: a hung MIG-mode query on one GPU used to keep the agent from starting
+    at all, and a hung call kept it from honouring SIGTERM."""
+    hang = {"op": "DeviceGetMigMode", "action": "hang", "gpu": 0}
+    p = PluginProcess(
+        tmp_path, "node-h", unreachable_kubeconfig(tmp_path / "kc"), "--nvml-timeout=1s",
+        faults=(hang,),
+    )  # fmt: skip
+    try:
+        p.kubelet.wait_for_plugin(DRIVER, timeout=30)
+        assert _get(p.url("/healthz")) == (200, "ok\n")
+        metrics = wait_for(
+            "GPU 0 to be reported unresponsive",
+            lambda: (
+                'carve_unresponsive_gpus{gpu="0"} 1.0' in (m := _get(p.url("/metrics"))[1]) and m
+            ),
+        )
+        assert 'carve_nvml_timeouts_total{gpu="0"} 1.0' in metrics
+    finally:
+        started = time.monotonic()
+        rc = p.stop()
+    assert rc == 0 and time.monotonic() - started < 15, p.logs()[-3000:]
+    lines = [json.loads(x) for x in p.logs().splitlines() if x.startswith("{")]
+    assert any(x["msg"] == "GPU unusable" and x["kind"] == "unresponsive" for x in lines)
+
+
 # --- against the real control plane ------------------------------------------------------
 
 

@@ -36,6 +36,7 @@ class PluginProcess:
         kubeconfig: Path,
         *extra: str,
         gpus: tuple[Any, ...] = ("H100-SXM5-80GB", {"model": "A100-SXM4-40GB"}),
+        faults: tuple[dict[str, Any], ...] = (),
     ) -> None:
         self.root = root
         self.node = node
@@ -46,7 +47,7 @@ class PluginProcess:
         self.sim_config.write_text(
             yaml.safe_dump(
                 {"state": str(root / "sim-state.json"), "uuid_seed": str(root),
-                 "gpus": list(gpus)}
+                 "gpus": list(gpus), "faults": list(faults)}
             )
         )  # fmt: skip
         self.registry = root / "registry"
