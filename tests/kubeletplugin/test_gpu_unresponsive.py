@@ -11,11 +11,12 @@ once the call returns nothing is left behind.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from devcluster.waiting import wait_for
 from driver.nvml import sim
 from driver.nvml.backend import NvmlBackend
 from kubeletplugin.checkpoint import WarmState
@@ -25,13 +26,6 @@ A100 = "A100-SXM4-40GB"
 H100 = "H100-SXM5-80GB"
 FINALIZER = f"{DRIVER}/node-{NODE}"
 DEADLINE = 0.3
-
-
-def _wait_until(done: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    end = time.monotonic() + timeout
-    while not done():
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 @pytest.fixture
@@ -83,7 +77,7 @@ def test_a_hung_carve_fails_after_the_deadline_and_the_other_gpu_keeps_working(
 
     # The call returns: the carve it was holding happens, and housekeeping undoes it.
     assert sim.sim_release_hangs() == 1
-    _wait_until(lambda: n.backend.hung() == {}, "the hung carve to return")
+    wait_for("the hung carve to return", lambda: n.backend.hung() == {}, timeout=10, interval=0.01)
     assert [i[:3] for i in n.instances()] == [(0, 19, 0)]  # the late instance
     n.p.retry_pending()
     assert n.instances() == []
@@ -102,7 +96,9 @@ def test_a_hung_destroy_keeps_the_claim_until_the_call_returns(node: Node) -> No
     assert "unresponsive" in err and "destroy a MIG instance" in err
     assert ref.uid in n.p.checkpoint().claims and n.claims.finalizers(ref) == [FINALIZER]
     sim.sim_release_hangs()
-    _wait_until(lambda: n.backend.hung() == {}, "the hung destroy to return")
+    wait_for(
+        "the hung destroy to return", lambda: n.backend.hung() == {}, timeout=10, interval=0.01
+    )
     assert n.p.unprepare([ref]) == {ref.uid: ""}
     assert n.instances() == [] and n.p.checkpoint().claims == {}
     assert n.claims.finalizers(ref) == []

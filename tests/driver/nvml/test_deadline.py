@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from devcluster.waiting import wait_for
 from driver.nvml import sim
 from driver.nvml.backend import NvmlBackend
 from driver.nvml.deadline import CallDeadlines
@@ -24,13 +25,6 @@ from driver.nvml.errors import GpuUnresponsive
 A100 = "A100-SXM4-40GB"
 H100 = "H100-SXM5-80GB"
 DEADLINE = 0.3
-
-
-def wait_until(done: Callable[[], bool], *, what: str, timeout: float = 10.0) -> None:
-    end = time.monotonic() + timeout
-    while not done():
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 @pytest.fixture
@@ -85,7 +79,7 @@ def test_a_hung_carve_makes_its_gpu_unresponsive_and_leaves_the_other_working(
 
     # Released: the call ran (a "before" hang does the work once it returns), the GPU answers.
     assert sim.sim_release_hangs(gpu=0) == 1
-    wait_until(lambda: backend.hung() == {}, what="the hung carve to return")
+    wait_for("the hung carve to return", lambda: backend.hung() == {}, timeout=10, interval=0.01)
     assert backend.unusable() == {} and changes == ["changed", "changed"]
     assert [i.placement.start for i in backend.instances(h100.uuid)] == [0]
 
@@ -103,7 +97,9 @@ def test_a_hung_mig_mode_query_at_start_up_leaves_out_that_gpu_only(
         assert "read GPU 0" in b.unusable()[0].why
         assert [g.index for g in b.gpus()] == [1]  # still hung: fails at once, no new wait
         sim.sim_release_hangs()
-        wait_until(lambda: b.hung() == {}, what="the hung MIG-mode query to return")
+        wait_for(
+            "the hung MIG-mode query to return", lambda: b.hung() == {}, timeout=10, interval=0.01
+        )
         assert [g.index for g in b.gpus()] == [0, 1] and b.unusable() == {}
     finally:
         sim.sim_release_hangs()
@@ -119,7 +115,7 @@ def test_a_hang_after_the_change_holds_the_answer_with_the_change_made(
     with pytest.raises(GpuUnresponsive, match="destroy a MIG instance"):
         backend.destroy(h100.uuid, carved.gi_id)
     assert sim.sim_release_hangs() == 1
-    wait_until(lambda: backend.hung() == {}, what="the hung destroy to return")
+    wait_for("the hung destroy to return", lambda: backend.hung() == {}, timeout=10, interval=0.01)
     assert backend.instances(h100.uuid) == ()
 
 
@@ -142,10 +138,12 @@ def test_a_call_queued_behind_a_hung_one_never_runs(tmp_path: Path) -> None:
     gate = threading.Event()
     ran: list[str] = []
     t, _ = _in_thread(lambda: d.run(0, "GPU-x", "hang", gate.wait))
-    wait_until(lambda: d.hung() != {} or t.is_alive(), what="the first call to start")
+    wait_for(
+        "the first call to start", lambda: d.hung() != {} or t.is_alive(), timeout=10, interval=0.01
+    )
     with pytest.raises(GpuUnresponsive):
         d.run(0, "GPU-x", "second", lambda: ran.append("second"))
     gate.set()
     t.join(5)
-    wait_until(lambda: d.hung() == {}, what="the hang to clear")
+    wait_for("the hang to clear", lambda: d.hung() == {}, timeout=10, interval=0.01)
     assert d.run(0, "GPU-x", "third", lambda: "ok") == "ok" and ran == []
