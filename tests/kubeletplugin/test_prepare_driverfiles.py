@@ -228,7 +228,7 @@ def test_real_hardware_without_a_driver_refuses_to_start(
     monkeypatch.setattr(
         nodehardware,
         "open_backend",
-        lambda simulate, driver_root: NodeHardware(n.backend, sim.sim_proc_root()),
+        lambda simulate, driver_root, **_: NodeHardware(n.backend, sim.sim_proc_root()),
     )
     (tmp_path / "empty").mkdir()
     with pytest.raises(DriverRootError) as err:
