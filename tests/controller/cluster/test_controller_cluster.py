@@ -236,8 +236,13 @@ def test_native_fallback_hands_unplaceable_pods_to_kube_scheduler(
         return not p["spec"].get("schedulingGates")
 
     wait_for("the pod to be handed to kube-scheduler", ungated, timeout=60)
-    reasons = [e["reason"] for e in events_for(k8s_api, namespace, "huge-pod")]
-    assert "HandedToScheduler" in reasons
+    # The event is written beside the gate's removal, by the controller's event writer.
+    wait_for(
+        "the HandedToScheduler event on huge-pod",
+        lambda: [e["reason"] for e in events_for(k8s_api, namespace, "huge-pod")],
+        until=lambda reasons: "HandedToScheduler" in reasons,
+        timeout=30,
+    )
 
     def scheduler_verdict() -> str | None:
         p = raw(core.read_namespaced_pod("huge-pod", namespace, _preload_content=False))
