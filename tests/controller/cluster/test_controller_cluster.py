@@ -58,15 +58,19 @@ def test_gated_pods_are_placed_and_bound_and_overflow_waits_with_reason(
     evs = wait_for("a waiting event", lambda: events_for(k8s_api, namespace, name))
     assert evs[0]["type"] == "Warning"
     assert "3g.20gb" in evs[0]["note"]
-    conds = {
-        c["type"]: c
-        for c in wait_for(
-            "the Placed condition",
-            lambda: raw(core.read_namespaced_pod(name, namespace, _preload_content=False))[
+    # The condition is written beside the decision, and kube-scheduler's PodScheduled may be
+    # the only condition listed when it is not there yet.
+    conds = wait_for(
+        "the Placed condition",
+        lambda: {
+            c["type"]: c
+            for c in raw(core.read_namespaced_pod(name, namespace, _preload_content=False))[
                 "status"
-            ].get("conditions"),
-        )
-    }
+            ].get("conditions")
+            or []
+        },
+        until=lambda by_type: "mig.carve.dev/Placed" in by_type,
+    )
     placed_cond = conds["mig.carve.dev/Placed"]
     assert placed_cond["status"] == "False"
     assert "3g.20gb" in placed_cond["message"]
@@ -83,11 +87,16 @@ def test_gated_pods_are_placed_and_bound_and_overflow_waits_with_reason(
     assert all(not events_for(k8s_api, namespace, c["metadata"]["name"]) for c in placed)
     assert all("mig.carve.dev/allocation" in c["metadata"]["finalizers"] for c in placed)
     first = bound_pods(k8s_api, namespace)[0]
-    carve_told = [
-        e["reason"]
-        for e in events_for(k8s_api, namespace, first["metadata"]["name"])
-        if e["reason"] != "Scheduled"  # kube-scheduler's binding
-    ]
+    # The Placed event is written beside the placement: the pod may be bound before it lands.
+    carve_told = wait_for(
+        f"carve's event on {first['metadata']['name']}",
+        lambda: [
+            e["reason"]
+            for e in events_for(k8s_api, namespace, first["metadata"]["name"])
+            if e["reason"] != "Scheduled"  # kube-scheduler's binding
+        ],
+        timeout=30,
+    )
     assert carve_told == ["Placed"], "one event for a pod placed at once, and no condition"
     assert "mig.carve.dev/Placed" not in {
         c["type"] for c in (first.get("status") or {}).get("conditions") or []
