@@ -38,6 +38,7 @@ from devcluster.nodes import (
 )
 from devcluster.pki import CertificateAuthority, create_cluster_pki
 from devcluster.processes import ManagedProcess, ProcessRecord, is_running, stop_recorded
+from devcluster.waiting import wait_for
 
 PORTS = Ports(
     etcd_client=2379, etcd_peer=2380, apiserver=6443, scheduler=10259, controller_manager=10257
@@ -271,6 +272,32 @@ def test_down_only_signals_the_recorded_binary(tmp_path: Path) -> None:
         assert _wait_gone(proc.record)
     finally:
         proc.stop()
+
+
+def test_wait_for_returns_the_first_value_its_predicate_accepts() -> None:
+    reads = iter([["FailedScheduling"], ["FailedScheduling", "HandedToScheduler"]])
+    seen = wait_for("an event", lambda: next(reads), interval=0, until=lambda r: len(r) == 2)
+    assert seen == ["FailedScheduling", "HandedToScheduler"]
+    assert wait_for("a truthy value", iter([None, 0, "x"]).__next__, interval=0) == "x"
+
+
+def test_wait_for_fails_with_what_it_saw_last() -> None:
+    reads = iter([["Placed"], ["FailedScheduling"]] + [["FailedScheduling", "Scheduled"]] * 1000)
+    with pytest.raises(AssertionError) as failure:
+        wait_for(
+            "the HandedToScheduler event",
+            lambda: next(reads),
+            timeout=0.05,
+            interval=0.01,
+            until=lambda r: "HandedToScheduler" in r,
+        )
+    assert str(failure.value) == (
+        "timed out after 0s waiting for the HandedToScheduler event; "
+        "last seen: ['FailedScheduling', 'Scheduled']"
+    )
+    with pytest.raises(AssertionError) as bare:
+        wait_for("nothing", lambda: False, timeout=0, interval=0)
+    assert str(bare.value) == "timed out after 0s waiting for nothing"
 
 
 @pytest.mark.cluster

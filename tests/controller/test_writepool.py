@@ -8,13 +8,7 @@ from typing import Any
 
 from controller.objects import Kind
 from controller.writepool import DeferredRecorder, WritePool
-
-
-def _wait(done: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        assert time.monotonic() < deadline, "side writes did not run"
-        time.sleep(0.01)
+from devcluster.waiting import wait_for
 
 
 def test_writes_about_one_object_land_in_order() -> None:
@@ -30,7 +24,12 @@ def test_writes_about_one_object_land_in_order() -> None:
     for i in range(30):
         for key in ("ns/a", "ns/b", "ns/c"):
             side.submit(key, lambda k=key, n=i: write(k, n))
-    _wait(lambda: side.pending() == 0 and sum(len(v) for v in seen.values()) == 90)
+    wait_for(
+        "all 90 side writes to run",
+        lambda: side.pending() == 0 and sum(len(v) for v in seen.values()) == 90,
+        timeout=10,
+        interval=0.01,
+    )
     side.stop()
     assert seen == {k: list(range(30)) for k in ("ns/a", "ns/b", "ns/c")}
 
@@ -44,7 +43,13 @@ def test_a_failing_write_neither_stops_the_worker_nor_escapes() -> None:
 
     side.submit("k", boom)
     side.submit("k", lambda: done.append("after"))
-    _wait(lambda: done == ["after"])
+    wait_for(
+        "the write after the failing one",
+        lambda: done,
+        until=lambda d: d == ["after"],
+        timeout=10,
+        interval=0.01,
+    )
     side.stop()
 
 
@@ -52,7 +57,7 @@ def test_a_full_queue_drops_and_counts() -> None:
     side = WritePool(workers=1, capacity=2)
     gate = threading.Event()
     side.submit("k", gate.wait)  # occupies the worker
-    _wait(lambda: side.pending() == 0)
+    wait_for("the worker to take the held write", lambda: side.pending() == 0, 10, 0.01)
     for _ in range(5):
         side.submit("k", lambda: None)
     assert side.dropped == 3
@@ -75,6 +80,12 @@ def test_deferred_recorder_writes_through_the_side_writer() -> None:
     pod = {"metadata": {"name": "p", "namespace": "ns"}}
     rec.event(pod, Kind.POD, "Normal", "Placed", "on n1")
     rec.event(pod, Kind.POD, "Warning", "Later", "x")
-    _wait(lambda: len(inner.events) == 2)
+    wait_for(
+        "both events written",
+        lambda: inner.events,
+        until=lambda events: len(events) == 2,
+        timeout=10,
+        interval=0.01,
+    )
     side.stop()
     assert inner.events == [("p", "Placed"), ("p", "Later")]

@@ -98,12 +98,21 @@ class _Seen:
     verdicts: dict[str, set[str]] = field(default_factory=dict)
     carved_rv: dict[str, int] = field(default_factory=dict)
     bound_rv: int | None = None
+    delivered_rv: dict[Kind, int] = field(default_factory=dict)  # the latest per watch
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _delivered(self, kind: Kind, rv: int) -> None:
+        self.delivered_rv[kind] = max(rv, self.delivered_rv.get(kind, rv))
+
+    def delivered(self) -> dict[Kind, int]:
+        with self.lock:
+            return dict(self.delivered_rv)
 
     def on_claim(self, _kind: Any, _type: Any, claim: Obj) -> None:
         rv = int(claim["metadata"]["resourceVersion"])
         alloc = (claim.get("status") or {}).get("allocation") or {}
         with self.lock:
+            self._delivered(Kind.CLAIM, rv)
             for r in (alloc.get("devices") or {}).get("results") or []:
                 conds = _true_conditions(claim, r["device"], self.contract)
                 self.verdicts.setdefault(r["device"], set()).update(conds)
@@ -111,6 +120,8 @@ class _Seen:
                     self.carved_rv[r["device"]] = min(rv, self.carved_rv.get(r["device"], rv))
 
     def on_pod(self, _kind: Any, _type: Any, pod: Obj) -> None:
+        with self.lock:
+            self._delivered(Kind.POD, int(pod["metadata"]["resourceVersion"]))
         if pod["metadata"]["name"] == "a" and (pod.get("spec") or {}).get("nodeName"):
             with self.lock:
                 if self.bound_rv is None:
@@ -150,8 +161,17 @@ def _run_pod(mode: Mode, timeout: float) -> _Seen:
     try:
         wait_for("the test's watches", lambda: all(i.has_synced for i in informers))
         e2e.pod("a", {"mig": {"resourceClaimTemplateName": "one-1g"}})
-        e2e.wait_phase("a", "Running", timeout=timeout)
-        time.sleep(0.5)  # let the watches deliver what led there
+        running = e2e.wait_phase("a", "Running", timeout=timeout)
+        # The watches deliver on their own threads: wait until they reached the running pod
+        # and its claim as read now, so that everything which led there was delivered.
+        claim_rv = int(e2e.claim_of("a", "mig")["metadata"]["resourceVersion"])
+        pod_rv = int(running["metadata"]["resourceVersion"])
+        wait_for(
+            f"the test's watches to deliver claim rv {claim_rv} and pod rv {pod_rv}",
+            seen.delivered,
+            until=lambda rv: rv.get(Kind.CLAIM, 0) >= claim_rv and rv.get(Kind.POD, 0) >= pod_rv,
+            timeout=30,
+        )
     finally:
         for inf in informers:
             inf.stop()

@@ -414,6 +414,16 @@ def test_conformance_matrix(matrix_env: E2E, form: str) -> None:
             ),
             timeout=15,
         )
-        pod = e2e.raw_pod(f"c{i}") or {}
-        [cond] = [c for c in pod["status"]["conditions"] if c["type"] == D.placed_condition]
-        assert cond["status"] == "False" and case.refusal in cond["message"], cond
+        # So is the condition, beside the pod's event: wait for it too.
+        wait_for(
+            f"the refusal in pod c{i}'s {D.placed_condition} condition",
+            lambda n=f"c{i}": [
+                c
+                for c in ((e2e.raw_pod(n) or {}).get("status") or {}).get("conditions") or []
+                if c["type"] == D.placed_condition
+            ],
+            until=lambda conds, r=case.refusal: (
+                len(conds) == 1 and conds[0]["status"] == "False" and r in conds[0]["message"]
+            ),
+            timeout=15,
+        )

@@ -70,7 +70,11 @@ def test_a_limits_pod_runs_on_a_carved_slice_placed_by_best_fit_and_releases_it(
     assert len(carved) == 2
     assert any(result["device"].endswith(s) for s in carved), (result, carved)
     assert "-mig-3g40gb-" in result["device"]
-    placed = [e for e in e2e.events("Pod", "limits") if e.get("reason") == "Placed"]
+    placed = wait_for(  # events are written beside the decision thread: the pod may run first
+        "carve's Placed event on limits",
+        lambda: [e for e in e2e.events("Pod", "limits") if e.get("reason") == "Placed"],
+        timeout=30,
+    )
     assert placed and busy.name in placed[0]["message"]
     assert e2e.check_invariants() == []
 

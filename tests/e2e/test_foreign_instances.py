@@ -105,10 +105,20 @@ def test_a_foreign_instance_is_never_handed_out_and_its_stuck_pod_is_evicted(e2e
         (result,) = e2e.results(e2e.claim_of(runner, "mig"))
         assert result["device"] == "gpu-0-mig-3g20gb-9-0", result
         assert (theirs, P3G, 4) in _instances(node)  # untouched: same id, still there
-        told = {ev.get("reason"): ev.get("message", "") for ev in e2e.events("Pod", other)}
         if e2e.raw_pod(other) is None:  # the race the issue reported, and its way out
-            assert "DeviceTaintManagerEviction" in told, told
-            assert "carve did not create" in told["FailedPrepareDynamicResources"], told
+            # The eviction's and the failed prepare's events have writers of their own: they
+            # may land after the pod is gone.
+            wait_for(
+                f"the eviction and the failed prepare told on {other}",
+                lambda: {
+                    ev.get("reason"): ev.get("message", "") for ev in e2e.events("Pod", other)
+                },
+                until=lambda told: (
+                    "DeviceTaintManagerEviction" in told
+                    and "carve did not create" in (told.get("FailedPrepareDynamicResources") or "")
+                ),
+                timeout=30,
+            )
         tainted = _taints(e2e, node)
         assert tainted["gpu-0-mig-3g20gb-9-4"] <= {
             (f"gi-{theirs}", "NoSchedule"),

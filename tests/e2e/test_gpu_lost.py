@@ -83,8 +83,16 @@ def test_a_lost_gpu_is_isolated_and_the_other_keeps_working(e2e: E2E) -> None:
             "/readyz naming GPU 0", lambda: t if "GPU index 0" in (t := _readyz(port)) else None
         )
         assert "[-]gpus" in readyz and "GPU index 0 is lost" in readyz, readyz
-        described = e2e.stack.kubectl("describe", "node", node.name, check=False).stdout
-        assert "GpuLost" in described and "GPU index 0 answers NVML_ERROR_GPU_IS_LOST" in described
+        # /readyz reads the lost GPU at once; the GpuLost event comes from the plugin's
+        # periodic look at its GPUs, which may not have run yet.
+        wait_for(
+            "the GpuLost event in kubectl describe node",
+            lambda: e2e.stack.kubectl("describe", "node", node.name, check=False).stdout,
+            until=lambda described: (
+                "GpuLost" in described and "GPU index 0 answers NVML_ERROR_GPU_IS_LOST" in described
+            ),
+            timeout=30,
+        )
 
         e2e.delete_pod(on_good)  # its slice on the healthy GPU is destroyed, the claim released
         e2e.wait_gone(on_good)

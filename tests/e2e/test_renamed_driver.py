@@ -58,7 +58,12 @@ def test_renamed_driver_places_and_releases_only_after_the_node_confirms(renamed
     pod = e2e.wait_phase("p", "Running")
     assert pod["spec"]["nodeName"] == node.name
     # Placed at once: carve's one Placed event, and no condition of either driver's name.
-    assert "Placed" in {e["reason"] for e in e2e.events("Pod", "p")}
+    wait_for(  # events are written beside the decision thread: the pod may run first
+        "carve's Placed event on p",
+        lambda: {e["reason"] for e in e2e.events("Pod", "p")},
+        until=lambda reasons: "Placed" in reasons,
+        timeout=30,
+    )
     assert not [c for c in pod["status"]["conditions"] if "carve" in c["type"]]
     claim = e2e.claim_of("p", "mig")
     finalizers = set(claim["metadata"]["finalizers"])

@@ -105,6 +105,10 @@ def test_a_pod_created_before_its_template_is_placed_by_carve(e2e: E2E) -> None:
     e2e.wait_phase("p", "Running")
     claim = e2e.claim_of("p", "mig")
     assert e2e.stack.contract.allocation_finalizer in claim["metadata"]["finalizers"]
-    reasons = [ev["reason"] for ev in e2e.events("Pod", "p")]
-    assert "PlacingUngated" in reasons and "Placed" in reasons
+    wait_for(  # events are written beside the decision thread: the pod may run first
+        "carve's PlacingUngated and Placed events on p",
+        lambda: [ev["reason"] for ev in e2e.events("Pod", "p")],
+        until=lambda reasons: "PlacingUngated" in reasons and "Placed" in reasons,
+        timeout=30,
+    )
     assert not e2e.check_invariants()

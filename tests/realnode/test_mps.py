@@ -185,7 +185,12 @@ def test_bad_mps_settings_are_refused_before_anything_is_carved(env: RealEnv) ->
     whole = _event(env, "whole", "MpsLimitTooLarge")
     assert "an MPS pinned device memory limit of 102400Mi applies to it" in whole, whole
     # The claims say it too (kubectl describe resourceclaim), and nothing was carved.
-    assert any(e["reason"] == "MpsLimitTooLarge" for e in env.events("ResourceClaim", "big"))
+    wait_for(  # the claim's event has its own write: it may land after the pod's
+        "a MpsLimitTooLarge event on claim big",
+        lambda: [e["reason"] for e in env.events("ResourceClaim", "big")],
+        until=lambda reasons: "MpsLimitTooLarge" in reasons,
+        timeout=30,
+    )
     for name in ("big", "plain", "whole"):
         assert not env.resource.read_namespaced_resource_claim(
             name, env.namespace

@@ -58,15 +58,19 @@ def test_gated_pods_are_placed_and_bound_and_overflow_waits_with_reason(
     evs = wait_for("a waiting event", lambda: events_for(k8s_api, namespace, name))
     assert evs[0]["type"] == "Warning"
     assert "3g.20gb" in evs[0]["note"]
-    conds = {
-        c["type"]: c
-        for c in wait_for(
-            "the Placed condition",
-            lambda: raw(core.read_namespaced_pod(name, namespace, _preload_content=False))[
+    # The condition is written beside the decision, and kube-scheduler's PodScheduled may be
+    # the only condition listed when it is not there yet.
+    conds = wait_for(
+        "the Placed condition",
+        lambda: {
+            c["type"]: c
+            for c in raw(core.read_namespaced_pod(name, namespace, _preload_content=False))[
                 "status"
-            ].get("conditions"),
-        )
-    }
+            ].get("conditions")
+            or []
+        },
+        until=lambda by_type: "mig.carve.dev/Placed" in by_type,
+    )
     placed_cond = conds["mig.carve.dev/Placed"]
     assert placed_cond["status"] == "False"
     assert "3g.20gb" in placed_cond["message"]
@@ -83,11 +87,16 @@ def test_gated_pods_are_placed_and_bound_and_overflow_waits_with_reason(
     assert all(not events_for(k8s_api, namespace, c["metadata"]["name"]) for c in placed)
     assert all("mig.carve.dev/allocation" in c["metadata"]["finalizers"] for c in placed)
     first = bound_pods(k8s_api, namespace)[0]
-    carve_told = [
-        e["reason"]
-        for e in events_for(k8s_api, namespace, first["metadata"]["name"])
-        if e["reason"] != "Scheduled"  # kube-scheduler's binding
-    ]
+    # The Placed event is written beside the placement: the pod may be bound before it lands.
+    carve_told = wait_for(
+        f"carve's event on {first['metadata']['name']}",
+        lambda: [
+            e["reason"]
+            for e in events_for(k8s_api, namespace, first["metadata"]["name"])
+            if e["reason"] != "Scheduled"  # kube-scheduler's binding
+        ],
+        timeout=30,
+    )
     assert carve_told == ["Placed"], "one event for a pod placed at once, and no condition"
     assert "mig.carve.dev/Placed" not in {
         c["type"] for c in (first.get("status") or {}).get("conditions") or []
@@ -236,8 +245,13 @@ def test_native_fallback_hands_unplaceable_pods_to_kube_scheduler(
         return not p["spec"].get("schedulingGates")
 
     wait_for("the pod to be handed to kube-scheduler", ungated, timeout=60)
-    reasons = [e["reason"] for e in events_for(k8s_api, namespace, "huge-pod")]
-    assert "HandedToScheduler" in reasons
+    # The event is written beside the gate's removal, by the controller's event writer.
+    wait_for(
+        "the HandedToScheduler event on huge-pod",
+        lambda: [e["reason"] for e in events_for(k8s_api, namespace, "huge-pod")],
+        until=lambda reasons: "HandedToScheduler" in reasons,
+        timeout=30,
+    )
 
     def scheduler_verdict() -> str | None:
         p = raw(core.read_namespaced_pod("huge-pod", namespace, _preload_content=False))

@@ -281,28 +281,50 @@ def test_the_cheapest_victim_is_evicted_and_its_placement_goes_to_the_preemptor(
     assert big not in alive
     assert others <= alive
     assert "thief" not in after
-    evs = events_for(k8s_api, namespace, "urgent")
-    preempting = [e for e in evs if e["reason"] == "Preempting"]
-    assert preempting and big in preempting[0]["note"], [e["note"] for e in evs]
-    wait_for(  # events are written beside the decision thread: the bind may come first
-        "carve's Placed event on urgent",
-        lambda: "Placed" in _reasons(k8s_api, namespace, "urgent"),
+    # Events and conditions are written beside the decision thread: the bind may come first.
+    evs = wait_for(
+        "the Preempting event on urgent",
+        lambda: events_for(k8s_api, namespace, "urgent"),
+        until=lambda evs: any(e["reason"] == "Preempting" for e in evs),
         timeout=30,
     )
-    cond = {
-        c["type"]: c
-        for c in raw(
-            client.CoreV1Api(k8s_api).read_namespaced_pod(
-                "urgent", namespace, _preload_content=False
-            )
-        )["status"]["conditions"]
-    }["mig.carve.dev/Placed"]
+    preempting = [e for e in evs if e["reason"] == "Preempting"]
+    assert preempting and big in preempting[0]["note"], [e["note"] for e in evs]
+    wait_for(
+        "carve's Placed event on urgent",
+        lambda: _reasons(k8s_api, namespace, "urgent"),
+        until=lambda reasons: "Placed" in reasons,
+        timeout=30,
+    )
+
+    def placed_condition() -> Obj:
+        conditions = (
+            raw(
+                client.CoreV1Api(k8s_api).read_namespaced_pod(
+                    "urgent", namespace, _preload_content=False
+                )
+            )["status"].get("conditions")
+            or []
+        )
+        return {c["type"]: c for c in conditions}.get("mig.carve.dev/Placed") or {}
+
+    # A waiting (False) condition may be the one listed until the placement's True lands.
+    cond = wait_for(
+        "urgent's Placed condition True",
+        placed_condition,
+        until=lambda c: c.get("status") == "True",
+        timeout=30,
+    )
     assert cond["status"] == "True"
     # The victim was told by whom and for what, and its ReplicaSet re-queued it: a
     # replacement waits gated, with carve's reason (the GPUs are full again).
     # (The victim pod is gone; its events stay, addressed to its name.)
-    victim_evs = events_for(k8s_api, namespace, big)
-    assert any(e["reason"] == "Preempted" and "urgent" in e["note"] for e in victim_evs)
+    wait_for(
+        f"the Preempted event on {big} naming urgent",
+        lambda: events_for(k8s_api, namespace, big),
+        until=lambda evs: any(e["reason"] == "Preempted" and "urgent" in e["note"] for e in evs),
+        timeout=30,
+    )
 
     def replacement() -> Obj | None:
         for p in pods_of(k8s_api, namespace):
