@@ -59,26 +59,7 @@ class PluginMetrics:
             ["outcome"],
             registry=self.registry,
         )
-        self.lost_gpus = Gauge(
-            "carve_lost_gpus",
-            "GPUs that answer NVML_ERROR_GPU_IS_LOST (fallen off the bus), by NVML index: 1 "
-            "while lost. carve isolates them; the node's other GPUs keep working.",
-            ["gpu"],
-            registry=self.registry,
-        )
-        self.unresponsive_gpus = Gauge(
-            "carve_unresponsive_gpus",
-            "GPUs whose NVML call overran --nvml-timeout and has not returned, by NVML index: 1 "
-            "while it hangs. Their devices are tainted; the node's other GPUs keep working.",
-            ["gpu"],
-            registry=self.registry,
-        )
-        self.nvml_timeouts = Counter(
-            "carve_nvml_timeouts_total",
-            "Times a GPU became unresponsive (an NVML call on it overran --nvml-timeout).",
-            ["gpu"],
-            registry=self.registry,
-        )
+        self._gpu_metrics()
         self.prepared_slice = Gauge(
             "carve_prepared_slice_info",
             "1 per MIG device of a prepared claim: which pod and claim it serves, and which MIG "
@@ -105,6 +86,29 @@ class PluginMetrics:
             "carve_resourceslice_sync",
             "ResourceSlice synchronisations, by result.",
             ["result"],
+            registry=self.registry,
+        )
+
+    def _gpu_metrics(self) -> None:
+        """The GPUs carve cannot use now (kubeletplugin.gpuwatch)."""
+        self.lost_gpus = Gauge(
+            "carve_lost_gpus",
+            "GPUs that answer NVML_ERROR_GPU_IS_LOST (fallen off the bus), by NVML index: 1 "
+            "while lost. carve isolates them; the node's other GPUs keep working.",
+            ["gpu"],
+            registry=self.registry,
+        )
+        self.unresponsive_gpus = Gauge(
+            "carve_unresponsive_gpus",
+            "GPUs whose NVML call overran --nvml-timeout and has not returned, by NVML index: 1 "
+            "while it hangs. Their devices are tainted; the node's other GPUs keep working.",
+            ["gpu"],
+            registry=self.registry,
+        )
+        self.nvml_timeouts = Counter(
+            "carve_nvml_timeouts_total",
+            "Times a GPU became unresponsive (an NVML call on it overran --nvml-timeout).",
+            ["gpu"],
             registry=self.registry,
         )
 

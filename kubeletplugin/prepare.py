@@ -360,9 +360,8 @@ class Preparer:
             ) from e
 
     def _refuse_unresponsive(self, plan: Sequence[PlannedDevice]) -> None:
-        """A claim on a GPU whose NVML call hangs fails at once, before anything is written,
-        with the call that hangs: the kubelet's retries get a clear answer instead of one
-        blocked worker each, and no finalizer waits for a GPU that may never answer."""
+        """A claim on a hung GPU fails at once, before anything is written: the kubelet's
+        retries get a clear answer, and no finalizer waits for a GPU that may never answer."""
         hung = {
             u.uuid: u.why for u in self._backend.unusable().values() if u.kind == "unresponsive"
         }
@@ -463,9 +462,7 @@ class Preparer:
         except PlacementTaken as e:
             return self._placement_conflict(p, rec, ref, e)
         except GpuUnresponsive as e:
-            # The carve may still happen when the hung call returns: the rollback and later
-            # teardowns look for the instance by intent (Ledger.unsure).
-            self.ledger.unsure(ref.uid)
+            self.ledger.unsure(ref.uid)  # the hung call may still carve: find it by intent
             raise ClaimError("gpu-unresponsive", f"{p.result.device}: {e}") from e
         except Exception as e:
             raise ClaimError(
@@ -626,11 +623,10 @@ class Preparer:
         nothing behind (the backend rolls back, `_undo_unsaved_carve` covers the save), so an
         instance found there now is someone else's.
 
-        On a GPU that is no longer on the node the instance is gone with it, and on one that
-        has fallen off the bus it goes with the reset that brings the GPU back, so the claim is
-        released: its finalizer must not stay behind for a destroy that may never succeed.
-        Returns True for a lost GPU: the instance may still be there if the GPU answers again
-        without a reset, so the caller hands it to the warm pool to destroy then."""
+        On a GPU gone from the node, or lost (a reset takes its instances), the claim is
+        released: no finalizer waits for a destroy that may never succeed. True for a lost GPU:
+        one that answers again without a reset still has the instance (the caller hands it to
+        the warm pool to destroy)."""
         try:
             self._destroy_locked(d, ctx, by_intent=by_intent)
         except GpuUnresponsive as e:  # kept, with its finalizer, until the call returns

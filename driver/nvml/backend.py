@@ -24,13 +24,13 @@ import functools
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, TypeVar
 
 from driver import devnodes
 from driver.catalog import GpuModel, Placement, ProfileSpec
-from driver.nvml import calls, computeinstances, errors, gpudescription, healthevents
+from driver.nvml import calls, computeinstances, errors, gpudescription, healthevents, migmode
 from driver.nvml.computeinstances import CiProfile
-from driver.nvml.deadline import CallDeadlines, Hang
+from driver.nvml.deadline import CallDeadlines, Hang, on_gpu_worker
 from driver.nvml.errors import (
     GpuLost,
     GpuNotPresent,
@@ -46,7 +46,6 @@ from driver.nvml.errors import (
     NvmlFailure,
     NvmlUnavailable,
     PlacementTaken,
-    ResetRequired,
 )
 from driver.nvml.healthevents import HealthEvents
 from driver.nvml.types import (
@@ -60,41 +59,13 @@ from driver.nvml.types import (
 )
 
 _T = TypeVar("_T")
-_P = ParamSpec("_P")
 
-# The deadline of one backend operation when the caller sets none (`--nvml-timeout`): far above
-# what a healthy GPU takes for the slowest one (a MIG-mode change, a few seconds), and below
-# the kubelet's 45 s wait for a prepare, so its retry gets an answer rather than a timeout.
-DEFAULT_TIMEOUT_SECONDS = 20.0
 _NODE_WIDE = -1  # the worker for calls that name no GPU (counting them)
-
-
-def _on_gpu_worker(
-    what: str,
-) -> Callable[
-    [Callable[Concatenate[NvmlBackend, str, _P], _T]],
-    Callable[Concatenate[NvmlBackend, str, _P], _T],
-]:
-    """Run the method (whose first argument is a GPU UUID) on that GPU's NVML worker, under
-    the backend's deadline (driver.nvml.deadline): one hung GPU never stalls another."""
-
-    def wrap(
-        method: Callable[Concatenate[NvmlBackend, str, _P], _T],
-    ) -> Callable[Concatenate[NvmlBackend, str, _P], _T]:
-        @functools.wraps(method)
-        def run(self: NvmlBackend, gpu_uuid: str, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
-            return self._on_gpu(gpu_uuid, what, lambda: method(self, gpu_uuid, *args, **kwargs))
-
-        return run
-
-    return wrap
-
 
 # NVML constants the backend needs (nvml.h); numeric so the binding can be any pynvml-shaped
 # module. They are part of NVML's ABI and never change.
 _MIG_DISABLE = 0
 _MIG_ENABLE = 1
-_SUCCESS = 0
 
 
 class NvmlBackend:
@@ -105,10 +76,8 @@ class NvmlBackend:
     Methods are safe to call from several threads; NVML serialises conflicting changes itself
     and reports them as errors, which become the typed exceptions of ``driver.nvml.errors``.
 
-    With ``timeout`` (seconds) every operation on a GPU runs on that GPU's own worker thread and
-    is waited for at most that long (driver.nvml.deadline): a GPU whose call overruns raises
-    `GpuUnresponsive` until the call returns, and `unusable()` lists it. ``None`` runs every
-    call on the caller's thread with no deadline.
+    With ``timeout`` (seconds) each GPU's operations run on its own worker and are waited for
+    at most that long (driver.nvml.deadline); ``None``: on the caller's thread, no deadline.
     """
 
     def __init__(
@@ -172,12 +141,9 @@ class NvmlBackend:
     def gpus(self) -> tuple[GpuInfo, ...]:
         """Every GPU of the node, in NVML index order, with its discovered MIG profiles.
 
-        One GPU that cannot be read does not take the others down with it, whatever NVML
-        answers for it (GPU_IS_LOST, UNKNOWN, TIMEOUT, RESET_REQUIRED, ...) or if its call
-        hangs: it is listed with what was read of it before, if anything was (its calls keep
-        failing, so its users can isolate it), and left out otherwise; `unusable()` says which
-        are out and why. Each GPU is read on its own worker under the deadline, and no lock is
-        held while NVML answers, so a hung GPU stalls neither this nor the other GPUs' calls."""
+        A GPU that cannot be read (any per-GPU error, or a hang) does not take the others down:
+        it is listed with what was read of it before, if anything, else left out; `unusable()`
+        says why. No lock is held while NVML answers, so a hung GPU stalls no other call."""
         count = self._deadlines.run(
             _NODE_WIDE,
             "the node",
@@ -217,7 +183,7 @@ class NvmlBackend:
         return tuple(out)
 
     def _read_gpu(self, index: int) -> tuple[str, Any]:
-        """(UUID, handle) of GPU ``index``, described once per process (NVML keeps it)."""
+        """(UUID, handle) of GPU ``index``, described once per process."""
         handle = self._call(f"get GPU {index}", None, self._nvml.nvmlDeviceGetHandleByIndex, index)
         uuid = str(self._call(f"read GPU {index} UUID", None, self._nvml.nvmlDeviceGetUUID, handle))
         with self._lock:
@@ -236,8 +202,7 @@ class NvmlBackend:
         return self._deadlines.run(info.index, gpu_uuid, what, fn)
 
     def unusable(self) -> Mapping[int, Unusable]:
-        """NVML index -> why, for the GPUs whose call hangs now and those that could not be
-        read at the last `gpus()` (lost or failing)."""
+        """NVML index -> why, for GPUs hung now or unreadable at the last `gpus()`."""
         with self._lock:
             out = dict(self._unusable)
             known = dict(self._by_index)
@@ -247,13 +212,11 @@ class NvmlBackend:
                 out[index] = Unusable("unresponsive", why, known.get(index))
         return out
 
-    def hung(self) -> Mapping[int, Hang]:
-        """NVML index -> the call that overran its deadline there and has not returned."""
+    def hung(self) -> Mapping[int, Hang]:  # NVML index -> the call that overran, not returned
         return self._deadlines.hung()
 
     def on_responsiveness_change(self, callback: Callable[[], None]) -> None:
-        """``callback`` runs (on an NVML worker) when a GPU hangs or answers again."""
-        self._deadlines.on_change = callback
+        self._deadlines.on_change = callback  # run (on an NVML worker) as a GPU hangs or answers
 
     def uuid_of(self, handle: Any) -> str:
         """The UUID of a device handle NVML gave back (an event's). A GPU that has fallen off
@@ -295,7 +258,7 @@ class NvmlBackend:
         module and the ResourceSlice builder need, with no catalog lookup."""
         return gpudescription.model_of(self.gpu(gpu_uuid))
 
-    @_on_gpu_worker("read the remaining capacity")
+    @on_gpu_worker("read the remaining capacity")
     def remaining_capacity(self, gpu_uuid: str, profile_id: int) -> int:
         """How many more instances of the profile NVML would create now (MIG must be on)."""
         handle = self._handle(gpu_uuid)
@@ -311,17 +274,17 @@ class NvmlBackend:
         handles = {uuid: self._handle(uuid) for uuid in gpu_uuids}
         return healthevents.subscribe(self._nvml, handles, self.uuid_of)
 
-    @_on_gpu_worker("read the recovery action")
+    @on_gpu_worker("read the recovery action")
     def recovery_action(self, gpu_uuid: str) -> int | None:
         return healthevents.recovery_action(self._nvml, gpu_uuid, self._handle(gpu_uuid))
 
-    @_on_gpu_worker("read the ECC error count")
+    @on_gpu_worker("read the ECC error count")
     def uncorrected_ecc_errors(self, gpu_uuid: str) -> int | None:
         return healthevents.uncorrected_ecc_errors(self._nvml, gpu_uuid, self._handle(gpu_uuid))
 
     # --- MIG mode ---------------------------------------------------------------------------
 
-    @_on_gpu_worker("read MIG mode")
+    @on_gpu_worker("read MIG mode")
     def mig_mode(self, gpu_uuid: str) -> MigMode:
         handle = self._handle(gpu_uuid)
         current, pending = self._call(
@@ -329,12 +292,12 @@ class NvmlBackend:
         )
         return MigMode(current=current == _MIG_ENABLE, pending=pending == _MIG_ENABLE)
 
-    @_on_gpu_worker("read MIG mode")
+    @on_gpu_worker("read MIG mode")
     def mig_enabled(self, gpu_uuid: str) -> bool:
         info = self.gpu(gpu_uuid)
         return info.mig_capable and self.mig_mode(gpu_uuid).current
 
-    @_on_gpu_worker("change MIG mode")
+    @on_gpu_worker("change MIG mode")
     def set_mig_mode(self, gpu_uuid: str, enabled: bool) -> MigMode:
         """Ask NVML for a MIG-mode change and check the activation status it returns
         (pynvml raises only for the call itself; a refused activation is a return value)."""
@@ -348,32 +311,10 @@ class NvmlBackend:
             _MIG_ENABLE if enabled else _MIG_DISABLE,
         )
         mode = self.mig_mode(gpu_uuid)
-        if int(status) == _SUCCESS and mode.current == enabled:
-            return mode
-        if int(status) == errors.NVML_ERROR_IN_USE:
-            raise InstanceInUse(
-                f"{gpu_uuid}: cannot {want} MIG mode while MIG instances or other clients "
-                "(DCGM, nvidia-persistenced, Xorg) use the GPU; remove them and retry",
-                code=int(status),
-                gpu=gpu_uuid,
-            )
-        if int(status) in (
-            _SUCCESS,
-            errors.NVML_ERROR_RESET_REQUIRED,
-            errors.NVML_ERROR_NOT_SUPPORTED,
-        ):
-            raise ResetRequired(
-                f"{gpu_uuid}: MIG mode is now pending {want}d but takes effect only after "
-                "a GPU reset (nvidia-smi --gpu-reset -i <index>) or a reboot; drain the GPU "
-                "and reset it",
-                code=int(status) or None,
-                gpu=gpu_uuid,
-            )
-        raise NvmlFailure(
-            f"{gpu_uuid}: {want} MIG mode was not activated", code=int(status), gpu=gpu_uuid
-        )
+        migmode.check_activation(int(status), mode, enabled, gpu_uuid)
+        return mode
 
-    @_on_gpu_worker("enable MIG mode")
+    @on_gpu_worker("enable MIG mode")
     def enable_mig(self, gpu_uuid: str) -> MigMode:
         """Turn MIG mode on where that needs no GPU reset (Hopper and later). On Ampere carve
         never resets a GPU itself: it refuses with ResetRequired and says what to run."""
@@ -384,16 +325,10 @@ class NvmlBackend:
         if mode.current:
             return mode
         if info.mig_toggle_needs_reset:
-            pending = " (an enable is already pending)" if mode.pending else ""
-            raise ResetRequired(
-                f"{gpu_uuid} ({info.name}) has MIG mode off{pending}; on this architecture "
-                "enabling it needs a GPU reset, which carve does not do on its own. Run "
-                "`nvidia-smi -i <index> -mig 1` and reset the GPU or reboot the node",
-                gpu=gpu_uuid,
-            )
+            raise migmode.reset_refusal(gpu_uuid, info.name, enable=True, pending=mode.pending)
         return self.set_mig_mode(gpu_uuid, True)
 
-    @_on_gpu_worker("disable MIG mode")
+    @on_gpu_worker("disable MIG mode")
     def disable_mig(self, gpu_uuid: str) -> MigMode:
         """Turn MIG mode off so that the whole GPU can be handed out (Hopper and later, where
         that needs no reset). Ampere is refused with ResetRequired as in `enable_mig`: carve
@@ -409,12 +344,7 @@ class NvmlBackend:
                 return self.set_mig_mode(gpu_uuid, False)
             return mode
         if info.mig_toggle_needs_reset:
-            raise ResetRequired(
-                f"{gpu_uuid} ({info.name}) has MIG mode on; on this architecture turning it "
-                "off needs a GPU reset, which carve does not do on its own. Run "
-                "`nvidia-smi -i <index> -mig 0` and reset the GPU or reboot the node",
-                gpu=gpu_uuid,
-            )
+            raise migmode.reset_refusal(gpu_uuid, info.name, enable=False)
         return self.set_mig_mode(gpu_uuid, False)
 
     def _mig_aware(self, exc: BaseException, gpu_uuid: str, what: str) -> NvmlError:
@@ -435,7 +365,7 @@ class NvmlBackend:
 
     # --- carving ----------------------------------------------------------------------------
 
-    @_on_gpu_worker("create a MIG instance")
+    @on_gpu_worker("create a MIG instance")
     def carve(self, gpu_uuid: str, profile_id: int, placement_start: int) -> CarvedInstance:
         """Create a GPU instance of ``profile_id`` at ``placement_start`` plus a full-size
         compute instance, and resolve its MIG UUID. On any failure after the GPU instance
@@ -506,7 +436,7 @@ class NvmlBackend:
                 "it is left in place and shows up in the instance list"
             )
 
-    @_on_gpu_worker("create a compute instance")
+    @on_gpu_worker("create a compute instance")
     def ensure_compute_instance(self, gpu_uuid: str, gi_id: int) -> CarvedInstance:
         """Finish a GPU instance whose compute instance is missing (a carve interrupted by a
         crash) or return the one it has. Raises NotFound if the GPU instance is gone."""
@@ -602,7 +532,7 @@ class NvmlBackend:
 
     # --- listing and destroying -------------------------------------------------------------
 
-    @_on_gpu_worker("list MIG instances")
+    @on_gpu_worker("list MIG instances")
     def instances(self, gpu_uuid: str) -> tuple[GpuInstance, ...]:
         """Every GPU instance on the GPU (carve's or not), ordered by GI id. Empty when MIG
         mode is off, since no instance can exist then."""
@@ -657,7 +587,7 @@ class NvmlBackend:
                 int(exc.value), f"look up GPU instance {gi_id}", gpu=gpu_uuid
             ) from exc
 
-    @_on_gpu_worker("destroy a MIG instance")
+    @on_gpu_worker("destroy a MIG instance")
     def destroy(
         self,
         gpu_uuid: str,
@@ -731,7 +661,7 @@ class NvmlBackend:
                 int(exc.value), f"destroy GPU instance {gi_id}", gpu=gpu_uuid
             ) from exc
 
-    @_on_gpu_worker("list processes on a MIG device")
+    @on_gpu_worker("list processes on a MIG device")
     def running_processes(self, gpu_uuid: str, mig_uuid: str) -> tuple[int, ...]:
         """Host PIDs of the processes running on the MIG device ``mig_uuid``, asked of that MIG
         device's own handle (the parent GPU's handle aggregates every MIG device). Raises

@@ -16,6 +16,7 @@ so nesting never deadlocks on the single worker.
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
@@ -24,12 +25,36 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar, cast
 
 from driver.nvml.errors import GpuUnresponsive
 
 _T = TypeVar("_T")
+_P = ParamSpec("_P")
+_S = TypeVar("_S", bound="_OnGpu")
 log = logging.getLogger(__name__)
+
+
+class _OnGpu(Protocol):
+    def _on_gpu(self, gpu_uuid: str, what: str, fn: Callable[[], _T]) -> _T: ...
+
+
+def on_gpu_worker(
+    what: str,
+) -> Callable[[Callable[Concatenate[_S, str, _P], _T]], Callable[Concatenate[_S, str, _P], _T]]:
+    """Run the method (whose first argument is a GPU UUID) through its object's `_on_gpu`, on
+    that GPU's worker under the deadline: one hung GPU never stalls another."""
+
+    def wrap(
+        method: Callable[Concatenate[_S, str, _P], _T],
+    ) -> Callable[Concatenate[_S, str, _P], _T]:
+        @functools.wraps(method)
+        def run(self: _S, gpu_uuid: str, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+            return self._on_gpu(gpu_uuid, what, lambda: method(self, gpu_uuid, *args, **kwargs))
+
+        return run
+
+    return wrap
 
 
 @dataclass(frozen=True)
