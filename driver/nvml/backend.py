@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from driver import devnodes
+from driver import bootid, devnodes
 from driver.catalog import GpuModel, Placement, ProfileSpec
 from driver.nvml import calls, computeinstances, errors, gpudescription, healthevents
 from driver.nvml.computeinstances import CiProfile
@@ -653,6 +653,11 @@ class NvmlBackend:
 
     def cap_devices(self, gpu_minor: int, gi_id: int, ci_id: int) -> tuple[CapDevice, CapDevice]:
         return devnodes.cap_devices(self._proc_root, gpu_minor, gi_id, ci_id)
+
+    def boot_id(self) -> str | None:
+        """The node's boot ID from the same proc root (driver.bootid): a reboot takes every MIG
+        instance, so the node agent compares it with the one it recorded."""
+        return bootid.read_boot_id(self._proc_root)
 
 
 def _address(handle: Any) -> int | None:
