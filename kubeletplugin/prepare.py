@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from driver.bootid import BootIdError
 from driver.catalog import Placement
 from driver.cdi import (
     CdiWriter,
@@ -122,7 +123,7 @@ class Preparer:
         self._clock = clock
         self._finalizer = Contract(settings.driver_name).node_finalizer(settings.node_name)
         self._gpus: dict[int, GpuInfo] = {g.minor: g for g in backend.gpus()}
-        self.ledger = Ledger(store, self.metrics, self._gpus)
+        self.ledger = Ledger(store, self.metrics, self._gpus, boot_id=_boot_id(backend))
         self.report = DeviceReport(
             claims,
             self._gpus,
@@ -243,13 +244,19 @@ class Preparer:
             self.metrics.prepare_seconds.observe(self._clock() - start)
 
     def _prepare_claim(self, ref: ClaimRef, ctx: dict[str, object]) -> tuple[PreparedDevice, ...]:
-        existing = self.ledger.checkpoint().claims.get(ref.uid)
-        if existing is not None and existing.state is ClaimState.PREPARE_COMPLETED:
+        cp = self.ledger.checkpoint()
+        existing = cp.claims.get(ref.uid)
+        if (
+            existing is not None
+            and existing.state is ClaimState.PREPARE_COMPLETED
+            and not cp.lost_in_reboot(existing)
+        ):
             if not self._cdi.spec_path(ref.uid).exists():
                 existing = self.respec(existing, ctx)
             return _prepared_devices(existing)  # idempotent: the kubelet asked again
         if existing is not None:
-            # Left half-done by a failed or crashed attempt: start over from a clean slate.
+            # Left half-done by a failed or crashed attempt, or its instances died with an
+            # earlier boot: start over from a clean slate.
             self._teardown(existing, ctx)
         claim = self._read_claim(ref)
         ctx["pods"] = list(claim.reserved_for)
@@ -288,15 +295,29 @@ class Preparer:
         """Write again the CDI spec of a prepared claim whose spec is gone: /var/run/cdi is a
         tmpfs on most hosts, so a reboot takes every spec while a whole-GPU claim's record (no
         instance to lose) survives, and its IDs would name a spec that no longer exists. The
-        devices come from the record; the claim is read again for its config."""
+        devices come from the record; the claim is read again for its config. Never for a claim
+        whose MIG instances died with an earlier boot: its record names MIG UUIDs that no
+        longer exist (or, worse, that an instance of someone else's could carry)."""
+        self._refuse_lost(record)
         claim = self._read_claim(ClaimRef(record.namespace, record.name, record.uid))
         log.warning("prepared claim's CDI spec is gone (reboot?); writing it again", extra=ctx)
         record = self._complete(self._plan(claim), record)
         self.report.tell(record, claim.reserved_for)
         return record
 
+    def _refuse_lost(self, record: ClaimRecord) -> None:
+        if self.ledger.checkpoint().lost_in_reboot(record):
+            raise ClaimError(
+                "instance-lost",
+                f"claim {record.namespace}/{record.name}: its MIG instances were carved in an "
+                f"earlier boot of the node (boot ID {record.boot_id}) and are gone; the claim is "
+                "released and carved afresh on the kubelet's next prepare",
+            )
+
     def _complete(self, plan: Sequence[PlannedDevice], record: ClaimRecord) -> ClaimRecord:
-        """Write the claim's CDI spec, then record it PREPARE_COMPLETED with the spec's ids."""
+        """Write the claim's CDI spec, then record it PREPARE_COMPLETED with the spec's ids.
+        A spec never names a MIG UUID of an earlier boot (`_refuse_lost`)."""
+        self._refuse_lost(record)
         cdi_ids = self._cdi.write(
             record.uid,
             cdi_devices(
@@ -466,7 +487,7 @@ class Preparer:
         for inst in live:
             if not inst.placement.overlaps(p.placement):
                 continue
-            owner = cp.owner_of(gpu.uuid, inst.gi_id)
+            owner = cp.owner_of(gpu.uuid, inst.gi_id, inst.mig_uuid)
             if owner is not None:
                 raise ClaimError(
                     "placement-taken",
@@ -553,6 +574,10 @@ class Preparer:
         record = self.ledger.put(replace(record, state=ClaimState.UNPREPARE_STARTED))
         record = self.daemons.stop(record, ctx)
         whole = any(not d.is_mig for d in record.devices)
+        # Its MIG instances died with an earlier boot: whatever sits at their placements now
+        # (a boot-time agent's instance, with the same GI id) is not carve's, so nothing is
+        # destroyed, looked for by intent, or kept warm.
+        lost = self.ledger.checkpoint().lost_in_reboot(record)
         for i, d in enumerate(record.devices):
             if d.restore_mig:
                 self._whole.restore(d, ctx)
@@ -561,12 +586,27 @@ class Preparer:
                 continue
             if not d.is_mig:
                 continue
+            if lost:
+                if d.gi_id is not None or d.mig_uuid is not None:
+                    log.info(
+                        "not destroying a MIG instance of an earlier boot: it is gone",
+                        extra={**ctx, "gpu": d.gpu_uuid, "giID": d.gi_id, "migUUID": d.mig_uuid},
+                    )
+                record = self.ledger.put(
+                    record.with_device(i, replace(d, gi_id=None, ci_id=None, mig_uuid=None))
+                )
+                continue
             if may_park and self._settings.warm.enabled and d.gi_id is not None and not d.adopted:
                 parked = self.warm.park(record, i, ctx)
                 if parked is not None:
                     record = parked
                     continue
-            self._destroy_device(d, ctx, by_intent=self.ledger.inherited(record.uid))
+            self._destroy_device(
+                d,
+                ctx,
+                by_intent=self.ledger.inherited(record.uid),
+                verify=self.ledger.from_earlier_process(record.uid),
+            )
             cleared = replace(d, gi_id=None, ci_id=None, mig_uuid=None)
             record = self.ledger.put(record.with_device(i, cleared))
         self._cdi.remove(record.uid)
@@ -587,7 +627,7 @@ class Preparer:
             self._offers_changed()
 
     def _destroy_device(
-        self, d: DeviceRecord, ctx: Mapping[str, object], *, by_intent: bool
+        self, d: DeviceRecord, ctx: Mapping[str, object], *, by_intent: bool, verify: bool = False
     ) -> None:
         """Destroy the device's instance. Without a recorded id, only a claim inherited from an
         earlier process (`by_intent`) looks for it by profile and placement: that process may
@@ -597,9 +637,13 @@ class Preparer:
 
         On a GPU that has fallen off the bus or is no longer on the node the instance is gone
         with it (a reset or reboot brings the GPU back empty), so the claim is released: its
-        finalizer must not stay behind for a destroy that can never succeed."""
+        finalizer must not stay behind for a destroy that can never succeed.
+
+        With `verify` (a record of an earlier process: the instance may have been destroyed and
+        another created in its place while no agent ran) the instance is destroyed only if NVML
+        shows the recorded MIG UUID at the recorded GI id."""
         try:
-            self._destroy_locked(d, ctx, by_intent=by_intent)
+            self._destroy_locked(d, ctx, by_intent=by_intent, verify=verify)
         except (GpuLost, GpuNotPresent) as e:
             log.warning(
                 "the claim's GPU is lost or gone, and its MIG instance with it; releasing",
@@ -607,12 +651,14 @@ class Preparer:
             )
 
     def _destroy_locked(
-        self, d: DeviceRecord, ctx: Mapping[str, object], *, by_intent: bool
+        self, d: DeviceRecord, ctx: Mapping[str, object], *, by_intent: bool, verify: bool
     ) -> None:
         with self.ledger.gpu(d.gpu_uuid):
             assert d.placement_start is not None and d.placement_size is not None
             if d.gi_id is not None:
                 gi_id = d.gi_id
+                if verify and d.mig_uuid is not None and not self._still_there(d, ctx):
+                    return
             else:
                 if not by_intent or not self._backend.mig_enabled(d.gpu_uuid):
                     return
@@ -647,6 +693,35 @@ class Preparer:
                 "destroyed MIG instance",
                 extra={**ctx, "gpu": d.gpu_uuid, "giID": gi_id, "device": d.device_name},
             )
+
+    def _still_there(self, d: DeviceRecord, ctx: Mapping[str, object]) -> bool:
+        """Whether the recorded instance is live, matched by identity (GI id and MIG UUID)."""
+        if not self._backend.mig_enabled(d.gpu_uuid):
+            return False
+        live = self._backend.instances(d.gpu_uuid)
+        if find_own_instance(d, live, self.ledger.checkpoint()) is not None:
+            return True
+        if any(inst.gi_id == d.gi_id for inst in live):
+            log.warning(
+                "recorded MIG instance is gone and another instance has its id now (created by "
+                "someone else): leaving it alone",
+                extra={**ctx, "gpu": d.gpu_uuid, "giID": d.gi_id, "migUUID": d.mig_uuid},
+            )
+        return False
+
+
+def _boot_id(backend: MigBackend) -> str | None:
+    """The node's boot ID; a boot ID file that cannot be read is logged and taken as unknown
+    (reboots are then not told apart, as before boot IDs were kept), never a crash."""
+    try:
+        return backend.boot_id()
+    except (OSError, BootIdError) as e:
+        log.error(
+            "cannot read the node's boot ID: reboots will not be told apart from restarts "
+            "(MIG instances are still matched by their MIG UUIDs)",
+            extra={"error": str(e)},
+        )
+        return None
 
 
 def _prepared_devices(record: ClaimRecord) -> tuple[PreparedDevice, ...]:
