@@ -158,12 +158,12 @@ class Recovery:
         rebuilt, released = [], []
         # The damaged file still said which boot wrote it, and that was another: every instance
         # it knew died with that boot, so none found now is a claim's (a boot-time agent's, at
-        # the same placement, would otherwise be taken for one).
+        # the same placement, would otherwise be taken for one). Whole GPUs survive a reboot.
         rebooted = self._ledger.previous_boot is not None
         for claim in held:
             name = f"{claim.namespace}/{claim.name}"
             try:
-                if not rebooted and self._rebuild_one(claim):
+                if self._rebuild_one(claim, rebooted=rebooted):
                     rebuilt.append(name)
                 else:
                     self._claims.remove_finalizer(
@@ -183,8 +183,9 @@ class Recovery:
             f"({', '.join(released) or 'none'}); other MIG instances are kept as foreign"
         )
 
-    def _rebuild_one(self, claim: ClaimSnapshot) -> bool:
-        """Record one claim prepared again if NVML still has all its devices; False if not."""
+    def _rebuild_one(self, claim: ClaimSnapshot, *, rebooted: bool) -> bool:
+        """Record one claim prepared again if NVML still has all its devices; False if not
+        (always, for a MIG device, when the node `rebooted` since the damaged file)."""
         if not claim.allocated:
             return False
         try:
@@ -206,6 +207,8 @@ class Recovery:
                     return False
                 d = replace(d, restore_mig=not p.gpu.mig_toggle_needs_reset)
             else:
+                if rebooted:
+                    return False
                 inst = next(
                     (
                         i
