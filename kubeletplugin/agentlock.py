@@ -7,8 +7,9 @@ a running pod (DESIGN invariants 2 and 3). That happens in life: a DaemonSet rol
 on a node that runs the DaemonSet, two charts install the driver twice.
 
 The lock is `flock(LOCK_EX)` on `<checkpoint-dir>/agent.lock`, taken before the checkpoint (or
-anything else in the directory) is read and held until the process exits: the kernel drops it
-when the process dies however it dies (SIGKILL, OOM), so there is no stale lock to clean up.
+anything else in the directory) is read (NVML is open by then, which changes nothing) and held
+until the process exits: the kernel drops it when the process dies however it dies (SIGKILL,
+OOM), so there is no stale lock to clean up.
 The file holds the holder's pid, host name and start time, for the message only: the lock is the
 flock, never the file's content.
 
@@ -31,6 +32,7 @@ import socket
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from kubeletplugin.nodeevents import NodeEvents
 
@@ -65,29 +67,33 @@ class AgentLock:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.path = directory / LOCK_FILE
-        self._fd: int | None = None
+        # A file object rather than a bare descriptor: should the lock's owner be dropped
+        # without `release` (an agent object built in a test and never run), closing it on
+        # garbage collection drops the flock, instead of a descriptor leaked for good.
+        self._file: BinaryIO | None = None
 
     @property
     def held(self) -> bool:
-        return self._fd is not None
+        return self._file is not None
 
     def try_acquire(self) -> bool:
         """Take the lock if no other process (or other AgentLock) holds it."""
-        if self._fd is not None:
+        if self._file is not None:
             return True
         self.directory.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        f = os.fdopen(fd, "r+b", buffering=0)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
-            os.close(fd)
+            f.close()
             if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 return False
             raise
         now = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid={os.getpid()}\nhost={socket.gethostname()}\nsince={now}\n".encode(), 0)
-        self._fd = fd
+        f.truncate(0)
+        f.write(f"pid={os.getpid()}\nhost={socket.gethostname()}\nsince={now}\n".encode())
+        self._file = f
         return True
 
     def holder(self) -> HolderInfo:
@@ -103,9 +109,9 @@ class AgentLock:
         )
 
     def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # closing the only descriptor drops the flock
-            self._fd = None
+        if self._file is not None:
+            self._file.close()  # closing the only descriptor drops the flock
+            self._file = None
 
 
 def hold_checkpoint_dir(

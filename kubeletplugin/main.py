@@ -102,16 +102,16 @@ class NodePlugin:
         self.opts = opts
         self.api = api
         self._stop = stop if stop is not None else threading.Event()
-        self.node_events = KubernetesNodeEvents(api, driver=opts.driver_name, node=opts.node_name)
-        # One agent per node: before anything opens NVML or reads the checkpoint directory,
-        # and held until the process exits (kubeletplugin.agentlock).
-        self.lock = hold_checkpoint_dir(
-            opts.checkpoint_dir, stop=self._stop, events=self.node_events
-        )
         self.metrics: PluginMetrics = PluginMetrics()
         self.node: NodeHardware = open_backend(opts.simulate, opts.driver_root)
         self.driver_files: DriverFiles | None = self._driver_files()
+        self.node_events = KubernetesNodeEvents(api, driver=opts.driver_name, node=opts.node_name)
         self._told_lost: set[int] = set()
+        # One agent per node: before anything reads the checkpoint directory (the checkpoint,
+        # the GPU health state), held until the process exits (kubeletplugin.agentlock).
+        self.lock = hold_checkpoint_dir(
+            opts.checkpoint_dir, stop=self._stop, events=self.node_events
+        )
         self.preparer: Preparer = Preparer(
             settings=PreparerSettings(
                 driver_name=opts.driver_name,
