@@ -7,6 +7,7 @@ never destroys the instance it did not create, on carve's real processes and con
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from devcluster.waiting import wait_for
 from driver.naming import parse_device_name
@@ -92,3 +93,18 @@ def test_a_mig_claim_after_a_reboot_is_released_and_the_recreated_instance_is_fo
         timeout=60,
     )
     assert live() == [new_uuid]  # never destroyed by carve
+    _destroy_as_the_admin(node.sim_config, place.minor)  # so that the node ends empty
+
+
+def _destroy_as_the_admin(sim_config: Path, minor: int) -> None:
+    """`nvidia-smi mig -dci`, then `-dgi`: what the Node event tells the admin to run."""
+    from driver.nvml.backend import NvmlBackend
+
+    sim.configure(sim_config)
+    try:
+        with NvmlBackend(sim, proc_root=sim.sim_proc_root()) as b:
+            gpu = next(g for g in b.gpus() if g.minor == minor).uuid
+            for inst in b.instances(gpu):
+                b.destroy(gpu, inst.gi_id)
+    finally:
+        sim.configure(None)
