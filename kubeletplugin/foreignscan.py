@@ -97,7 +97,8 @@ class ForeignScanner:
     def note(self, gpu: GpuInfo, live: Sequence[GpuInstance]) -> tuple[ForeignInstance, ...]:
         """Record the GPU's foreign instances from a listing taken under its lock; returns them.
 
-        An instance is foreign unless a claim record owns its id, the warm pool holds it, or a
+        An instance is foreign unless a claim record owns it (its GI id and, where recorded, its
+        MIG UUID; a record of an earlier boot owns nothing), the warm pool holds it, or a
         claim inherited half-done from an earlier process may have carved it (its teardown
         decides). New and vanished ones are logged and posted as Node events; what the node
         publishes changes with them."""
@@ -120,7 +121,7 @@ class ForeignScanner:
                 before[inst.gi_id].first_seen if inst.gi_id in before else now,
             )
             for inst in live
-            if cp.owner_of(gpu.uuid, inst.gi_id) is None
+            if cp.owner_of(gpu.uuid, inst.gi_id, inst.mig_uuid) is None
             and cp.warm_at(gpu.uuid, inst.gi_id) is None
             and inst.gi_id not in claimed
         )

@@ -91,6 +91,7 @@ class NodePlugin:
         self, opts: Options, api: KubeJson, *, stop: threading.Event | None = None
     ) -> None:
         from driver.cdi import CdiWriter
+        from kubeletplugin.agentlock import hold_checkpoint_dir
         from kubeletplugin.checkpoint import CheckpointStore
         from kubeletplugin.claims import KubernetesClaimClient, KubernetesClaimEvents
         from kubeletplugin.foreign import ForeignPolicy
@@ -108,6 +109,11 @@ class NodePlugin:
         )
         self.driver_files: DriverFiles | None = self._driver_files()
         self.node_events = KubernetesNodeEvents(api, driver=opts.driver_name, node=opts.node_name)
+        # One agent per node: before anything reads the checkpoint directory (the checkpoint,
+        # the GPU health state), held until the process exits (kubeletplugin.agentlock).
+        self.lock = hold_checkpoint_dir(
+            opts.checkpoint_dir, stop=self._stop, events=self.node_events
+        )
         self.preparer: Preparer = Preparer(
             settings=PreparerSettings(
                 driver_name=opts.driver_name,
@@ -508,6 +514,7 @@ class NodePlugin:
         self.node.close()
         if self.ops is not None:
             self.ops.stop()
+        self.lock.release()
         log.info("stopped")
 
     def stop(self) -> None:
@@ -527,6 +534,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop_on_signals(stop.set)
     from driver.driverroot import DriverRootError
     from driver.nvml.sim.config import SimConfigError
+    from kubeletplugin.agentlock import LockWaitStoppedError
     from kubeletplugin.checkpoint import CheckpointVersionError
     from process.kube.jsonclient import KubeJson
 
@@ -538,6 +546,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KubeconfigError as e:
         log.error(str(e))
         return 1
+    except LockWaitStoppedError as e:
+        # Stopped while another agent held the node: nothing was served or changed.
+        log.info("stopped before starting", extra={"reason": str(e)})
+        return 0
     except CheckpointVersionError as e:
         # Not "fatal error" with a traceback: the operator needs the one message that says
         # which file, which version, and what to do (see kubeletplugin.checkpoint).

@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from driver.bootid import BootIdError
 from driver.catalog import Placement
 from driver.cdi import (
     CdiWriter,
@@ -37,10 +38,7 @@ from driver.cdi import (
 )
 from driver.contract import Contract
 from driver.nvml.errors import (
-    GpuLost,
-    GpuNotPresent,
     GpuUnresponsive,
-    InstanceMismatch,
     PlacementTaken,
 )
 from driver.nvml.types import GpuInfo
@@ -57,7 +55,8 @@ from kubeletplugin.claims import ClaimClient, ClaimEvents, ClaimGoneError, Claim
 from kubeletplugin.devicereport import DeviceReport
 from kubeletplugin.foreign import ForeignPolicy, blocked_places, describe
 from kubeletplugin.foreignscan import ForeignScanner
-from kubeletplugin.ledger import Ledger, find_own_instance
+from kubeletplugin.instancedestroy import InstanceDestroyer
+from kubeletplugin.ledger import Ledger
 from kubeletplugin.metrics import PluginMetrics
 from kubeletplugin.mps import MpsControl
 from kubeletplugin.mpsdaemons import ClaimDaemons
@@ -131,7 +130,7 @@ class Preparer:
         self._clock = clock
         self._finalizer = Contract(settings.driver_name).node_finalizer(settings.node_name)
         self._gpus: dict[int, GpuInfo] = {g.minor: g for g in backend.gpus()}
-        self.ledger = Ledger(store, self.metrics, self._gpus)
+        self.ledger = Ledger(store, self.metrics, self._gpus, boot_id=_boot_id(backend))
         self.report = DeviceReport(
             claims,
             self._gpus,
@@ -140,6 +139,7 @@ class Preparer:
             node=settings.node_name,
         )
         self.warm = WarmPool(self.ledger, backend, settings.warm, self.metrics)
+        self._destroyer = InstanceDestroyer(backend, self.ledger)
         self.daemons = ClaimDaemons(
             self.ledger, mps, node_name=settings.node_name, metrics=self.metrics, events=events
         )
@@ -252,13 +252,19 @@ class Preparer:
             self.metrics.prepare_seconds.observe(self._clock() - start)
 
     def _prepare_claim(self, ref: ClaimRef, ctx: dict[str, object]) -> tuple[PreparedDevice, ...]:
-        existing = self.ledger.checkpoint().claims.get(ref.uid)
-        if existing is not None and existing.state is ClaimState.PREPARE_COMPLETED:
+        cp = self.ledger.checkpoint()
+        existing = cp.claims.get(ref.uid)
+        if (
+            existing is not None
+            and existing.state is ClaimState.PREPARE_COMPLETED
+            and not cp.lost_in_reboot(existing)
+        ):
             if not self._cdi.spec_path(ref.uid).exists():
                 existing = self.respec(existing, ctx)
             return _prepared_devices(existing)  # idempotent: the kubelet asked again
         if existing is not None:
-            # Left half-done by a failed or crashed attempt: start over from a clean slate.
+            # Left half-done by a failed or crashed attempt, or its instances died with an
+            # earlier boot: start over from a clean slate.
             self._teardown(existing, ctx)
         claim = self._read_claim(ref)
         ctx["pods"] = list(claim.reserved_for)
@@ -300,15 +306,29 @@ class Preparer:
         """Write again the CDI spec of a prepared claim whose spec is gone: /var/run/cdi is a
         tmpfs on most hosts, so a reboot takes every spec while a whole-GPU claim's record (no
         instance to lose) survives, and its IDs would name a spec that no longer exists. The
-        devices come from the record; the claim is read again for its config."""
+        devices come from the record; the claim is read again for its config. Never for a claim
+        whose MIG instances died with an earlier boot: its record names MIG UUIDs that no
+        longer exist (or, worse, that an instance of someone else's could carry)."""
+        self._refuse_lost(record)
         claim = self._read_claim(ClaimRef(record.namespace, record.name, record.uid))
         log.warning("prepared claim's CDI spec is gone (reboot?); writing it again", extra=ctx)
         record = self._complete(self._plan(claim), record)
         self.report.tell(record, claim.reserved_for)
         return record
 
+    def _refuse_lost(self, record: ClaimRecord) -> None:
+        if self.ledger.checkpoint().lost_in_reboot(record):
+            raise ClaimError(
+                "instance-lost",
+                f"claim {record.namespace}/{record.name}: its MIG instances were carved in an "
+                f"earlier boot of the node (boot ID {record.boot_id}) and are gone; the claim is "
+                "released and carved afresh on the kubelet's next prepare",
+            )
+
     def _complete(self, plan: Sequence[PlannedDevice], record: ClaimRecord) -> ClaimRecord:
-        """Write the claim's CDI spec, then record it PREPARE_COMPLETED with the spec's ids."""
+        """Write the claim's CDI spec, then record it PREPARE_COMPLETED with the spec's ids.
+        A spec never names a MIG UUID of an earlier boot (`_refuse_lost`)."""
+        self._refuse_lost(record)
         cdi_ids = self._cdi.write(
             record.uid,
             cdi_devices(
@@ -491,7 +511,7 @@ class Preparer:
         for inst in live:
             if not inst.placement.overlaps(p.placement):
                 continue
-            owner = cp.owner_of(gpu.uuid, inst.gi_id)
+            owner = cp.owner_of(gpu.uuid, inst.gi_id, inst.mig_uuid)
             if owner is not None:
                 raise ClaimError(
                     "placement-taken",
@@ -578,6 +598,10 @@ class Preparer:
         record = self.ledger.put(replace(record, state=ClaimState.UNPREPARE_STARTED))
         record = self.daemons.stop(record, ctx)
         whole = any(not d.is_mig for d in record.devices)
+        # Its MIG instances died with an earlier boot: whatever sits at their placements now
+        # (a boot-time agent's instance, with the same GI id) is not carve's, so nothing is
+        # destroyed, looked for by intent, or kept warm.
+        lost = self.ledger.checkpoint().lost_in_reboot(record)
         for i, d in enumerate(record.devices):
             if d.restore_mig:
                 self._whole.restore(d, ctx)
@@ -586,13 +610,28 @@ class Preparer:
                 continue
             if not d.is_mig:
                 continue
+            if lost:
+                if d.gi_id is not None or d.mig_uuid is not None:
+                    log.info(
+                        "not destroying a MIG instance of an earlier boot: it is gone",
+                        extra={**ctx, "gpu": d.gpu_uuid, "giID": d.gi_id, "migUUID": d.mig_uuid},
+                    )
+                record = self.ledger.put(
+                    record.with_device(i, replace(d, gi_id=None, ci_id=None, mig_uuid=None))
+                )
+                continue
             if may_park and self._settings.warm.enabled and d.gi_id is not None and not d.adopted:
                 parked = self.warm.park(record, i, ctx)
                 if parked is not None:
                     record = parked
                     continue
-            lost = self._destroy_device(d, ctx, by_intent=self.ledger.inherited(record.uid))
-            if lost and d.gi_id is not None:
+            gpu_lost = self._destroyer.destroy(
+                d,
+                ctx,
+                by_intent=self.ledger.inherited(record.uid),
+                verify=self.ledger.from_earlier_process(record.uid),
+            )
+            if gpu_lost and d.gi_id is not None:
                 record = self.warm.owe_destroy(record, i)
             else:
                 cleared = replace(d, gi_id=None, ci_id=None, mig_uuid=None)
@@ -614,78 +653,19 @@ class Preparer:
         if whole:
             self._offers_changed()
 
-    def _destroy_device(
-        self, d: DeviceRecord, ctx: Mapping[str, object], *, by_intent: bool
-    ) -> bool:
-        """Destroy the device's instance. Without a recorded id, only a claim inherited from an
-        earlier process (`by_intent`) looks for it by profile and placement: that process may
-        have crashed between the carve and the save. In this process a failed carve leaves
-        nothing behind (the backend rolls back, `_undo_unsaved_carve` covers the save), so an
-        instance found there now is someone else's.
 
-        On a GPU gone from the node, or lost (a reset takes its instances), the claim is
-        released: no finalizer waits for a destroy that may never succeed. True for a lost GPU:
-        one that answers again without a reset still has the instance (the caller hands it to
-        the warm pool to destroy)."""
-        try:
-            self._destroy_locked(d, ctx, by_intent=by_intent)
-        except GpuUnresponsive as e:  # kept, with its finalizer, until the call returns
-            raise ClaimError("gpu-unresponsive", f"destroying {d.device_name}: {e}") from e
-        except GpuNotPresent as e:
-            log.warning(
-                "the claim's GPU is gone, and its MIG instance with it; releasing",
-                extra={**ctx, "gpu": d.gpu_uuid, "device": d.device_name, "error": str(e)},
-            )
-        except GpuLost as e:
-            log.warning(
-                "the claim's GPU is lost; releasing the claim, and destroying its MIG instance "
-                "if the GPU answers again with it",
-                extra={**ctx, "gpu": d.gpu_uuid, "device": d.device_name, "error": str(e)},
-            )
-            return True
-        return False
-
-    def _destroy_locked(
-        self, d: DeviceRecord, ctx: Mapping[str, object], *, by_intent: bool
-    ) -> None:
-        with self.ledger.gpu(d.gpu_uuid):
-            assert d.placement_start is not None and d.placement_size is not None
-            if d.gi_id is not None:
-                gi_id = d.gi_id
-            else:
-                if not by_intent or not self._backend.mig_enabled(d.gpu_uuid):
-                    return
-                live = self._backend.instances(d.gpu_uuid)
-                target = find_own_instance(d, live, self.ledger.checkpoint())
-                if target is None:
-                    return
-                gi_id = target.gi_id
-            try:
-                # The expectations make NVML-side reuse of the GI id harmless: an instance
-                # under that id with another profile or placement is not ours and survives.
-                self._backend.destroy(
-                    d.gpu_uuid,
-                    gi_id,
-                    expect_profile_id=d.profile_id,
-                    expect_placement=Placement(d.placement_start, d.placement_size),
-                )
-            except InstanceMismatch:
-                log.warning(
-                    "recorded MIG instance is gone and its id now names another instance",
-                    extra={**ctx, "gpu": d.gpu_uuid, "giID": gi_id, "device": d.device_name},
-                )
-                return
-            except (GpuLost, GpuNotPresent, GpuUnresponsive):
-                raise
-            except Exception as e:
-                raise ClaimError(
-                    "destroy-failed",
-                    f"destroying MIG instance GI {gi_id} of {d.device_name}: {e}",
-                ) from e
-            log.info(
-                "destroyed MIG instance",
-                extra={**ctx, "gpu": d.gpu_uuid, "giID": gi_id, "device": d.device_name},
-            )
+def _boot_id(backend: MigBackend) -> str | None:
+    """The node's boot ID; a boot ID file that cannot be read is logged and taken as unknown
+    (reboots are then not told apart, as before boot IDs were kept), never a crash."""
+    try:
+        return backend.boot_id()
+    except (OSError, BootIdError) as e:
+        log.error(
+            "cannot read the node's boot ID: reboots will not be told apart from restarts "
+            "(MIG instances are still matched by their MIG UUIDs)",
+            extra={"error": str(e)},
+        )
+        return None
 
 
 def _prepared_devices(record: ClaimRecord) -> tuple[PreparedDevice, ...]:

@@ -1,6 +1,8 @@
 """Bringing the node's records, NVML and CDI back into agreement: at start-up and periodically.
 
-At start-up every claim left half-done is torn down (finish or roll back), a prepared claim's MPS
+At start-up every claim whose MIG instances died with an earlier boot of the node is released
+(the checkpoint's boot ID says so; kubeletplugin.ledger), every claim left half-done is torn
+down (finish or roll back), a prepared claim's MPS
 daemon is checked, warm instances that vanished are forgotten, foreign instances are found,
 orphaned CDI specs are removed, and prepared claims whose instances vanished (reboot, GPU reset)
 are forgotten. Housekeeping retries teardowns that failed and releases claims the API no longer
@@ -82,6 +84,9 @@ class Recovery:
         """Bring checkpoint, NVML and CDI into agreement after a start or a crash."""
         for record in list(self._ledger.checkpoint().claims.values()):
             ctx = {"claim": f"{record.namespace}/{record.name}", "claimUID": record.uid}
+            if self._ledger.checkpoint().lost_in_reboot(record):
+                self._release_lost(record, ctx)
+                continue
             if record.state is ClaimState.PREPARE_COMPLETED:
                 self._daemons.ensure(record, ctx, "start-up")
                 continue
@@ -103,6 +108,31 @@ class Recovery:
             self._cdi.remove(uid)
         self._check_completed()
         self._check_specs()
+
+    def _release_lost(self, record: ClaimRecord, ctx: Mapping[str, object]) -> None:
+        """A claim whose MIG instances died with an earlier boot: released as one whose
+        instances all vanished is (`_check_completed`), without asking NVML, which can only
+        show instances of this boot: an instance a boot-time agent re-created at the same
+        placement has the same GI id, and is foreign (the foreign scan records it)."""
+        self._metrics.errors.labels(operation="reconcile", reason="instance-lost").inc()
+        log.error(
+            "prepared claim's MIG instances are gone (node reboot or GPU reset?)",
+            extra={
+                **ctx,
+                "devices": [d.device_name for d in record.devices if d.is_mig],
+                "all": True,
+                "state": record.state.value,
+                "bootID": record.boot_id,
+                "why": "the node rebooted since the claim was prepared",
+            },
+        )
+        try:
+            with self._ledger.claim(record.uid):
+                current = self._ledger.checkpoint().claims.get(record.uid)
+                if current is not None:
+                    self._teardown(current, ctx)
+        except Exception:
+            log.exception("could not forget the lost claim; will retry", extra=ctx)
 
     def _rebuild(self) -> None:
         """After a damaged checkpoint: the claims this node carved for, from the API and NVML.
@@ -126,10 +156,14 @@ class Recovery:
             )
             return
         rebuilt, released = [], []
+        # The damaged file still said which boot wrote it, and that was another: every instance
+        # it knew died with that boot, so none found now is a claim's (a boot-time agent's, at
+        # the same placement, would otherwise be taken for one). Whole GPUs survive a reboot.
+        rebooted = self._ledger.previous_boot is not None
         for claim in held:
             name = f"{claim.namespace}/{claim.name}"
             try:
-                if self._rebuild_one(claim):
+                if self._rebuild_one(claim, rebooted=rebooted):
                     rebuilt.append(name)
                 else:
                     self._claims.remove_finalizer(
@@ -149,8 +183,9 @@ class Recovery:
             f"({', '.join(released) or 'none'}); other MIG instances are kept as foreign"
         )
 
-    def _rebuild_one(self, claim: ClaimSnapshot) -> bool:
-        """Record one claim prepared again if NVML still has all its devices; False if not."""
+    def _rebuild_one(self, claim: ClaimSnapshot, *, rebooted: bool) -> bool:
+        """Record one claim prepared again if NVML still has all its devices; False if not
+        (always, for a MIG device, when the node `rebooted` since the damaged file)."""
         if not claim.allocated:
             return False
         try:
@@ -172,12 +207,14 @@ class Recovery:
                     return False
                 d = replace(d, restore_mig=not p.gpu.mig_toggle_needs_reset)
             else:
+                if rebooted:
+                    return False
                 inst = next(
                     (
                         i
                         for i in self._backend.instances(p.gpu.uuid)
                         if (i.profile_id, i.placement.start) == p.place
-                        and cp.owner_of(p.gpu.uuid, i.gi_id) is None
+                        and cp.owner_of(p.gpu.uuid, i.gi_id, i.mig_uuid) is None
                     ),
                     None,
                 )
@@ -218,7 +255,8 @@ class Recovery:
         for record in list(self._ledger.checkpoint().claims.values()):
             ctx = {"claim": f"{record.namespace}/{record.name}", "claimUID": record.uid}
             try:
-                if record.state is ClaimState.PREPARE_COMPLETED:
+                lost = self._ledger.checkpoint().lost_in_reboot(record)
+                if record.state is ClaimState.PREPARE_COMPLETED and not lost:
                     claim = self._claims.get(record.namespace, record.name)
                     why = self._not_ours_any_more(claim, record.uid)
                     if not why:
@@ -270,6 +308,8 @@ class Recovery:
             mig = [d for d in record.devices if d.is_mig and d.gi_id is not None]
             if record.state is not ClaimState.PREPARE_COMPLETED or not mig:
                 continue
+            if self._ledger.checkpoint().lost_in_reboot(record):
+                continue  # released at the start (`_release_lost`); its retry is housekeeping
             missing: list[str] = []
             for d in mig:
                 if d.gpu_uuid not in live:
@@ -301,6 +341,8 @@ class Recovery:
         for record in list(self._ledger.checkpoint().claims.values()):
             if record.state is not ClaimState.PREPARE_COMPLETED:
                 continue
+            if self._ledger.checkpoint().lost_in_reboot(record):
+                continue  # its MIG UUIDs are of an earlier boot: never written into a spec
             if self._cdi.spec_path(record.uid).exists():
                 continue
             ctx = {"claim": f"{record.namespace}/{record.name}", "claimUID": record.uid}

@@ -10,8 +10,7 @@ What the backend does for carve (reference: mig-and-nvml.md §9-§15):
 - creates a GPU instance at an explicit placement plus its full-size compute instance and
   resolves the MIG device UUID by walking MIG handles (the CI info's device is the parent);
 - lists and destroys instances (compute first, then GPU instance), idempotently;
-- names the nvidia-caps device nodes of a MIG device for the container's CDI spec, through
-  ``driver.devnodes`` with this node's proc root.
+- names a MIG device's nvidia-caps nodes for its CDI spec (``driver.devnodes``, this proc root).
 
 GPU-instance ids are whatever NVML returns; nothing here derives them from placements.
 """
@@ -26,7 +25,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from driver import devnodes
+from driver import bootid, devnodes
 from driver.catalog import GpuModel, Placement, ProfileSpec
 from driver.nvml import calls, computeinstances, errors, gpudescription, healthevents, migmode
 from driver.nvml.computeinstances import CiProfile
@@ -61,9 +60,7 @@ from driver.nvml.types import (
 _T = TypeVar("_T")
 
 _NODE_WIDE = -1  # the worker for calls that name no GPU (counting them)
-
-# NVML constants the backend needs (nvml.h); numeric so the binding can be any pynvml-shaped
-# module. They are part of NVML's ABI and never change.
+# NVML's MIG-mode constants (nvml.h, part of its ABI): numeric, for any pynvml-shaped binding.
 _MIG_DISABLE = 0
 _MIG_ENABLE = 1
 
@@ -91,8 +88,7 @@ class NvmlBackend:
         self._handles: dict[str, Any] = {}
         self._gpus: dict[str, GpuInfo] = {}
         self._by_index: dict[int, str] = {}  # NVML index -> UUID, as last read
-        # NVML index -> why, for GPUs that could not be enumerated at the last `gpus()`.
-        self._unusable: dict[int, Unusable] = {}
+        self._unusable: dict[int, Unusable] = {}  # NVML index -> why, as of the last `gpus()`
         self._ci_profile_cache: dict[tuple[str, int], tuple[CiProfile, ...]] = {}
 
     # --- lifecycle --------------------------------------------------------------------------
@@ -693,6 +689,10 @@ class NvmlBackend:
 
     def cap_devices(self, gpu_minor: int, gi_id: int, ci_id: int) -> tuple[CapDevice, CapDevice]:
         return devnodes.cap_devices(self._proc_root, gpu_minor, gi_id, ci_id)
+
+    def boot_id(self) -> str | None:
+        """The node's boot ID under this proc root (driver.bootid): a reboot took every instance."""
+        return bootid.read_boot_id(self._proc_root)
 
 
 def _address(handle: Any) -> int | None:

@@ -11,6 +11,10 @@ find and roll back an instance that was created but never recorded. PREPARE_COMP
 GPU-instance and compute-instance IDs, MIG UUIDs and CDI IDs. A claim with MPS sharing also
 records its MPS control daemon (directories first, then its pid once it answers).
 
+The file and every claim record carry the node's boot ID (kubeletplugin.ledger): no MIG
+instance outlives a reboot, so a record of an earlier boot owns no live instance, whatever sits
+at its placement now.
+
 Layout of the package: `model` holds the types the plugin works with (frozen dataclasses, no
 notion of files); each on-disk format version is one codec module (`v1`); `versions` lists the
 versions this build reads and the one it writes; `store` reads and atomically replaces the file.

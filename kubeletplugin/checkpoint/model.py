@@ -81,6 +81,10 @@ class ClaimRecord:
     finalizer_added: bool = False
     updated_at: float = 0.0
     mps: MpsDaemon | None = None
+    # The node's boot ID when the record was started: its MIG instances were (or would be)
+    # carved in that boot, and no MIG instance outlives a reboot. None: written by a release
+    # that kept no boot IDs (the ledger stamps it with the boot it assumes, see Ledger).
+    boot_id: str | None = None
 
     def with_device(self, i: int, device: DeviceRecord) -> ClaimRecord:
         """This record with device `i` replaced (the steps of a claim change one at a time)."""
@@ -142,10 +146,31 @@ class Checkpoint:
     claims: Mapping[str, ClaimRecord] = field(default_factory=dict)
     foreign: tuple[ForeignInstance, ...] = ()
     warm: tuple[WarmInstance, ...] = ()
+    # The node's boot ID when the file was last written (None: unknown, an older release's
+    # file or a node whose kernel publishes none). Foreign and warm instances carry none of
+    # their own: they are of this boot, and are dropped when the boot changes.
+    boot_id: str | None = None
 
     def with_claim(self, record: ClaimRecord) -> Checkpoint:
-        stamped = replace(record, updated_at=time.time())
+        """`record` saved; a new record (no boot ID yet) is of the checkpoint's boot."""
+        boot = record.boot_id if record.boot_id is not None else self.boot_id
+        stamped = replace(record, updated_at=time.time(), boot_id=boot)
         return replace(self, claims={**self.claims, record.uid: stamped})
+
+    def of_earlier_boot(self, record: ClaimRecord) -> bool:
+        """The record was started in an earlier boot of the node than the checkpoint's, so
+        every MIG instance it names died with that boot: none of them may be matched to a live
+        instance (by GI id, MIG UUID or intent), destroyed, or written into a CDI spec."""
+        return (
+            record.boot_id is not None
+            and self.boot_id is not None
+            and record.boot_id != self.boot_id
+        )
+
+    def lost_in_reboot(self, record: ClaimRecord) -> bool:
+        """Of an earlier boot and holding MIG devices: its MIG instances are gone. (A claim of
+        whole GPUs only survives a reboot: the GPU is the same device.)"""
+        return self.of_earlier_boot(record) and any(d.is_mig for d in record.devices)
 
     def without_claim(self, uid: str) -> Checkpoint:
         return replace(self, claims={k: v for k, v in self.claims.items() if k != uid})
@@ -153,10 +178,20 @@ class Checkpoint:
     def with_foreign(self, foreign: tuple[ForeignInstance, ...]) -> Checkpoint:
         return replace(self, foreign=foreign)
 
-    def owner_of(self, gpu_uuid: str, gi_id: int) -> ClaimRecord | None:
+    def owner_of(
+        self, gpu_uuid: str, gi_id: int, mig_uuid: str | None = None
+    ) -> ClaimRecord | None:
+        """The claim whose record names the live instance `gi_id` (MIG device `mig_uuid`, when
+        known) on the GPU. Matched by identity: a record of an earlier boot owns nothing, and a
+        record with a MIG UUID owns only the instance with that UUID, because NVML hands the
+        same GI id (and placement) to an instance someone else re-created."""
         for rec in self.claims.values():
+            if self.of_earlier_boot(rec):
+                continue
             for d in rec.devices:
-                if d.gpu_uuid == gpu_uuid and d.gi_id == gi_id:
+                if d.gpu_uuid != gpu_uuid or d.gi_id != gi_id:
+                    continue
+                if mig_uuid is None or d.mig_uuid is None or d.mig_uuid == mig_uuid:
                     return rec
         return None
 

@@ -1,6 +1,7 @@
 """Format version 1: the checkpoint as carve has written it since the first release.
 
-    {"version": 1, "checksum": "sha256:<hex>", "data": {"claims": {uid: claim}, "foreign": [...]}}
+    {"version": 1, "checksum": "sha256:<hex>", "data": {"claims": {uid: claim}, "foreign": [...],
+                                                        "bootID": "<boot id>"}}
 
 The checksum is SHA-256 over the canonical JSON of `data` (sorted keys, no whitespace); it does
 not cover `version`. The file is `json.dumps(..., indent=1, sort_keys=True)` plus a newline.
@@ -94,6 +95,10 @@ class ClaimV1(TypedDict):
     # checkpoint without MPS is byte for byte what 0.1.0 wrote, and 0.1.0 (which reads keys by
     # name and ignores others; the checksum covers whatever `data` holds) still reads the file.
     mps: NotRequired[MpsV1]
+    # Added after 0.1.0 without a new version: the node's boot ID when the record was started,
+    # written whenever it is known. Absent means unknown (every older record); 0.1.0 reads claim
+    # keys by name and ignores others (docs/checkpoint.md: why no new version).
+    bootID: NotRequired[str]
 
 
 class ForeignV1(TypedDict):
@@ -126,6 +131,9 @@ class DataV1(TypedDict):
     # Warm instances (kubeletplugin.warm); written only when there are any, so a checkpoint
     # without them is byte for byte what carve 0.1.0 wrote.
     warm: NotRequired[list[WarmV1]]
+    # The node's boot ID when the file was written, whenever it is known; absent in every
+    # older file (unknown). 0.1.0 reads `claims` and `foreign` by name and ignores other keys.
+    bootID: NotRequired[str]
 
 
 class DocumentV1(TypedDict):
@@ -178,6 +186,8 @@ def _claim_out(r: ClaimRecord) -> ClaimV1:
         if r.mps.pod is not None:
             mps["pod"] = r.mps.pod
         out["mps"] = mps
+    if r.boot_id is not None:
+        out["bootID"] = r.boot_id
     return out
 
 
@@ -222,6 +232,8 @@ def encode(cp: Checkpoint) -> bytes:
     }
     if cp.warm:
         data["warm"] = [_warm_out(w) for w in cp.warm]
+    if cp.boot_id is not None:
+        data["bootID"] = cp.boot_id
     doc: DocumentV1 = {"version": VERSION, "checksum": checksum(data), "data": data}
     return json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n"
 
@@ -383,6 +395,7 @@ def _claim_in(f: _Fields) -> ClaimRecord:
         finalizer_added=f.flag("finalizerAdded"),
         updated_at=f.seconds("updatedAt"),
         mps=_mps_in(f),
+        boot_id=f.optional_text("bootID"),
     )
 
 
@@ -434,6 +447,7 @@ def decode(doc: Mapping[str, object]) -> Checkpoint:
         claims={uid: _claim_in(c) for uid, c in top.mapping("claims").items()},
         foreign=tuple(_foreign_in(f) for f in top.objects("foreign")),
         warm=tuple(_warm_in(f) for f in top.objects("warm")),
+        boot_id=top.optional_text("bootID"),
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from kubeletplugin.agentlock import LOCK_FILE
 from kubeletplugin.checkpoint import FILE_NAME, READ_VERSIONS
 from tests.support.plugin_process import DRIVER, PluginProcess, unreachable_kubeconfig
 
@@ -38,4 +39,5 @@ def test_plugin_refuses_to_start_on_a_checkpoint_from_a_newer_release(tmp_path: 
     assert "carve kubelet plugin running" not in logs
     assert not list(p.registry.glob("*.sock"))  # never served the kubelet
     assert checkpoint.read_bytes() == raw  # left for the release that can read it
-    assert sorted(x.name for x in checkpoint.parent.iterdir()) == [FILE_NAME]
+    # nothing beside it but the agent's lock (kubeletplugin.agentlock), taken before reading
+    assert sorted(x.name for x in checkpoint.parent.iterdir()) == [LOCK_FILE, FILE_NAME]

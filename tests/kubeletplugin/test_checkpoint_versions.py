@@ -343,6 +343,7 @@ _claims = st.builds(
     finalizer_added=st.booleans(),
     updated_at=_seconds,
     mps=st.none() | _mps,
+    boot_id=st.none() | _text,
 )
 _foreign = st.builds(
     ForeignInstance,
@@ -373,6 +374,7 @@ _checkpoints = st.builds(
     claims=st.lists(_claims, max_size=4).map(lambda rs: {r.uid: r for r in rs}),
     foreign=st.lists(_foreign, max_size=3).map(tuple),
     warm=st.lists(_warm, max_size=3).map(tuple),
+    boot_id=st.none() | _text,
 )
 
 # Every codec this build has, so a new version is covered by adding it to FORMATS.

@@ -37,6 +37,9 @@ import pynvml
 
 from driver.nvml.sim import config as _cfgmod
 from driver.nvml.sim.admin import (
+    LayoutInstance,
+    sim_boot_id,
+    sim_boot_layout,
     sim_lose_gpu,
     sim_node_files,
     sim_proc_root,
@@ -147,6 +150,7 @@ nvmlComputeInstanceProfileInfo_v2 = pynvml.nvmlComputeInstanceProfileInfo_v2
 nvmlExceptionClass = pynvml.nvmlExceptionClass
 
 __all__ = [
+    "LayoutInstance",
     "NVMLError",
     "SimConfig",
     "SimConfigError",
@@ -211,6 +215,8 @@ __all__ = [
     "nvmlSystemGetCudaDriverVersion",
     "nvmlSystemGetCudaDriverVersion_v2",
     "nvmlSystemGetDriverVersion",
+    "sim_boot_id",
+    "sim_boot_layout",
     "sim_clear_faults",
     "sim_config",
     "sim_crash_at",

@@ -8,16 +8,30 @@ and tools to see and write the simulated node. Faults are injected through ``fau
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pynvml
 import yaml
 
-from driver.catalog import GpuModel
+from driver.catalog import GpuModel, Placement, ProfileSpec
 from driver.nvml.sim.config import SimConfig, SimConfigError, parse_config
-from driver.nvml.sim.hardware import GpuRec, HwState, sync_node_files, sync_sys
+from driver.nvml.sim.hardware import (
+    CI_INDEX_FOR_SIZE,
+    CiRec,
+    GiRec,
+    GpuRec,
+    HwState,
+    boot_id_of,
+    gi_fit_error,
+    gi_id_for,
+    mig_uuid,
+    new_boot_id,
+    sync_node_files,
+    sync_sys,
+)
 from driver.nvml.sim.runtime import admin, raise_nvml, sim_config
 
 
@@ -60,16 +74,98 @@ def _apply_reset(model: GpuModel, gpu: GpuRec) -> None:
         gpu.mig_current = gpu.mig_pending = pynvml.NVML_DEVICE_MIG_DISABLE
 
 
-def sim_reboot() -> None:
+def sim_reboot() -> str:
     """A node reboot: every GPU and compute instance is gone; Ampere applies its pending MIG
-    mode (it persists), Hopper and later come back with MIG disabled."""
+    mode (it persists in the InfoROM), Hopper and later come back with MIG disabled (reference
+    §11). The kernel's boot ID (``<proc root>/sys/kernel/random/boot_id``) is a new random one,
+    which is returned. Nothing runs at boot unless ``sim_boot_layout`` is called next."""
 
-    def body(cfg: SimConfig, state: HwState) -> None:
+    def body(cfg: SimConfig, state: HwState) -> str:
         for sim_gpu, gpu in zip(cfg.gpus, state.gpus, strict=True):
             _apply_reset(sim_gpu.model, gpu)
         state.boots += 1
+        state.boot_id = new_boot_id()
+        return state.boot_id
 
-    admin(body)
+    return admin(body)
+
+
+def sim_boot_id() -> str:
+    """The simulated node's current boot ID, as its fake /proc shows it."""
+    return admin(boot_id_of)
+
+
+@dataclass(frozen=True)
+class LayoutInstance:
+    """One MIG instance a boot-time layout agent creates: a GPU instance of `profile_id` at
+    `placement_start` on GPU `gpu` (its NVML index) with one full-size compute instance."""
+
+    gpu: int
+    profile_id: int
+    placement_start: int
+
+
+def sim_boot_layout(instances: Sequence[LayoutInstance]) -> tuple[str, ...]:
+    """A boot-time layout agent (nvidia-mig-manager, a systemd unit running ``nvidia-smi mig
+    -cgi ... -C``, an admin) lays out MIG instances before the node agent starts: each gets a
+    GPU instance at exactly its placement and one full-size compute instance, as NVML creates
+    them, so each gets a MIG UUID of its own (a new one, unless the config's option
+    ``mig_uuid_stable`` is set). MIG mode is turned on first where it is off and needs no reset
+    (Hopper and later); on Ampere with MIG off the agent cannot, and neither can an instance go
+    where the GPU's rules refuse it: both are SimConfigError naming the instance, and nothing is
+    created. Returns the MIG UUIDs, in the order given."""
+
+    def body(cfg: SimConfig, state: HwState) -> tuple[str, ...]:
+        made: list[str] = []
+        for n, want in enumerate(instances):
+            where = f"layout instance {n} (GPU {want.gpu}, profile {want.profile_id} at "
+            where += f"{want.placement_start})"
+            if not 0 <= want.gpu < len(state.gpus):
+                raise SimConfigError(f"{where}: no such GPU, the node has {len(state.gpus)}")
+            gpu, model = state.gpus[want.gpu], cfg.gpus[want.gpu].model
+            if gpu.lost or not gpu.mig_capable:
+                raise SimConfigError(f"{where}: the GPU is lost or not MIG-capable")
+            if gpu.mig_current != pynvml.NVML_DEVICE_MIG_ENABLE:
+                if model.architecture.mig_toggle_needs_reset:
+                    raise SimConfigError(
+                        f"{where}: MIG mode is off and {model.key} applies it only after a "
+                        "GPU reset (sim_reset_gpu after setting it)"
+                    )
+                gpu.mig_current = gpu.mig_pending = pynvml.NVML_DEVICE_MIG_ENABLE
+            prof = next((p for p in model.profiles if p.id == want.profile_id), None)
+            if prof is None:
+                raise SimConfigError(f"{where}: {model.key} has no such profile")
+            pl = next((x for x in prof.placements if x.start == want.placement_start), None)
+            if pl is None or gi_fit_error(model, gpu, prof, pl) is not None:
+                raise SimConfigError(f"{where}: does not fit there on {model.key}")
+            made.append(_create_full(cfg, state, gpu, model, prof=prof, pl=pl))
+        return tuple(made)
+
+    return admin(body)
+
+
+def _create_full(
+    cfg: SimConfig,
+    state: HwState,
+    gpu: GpuRec,
+    model: GpuModel,
+    *,
+    prof: ProfileSpec,
+    pl: Placement,
+) -> str:
+    """A GPU instance and its full-size compute instance, as NVML's two create calls make them;
+    returns the compute instance's MIG UUID."""
+    slices = prof.slices
+    ci_profile = CI_INDEX_FOR_SIZE.get(slices)
+    if ci_profile is None:
+        raise SimConfigError(f"{model.key}: no compute-instance profile of {slices} slices")
+    gi = GiRec(gi_id_for(model, gpu.layout, pl), prof.id, pl.start, pl.size, state.next_serial())
+    serial = state.next_serial()
+    uuid = mig_uuid(cfg, gpu, gi.id, 0, serial)
+    gi.cis.append(CiRec(0, ci_profile, 0, slices, serial, uuid))
+    gpu.gis.append(gi)
+    gpu.gis.sort(key=lambda g: g.id)
+    return uuid
 
 
 def sim_set_busy(gpu: int, gi_id: int, ci_id: int, busy: bool = True) -> None:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from driver.bootid import BOOT_ID_PATH
 from driver.catalog import Engines, GpuModel, Placement, ProfileSpec
 from driver.nvml.sim import driverfiles
 from driver.nvml.sim.config import SimConfig, SimConfigError
@@ -107,6 +108,10 @@ class HwState:
     serial: int
     gpus: list[GpuRec]
     faults: list[dict[str, Any]]
+    # The kernel's boot ID (/proc/sys/kernel/random/boot_id in the fake /proc): random, and new
+    # at every simulated reboot, as the kernel's is. Empty in a state written before it existed:
+    # `boot_id_of` derives a stable one from the boot count then.
+    boot_id: str = ""
     # Where this node's files are (driver_root, dev_root; see driverfiles), once provisioned.
     node_roots: dict[str, str] = field(default_factory=dict)
     # Health events (sim.health), newest last, each {"serial", "gpu", "type", "data"}; an event
@@ -125,6 +130,8 @@ class HwState:
         # Hand-written rather than dataclasses.asdict: this runs on every simulated NVML call,
         # and asdict's deep copies dominated the call's cost.
         extra: dict[str, Any] = {"node_roots": dict(self.node_roots)} if self.node_roots else {}
+        if self.boot_id:
+            extra["boot_id"] = self.boot_id
         if self.event_serial:
             extra["events"] = [dict(e) for e in self.events]
             extra["event_serial"] = self.event_serial
@@ -171,7 +178,21 @@ class HwState:
             events=[dict(e) for e in data.get("events") or ()],
             event_serial=int(data.get("event_serial", 0)),
             hangs=[dict(h) for h in data.get("hangs") or ()],
+            boot_id=str(data.get("boot_id") or ""),
         )
+
+
+def new_boot_id() -> str:
+    """A boot ID as the kernel makes one at every boot: a random UUID, lower-case, dashed."""
+    return str(uuidlib.uuid4())
+
+
+def boot_id_of(config: SimConfig, state: HwState) -> str:
+    """The state's boot ID; a state file from before boot IDs gets one derived from its seed
+    and boot count, so that it stays the same until the next simulated reboot."""
+    if state.boot_id:
+        return state.boot_id
+    return str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"{config.uuid_seed}/boot/{state.boots}"))
 
 
 def fresh_state(config: SimConfig) -> HwState:
@@ -191,7 +212,9 @@ def fresh_state(config: SimConfig) -> HwState:
             )
         )
     faults = [{**f.to_json(), "remaining": f.times} for f in config.faults]
-    return HwState(digest=config.digest(), boots=0, serial=0, gpus=gpus, faults=faults)
+    return HwState(
+        digest=config.digest(), boots=0, serial=0, gpus=gpus, faults=faults, boot_id=new_boot_id()
+    )
 
 
 class StateStore:
@@ -459,8 +482,9 @@ def sync_sys(config: SimConfig, state: HwState) -> None:
 
 def sync_proc(config: SimConfig, state: HwState) -> None:
     """Mirror the state into a fake /proc tree: /proc/devices (with the nvidia-caps major),
-    the static mig-minors table, and per-instance capability files that exist only while the
-    instance does (reference §15, §18.9)."""
+    the static mig-minors table, per-instance capability files that exist only while the
+    instance does (reference §15, §18.9), and the kernel's boot ID
+    (``sys/kernel/random/boot_id``), which changes with every simulated reboot."""
     root = config.effective_proc_root
     devices = root / "devices"
     if not devices.exists():
@@ -478,6 +502,13 @@ def sync_proc(config: SimConfig, state: HwState) -> None:
         minors = root / "driver" / "nvidia-caps" / "mig-minors"
         minors.parent.mkdir(parents=True, exist_ok=True)
         minors.write_text("\n".join(lines) + "\n")
+    boot_file = root / BOOT_ID_PATH
+    boot_text = boot_id_of(config, state) + "\n"
+    if not boot_file.exists() or boot_file.read_text() != boot_text:
+        boot_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = boot_file.with_name(f".boot_id.{os.getpid()}.tmp")
+        tmp.write_text(boot_text)
+        os.replace(tmp, boot_file)  # a reader never sees it half written
     caps = root / "driver" / "nvidia" / "capabilities"
     want = {
         "mig/config": _access_text(1, 0o400),
