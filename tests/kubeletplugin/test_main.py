@@ -173,9 +173,10 @@ def test_process_without_apiserver_serves_and_fails_claims_cleanly(tmp_path: Pat
         assert _get(p.url("/healthz")) == (200, "ok\n")
         code, body = wait_for(
             "registration to show in /readyz",
-            lambda: (r := _get(p.url("/readyz")))[1].startswith("[+]registration") and r,
+            lambda: "\n[+]registration ok\n" in (r := _get(p.url("/readyz")))[1] and r,
         )
         assert code == 503 and "apiserver unreachable" in body, body
+        assert "[-]startup start-up is waiting for the apiserver" in body, body
         ref = ClaimRef("default", "c", str(uuid.uuid4()))
         res = plugin.prepare([ref])[ref.uid]
         assert "cannot read the ResourceClaim from the API" in res.error
