@@ -39,11 +39,20 @@ def _get(url: str) -> tuple[int | None, str]:
         return None, ""
 
 
-def _ready(p: PluginProcess) -> tuple[int | None, str] | None:
-    """/readyz once it passes, the kubelet stand-in registering the plugin meanwhile."""
-    p.kubelet.scan()
-    r = _get(p.url("/readyz"))
-    return r if r[0] == 200 else None
+def _wait_ready(p: PluginProcess, timeout: float) -> str:
+    """/readyz once it passes, the kubelet stand-in registering the plugin meanwhile; on a
+    timeout the failure quotes the last answer."""
+    last: list[tuple[int | None, str]] = [(None, "")]
+
+    def ready() -> str | None:
+        p.kubelet.scan()
+        last[0] = _get(p.url("/readyz"))
+        return last[0][1] if last[0][0] == 200 else None
+
+    try:
+        return wait_for("/readyz passing", ready, timeout=timeout)
+    except AssertionError as e:
+        raise AssertionError(f"{e}; the last /readyz: {last[0]}") from None
 
 
 @pytest.fixture
@@ -81,7 +90,7 @@ def test_healthz_answers_and_the_kubelet_registers_while_the_apiserver_does_not_
         assert "to check 3 checkpointed claim(s) against it" in body, body
 
         stub.answer()  # the apiserver recovers: start-up ends, the vanished claims are released
-        _, body = wait_for("/readyz passing", lambda: _ready(p), timeout=90)
+        body = _wait_ready(p, 90)
         assert "[+]startup ok" in body and body.endswith("readyz check passed\n"), body
         print(f"ready after {time.monotonic() - started:.1f}s")
         assert p.logs().count("releasing claim that no longer exists in the API") == 2
@@ -125,7 +134,7 @@ def test_a_lost_gpu_is_reported_in_readyz_without_failing_it(tmp_path: Path) -> 
         sim.configure(None)
     p.start()
     try:
-        _, body = wait_for("/readyz passing", lambda: _ready(p), timeout=REGISTERED_WITHIN)
+        body = _wait_ready(p, REGISTERED_WITHIN)
         print(body)
         assert "[!]gpus GPU index 0 is lost (" in body and "[-]" not in body, body
         assert body.endswith("readyz check passed\n"), body
