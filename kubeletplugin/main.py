@@ -13,10 +13,10 @@ matters (docs/kubeletplugin.md, "Start-up and shutdown"):
 1. reconcile the checkpoint with NVML (finish or roll back interrupted work, record foreign
    instances, forget claims whose instances vanished), its API calls sharing
    RECONCILE_API_SECONDS, before the kubelet can send a single request;
-2. serve the DRA socket, then the registration socket (PluginServer does them in that order),
-   and publish ResourceSlices and keep them published;
-3. once the apiserver answers, release claims gone from the API (one read per prepared claim),
-   then repeat that housekeeping every 30 s.
+2. serve the DRA socket, then the registration socket (PluginServer does them in that order);
+3. once the apiserver answers, release claims gone from the API (one read per checkpointed
+   claim), so that their placements are free before the devices are published;
+4. publish ResourceSlices and keep them published; then housekeeping (step 3) every 30 s.
 
 The main thread meanwhile watches registration, the GPUs and the stop signal. `stop()`
 (SIGTERM/SIGINT) ends `run()`, which lets start-up finish the step it is in, then stops intake
@@ -471,7 +471,7 @@ class NodePlugin:
     # -- lifecycle ------------------------------------------------------------------------------
 
     def run(self) -> int:
-        """Start up behind the ops endpoints (reconcile, serve, publish, housekeeping: see the
+        """Start up behind the ops endpoints (reconcile, serve, release, publish: see the
         module docstring), watch until `stop()`, then shut down in order."""
         if self.ops is not None:
             self.ops.start()
@@ -486,9 +486,9 @@ class NodePlugin:
         that raises stops the agent (exit 1, as when it ran before serving): a plugin that
         cannot reconcile or open its sockets must not look alive."""
         try:
-            if not self._reconcile_and_serve():
+            if not self._reconcile_and_serve() or not self._release_vanished_claims():
                 return
-            self._release_vanished_claims()
+            self._publish()
         except Exception as e:
             log.exception("start-up failed; stopping")
             self._startup_error = e
@@ -517,17 +517,11 @@ class NodePlugin:
             self.preparer.reconcile()
         if self._stop.is_set():
             return False
-        self.startup.phase("serving the kubelet's sockets and publishing")
+        self.startup.phase("serving the kubelet's sockets")
         self.health.start()  # before publishing: a GPU already sick is published tainted
         self._started.add("health")
         self.server.start()
         self._started.add("server")
-        if not self.opts.no_publish:
-            self.publisher.start()
-            self._started.add("publisher")
-        if self.precarve is not None:
-            self.precarve.start()
-            self._started.add("precarve")
         log.info(
             "carve kubelet plugin running",
             extra={
@@ -540,12 +534,13 @@ class NodePlugin:
         )
         return True
 
-    def _release_vanished_claims(self) -> None:
+    def _release_vanished_claims(self) -> bool:
         """Step 3: release the instances of checkpointed claims gone from the API (the node
         came back to a different or rebuilt cluster, or finalizers were stripped by hand), so
-        their placements do not stay taken until the first periodic pass. Not a condition of
-        registration: a claim read that fails leaves everything as it is, and a prepare on a
-        placement still taken fails and is retried by the kubelet."""
+        their placements are free before the node's devices are published again, not only at
+        the first periodic pass. Not a condition of registration: a claim read that fails
+        leaves everything as it is, and a prepare on a placement still taken fails and is
+        retried by the kubelet. False when stopped first."""
         from kubeletplugin.startup import wait_for_apiserver
 
         what = f"{len(self.preparer.checkpoint().claims)} checkpointed claim(s)"
@@ -562,11 +557,23 @@ class NodePlugin:
             if answered and not self._stop.is_set():
                 self.startup.phase(f"checking {what} against the API")
                 self.preparer.retry_pending()
-                self.startup.finish()
-                return
+                return True
             if not self._stop.is_set():
                 # what housekeeping did every 30 s before: its NVML half works without the API
                 self.preparer.retry_pending()
+        return False
+
+    def _publish(self) -> None:
+        """Step 4: publish ResourceSlices (and keep them published), and with
+        --binding-conditions watch the claims to carve before binding."""
+        self.startup.phase("starting to publish ResourceSlices")
+        if not self.opts.no_publish:
+            self.publisher.start()
+            self._started.add("publisher")
+        if self.precarve is not None:
+            self.precarve.start()
+            self._started.add("precarve")
+        self.startup.finish()
 
     def _serve_until_stopped(self) -> None:
         last_verdict = self.server.registration
