@@ -388,10 +388,10 @@ class NodePlugin:
     # -- readiness (/readyz names each) -------------------------------------------------------
 
     def _api_check(self) -> str:
-        from kubeletplugin.startup import API_PROBE_TIMEOUT
+        from kubeletplugin.startup import READYZ_API_TIMEOUT
 
         try:
-            self.api.request("GET", "/version", timeout=API_PROBE_TIMEOUT)
+            self.api.request("GET", "/version", timeout=READYZ_API_TIMEOUT)
             return ""
         except Exception as e:
             return f"apiserver unreachable: {e}"

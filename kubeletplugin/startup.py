@@ -33,8 +33,11 @@ RECONCILE_API_SECONDS = 10.0
 API calls are side matters (a finalizer to remove, an event), each left to housekeeping when
 they fail, so a slow apiserver must not hold the kubelet's registration back for long."""
 
-API_PROBE_TIMEOUT = 2.0
-"""Seconds for one `GET /version`, waiting for the apiserver or answering /readyz."""
+READYZ_API_TIMEOUT = 4.0
+"""Seconds for /readyz's `GET /version` (tried twice): within the chart's readiness probe
+timeout, and room for an apiserver that is slow but answers. Start-up's wait for the
+apiserver takes the client's own timeout instead: an apiserver that answers in 5 s is slow,
+not down, and claim reads work against it."""
 
 API_WAIT_MAX_BACKOFF = 30.0
 """The longest pause between two tries of the apiserver while start-up waits for it."""
@@ -77,12 +80,12 @@ def wait_for_apiserver(
     """Whether the apiserver answered `GET /version` before `within` seconds passed or
     `stop` was set.
 
-    Each try has API_PROBE_TIMEOUT; between tries the pause doubles from 1 s up to
+    Each try has the client's timeout; between tries the pause doubles from 1 s up to
     `max_backoff`, spent waiting on `stop` so that a SIGTERM ends the wait at once.
     `on_failure` hears each failed try's error (start-up shows it in /readyz)."""
 
     def probe() -> None:
-        api.request("GET", "/version", timeout=API_PROBE_TIMEOUT)
+        api.request("GET", "/version")
 
     def failed(state: object) -> None:
         outcome = getattr(state, "outcome", None)

@@ -31,7 +31,7 @@ REGISTERED_WITHIN = 45.0
 
 def _get(url: str) -> tuple[int | None, str]:
     try:
-        with urllib.request.urlopen(url, timeout=5) as r:
+        with urllib.request.urlopen(url, timeout=15) as r:  # /readyz may wait 2 x 4 s
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()

@@ -25,8 +25,10 @@ _VERSION = {"major": "1", "minor": "37", "gitVersion": "v1.37.2"}
 class StubApiserver:
     """Holds every request until `answer()`; `requests` lists "METHOD path" as they arrive."""
 
-    def __init__(self, *, answering: bool = False) -> None:
+    def __init__(self, *, answering: bool = False, delay: float = 0.0) -> None:
+        """`delay`: seconds every answer waits once answering (a slow apiserver)."""
         self.requests: list[str] = []
+        self._delay = delay
         self._answering = threading.Event()
         if answering:
             self._answering.set()
@@ -77,6 +79,8 @@ class StubApiserver:
                 while not stub._answering.wait(0.1):
                     if stub._closed.is_set():
                         return
+                if stub._closed.wait(stub._delay):
+                    return
                 path = self.path.split("?")[0]
                 if path == "/version":
                     code, body = 200, _VERSION
