@@ -88,6 +88,10 @@ class PluginProcess:
             self.proc.send_signal(signal.SIGTERM)
         try:
             rc = self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()  # no process outlives its test, however it failed
+            self.proc.wait()
+            raise
         finally:
             self.log.close()
         return rc
