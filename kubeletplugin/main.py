@@ -2,22 +2,26 @@
 
 Its flags and their environment twins are in `kubeletplugin.options`.
 
-`NodePlugin` assembles everything in `__init__` (NVML or the simulator, the driver's files under
---driver-root for the CDI specs, the checkpoint, the preparer, the publisher, the sockets'
-server, the ops endpoints) without serving anything. On real hardware a driver root without a
-driver makes it refuse to start with a message naming the flag.
-`run()` then starts in an order that matters:
+`main` serves the ops endpoints first, before anything slow: /healthz answers from the first
+second, and /readyz's `startup` check says what start-up is doing. `NodePlugin` then assembles
+everything in `__init__` (NVML or the simulator, the driver's files under --driver-root for the
+CDI specs, the checkpoint, the preparer, the publisher, the sockets' server) without serving a
+socket. On real hardware a driver root without a driver makes it refuse to start with a
+message naming the flag. `run()` hands start-up to a thread of its own, in an order that
+matters (docs/kubeletplugin.md, "Start-up and shutdown"):
 
 1. reconcile the checkpoint with NVML (finish or roll back interrupted work, record foreign
-   instances) and release claims gone from the API, before the kubelet can send a single
-   request;
-2. serve the ops endpoints, the DRA socket, then the registration socket (PluginServer does the
-   sockets in that order);
-3. publish ResourceSlices and keep them published.
+   instances, forget claims whose instances vanished), its API calls sharing
+   RECONCILE_API_SECONDS, before the kubelet can send a single request;
+2. serve the DRA socket, then the registration socket (PluginServer does them in that order);
+3. once the apiserver answers, release claims gone from the API (one read per checkpointed
+   claim), so that their placements are free before the devices are published;
+4. publish ResourceSlices and keep them published; then housekeeping (step 3) every 30 s.
 
-`stop()` (SIGTERM/SIGINT) ends `run()`, which stops intake first (sockets), then the publisher
-(deleting the slices only with --cleanup-on-exit), then the worker pool, so no prepare is cut
-off half-way by our own shutdown.
+The main thread meanwhile watches registration, the GPUs and the stop signal. `stop()`
+(SIGTERM/SIGINT) ends `run()`, which lets start-up finish the step it is in, then stops intake
+first (sockets), then the publisher (deleting the slices only with --cleanup-on-exit), then the
+worker pool, so no prepare is cut off half-way by our own shutdown.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kubeletplugin.options import (
@@ -54,15 +58,18 @@ if TYPE_CHECKING:
     from kubeletplugin.prepare import Preparer
     from kubeletplugin.publisher import PublisherSettings, SlicePublisher
     from kubeletplugin.server import PluginServer
+    from kubeletplugin.startup import StartupProgress
     from process.kube.jsonclient import KubeJson
     from process.opshttp import OpsServer
 
 log = logging.getLogger("carve.kubeletplugin")
 
 _RETRY_PENDING_SECONDS = 30.0
+# urllib3's retries of one API request (each with the whole timeout): one covers a pooled
+# connection the apiserver closed; three, the default, cost 40 s against a silent apiserver.
+_API_RETRIES = 1
 # How often the GPUs are enumerated again, to tell a GPU that fell off the bus or came back.
 _GPU_CHECK_SECONDS = 5.0
-
 
 # -- the assembled node agent ------------------------------------------------------------------
 
@@ -88,8 +95,18 @@ class NodePlugin:
     """The assembled node agent; `run` blocks until `stop`."""
 
     def __init__(
-        self, opts: Options, api: KubeJson, *, stop: threading.Event | None = None
+        self,
+        opts: Options,
+        api: KubeJson,
+        *,
+        stop: threading.Event | None = None,
+        ops: OpsServer | None = None,
+        metrics: PluginMetrics | None = None,
+        startup: StartupProgress | None = None,
     ) -> None:
+        """`ops` (with `metrics`, whose registry it serves, and `startup`, its check until
+        now): the ops server `main` started before assembling, handed this plugin's checks at
+        the end; without it one is made here (not started) when --http-address is set."""
         from driver.cdi import CdiWriter
         from kubeletplugin.agentlock import hold_checkpoint_dir
         from kubeletplugin.checkpoint import CheckpointStore
@@ -99,11 +116,17 @@ class NodePlugin:
         from kubeletplugin.nodeevents import KubernetesNodeEvents
         from kubeletplugin.nodehardware import open_backend
         from kubeletplugin.prepare import Preparer, PreparerSettings
+        from kubeletplugin.startup import StartupProgress
 
         self.opts = opts
         self.api = api
         self._stop = stop if stop is not None else threading.Event()
-        self.metrics: PluginMetrics = PluginMetrics()
+        self.metrics: PluginMetrics = metrics if metrics is not None else PluginMetrics()
+        self.startup: StartupProgress = startup if startup is not None else StartupProgress()
+        self._startup_thread: threading.Thread | None = None
+        self._startup_error: Exception | None = None
+        self._started: set[str] = set()  # the parts start-up has started, for shutdown
+        self.startup.phase("opening NVML and the checkpoint")
         self.node: NodeHardware = open_backend(
             opts.simulate, opts.driver_root, timeout=opts.nvml_timeout
         )
@@ -111,6 +134,7 @@ class NodePlugin:
         self.node_events = KubernetesNodeEvents(api, driver=opts.driver_name, node=opts.node_name)
         # One agent per node: before anything reads the checkpoint directory (the checkpoint,
         # the GPU health state), held until the process exits (kubeletplugin.agentlock).
+        self.startup.phase("locking the checkpoint directory (one agent per node)")
         self.lock = hold_checkpoint_dir(
             opts.checkpoint_dir, stop=self._stop, events=self.node_events
         )
@@ -141,7 +165,11 @@ class NodePlugin:
         self.precarve: PreCarve | None = self._precarve() if opts.binding_conditions else None
         self.publisher: SlicePublisher = self._publisher()
         self.server: PluginServer = self._server()
-        self.ops: OpsServer | None = self._ops() if opts.http_address else None
+        self.ops: OpsServer | None = ops
+        if self.ops is None and opts.http_address:
+            self.ops = early_ops(opts.http_address, self.metrics, self.startup)
+        if self.ops is not None:
+            self.ops.set_checks(self._checks(), {"gpus": self._gpus_check})
 
     def _mps_control(self) -> MpsControl:
         """MPS daemons: in pods of their own with --mps-daemon-image, else children."""
@@ -381,27 +409,26 @@ class NodePlugin:
             ),
         )
 
-    def _ops(self) -> OpsServer:
-        from process.opshttp import OpsServer
-
-        return OpsServer(
-            self.opts.http_address,
-            self.metrics.registry,
-            {
-                "registration": self._registration_check,
-                "apiserver": self._api_check,
-                "resourceslices": self._slices_check,
-                "checkpoint": self._pending_check,
-                "gpus": self._gpus_check,
-                **({"claimwatch": self._claim_watch_check} if self.precarve is not None else {}),
-            },
-        )
+    def _checks(self) -> dict[str, Callable[[], str]]:
+        """/readyz's checks: each failing one makes the agent not ready. The `gpus` report
+        is not among them: a lost GPU is shown there, but the agent serves the node's other
+        GPUs, so a rollout gated on readiness must not stop at it (docs/kubeletplugin.md)."""
+        return {
+            "startup": self.startup.check,
+            "registration": self._registration_check,
+            "apiserver": self._api_check,
+            "resourceslices": self._slices_check,
+            "checkpoint": self._pending_check,
+            **({"claimwatch": self._claim_watch_check} if self.precarve is not None else {}),
+        }
 
     # -- readiness (/readyz names each) -------------------------------------------------------
 
     def _api_check(self) -> str:
+        from kubeletplugin.startup import READYZ_API_TIMEOUT
+
         try:
-            self.api.request("GET", "/version")
+            self.api.request("GET", "/version", timeout=READYZ_API_TIMEOUT)
             return ""
         except Exception as e:
             return f"apiserver unreachable: {e}"
@@ -430,7 +457,8 @@ class NodePlugin:
 
     def _gpus_check(self) -> str:
         """Which GPUs are out (lost, unresponsive or failing): each is isolated, the others
-        keep working, and the operator sees which one (`/readyz`, the gauges, a Node event)."""
+        keep working, and the operator sees which one (`/readyz`'s `gpus` report, the gauges,
+        a Node event, its devices' taints)."""
         return self.gpu_watch.summary()
 
     def _pending_check(self) -> str:
@@ -446,22 +474,63 @@ class NodePlugin:
     # -- lifecycle ------------------------------------------------------------------------------
 
     def run(self) -> int:
-        """Recover, serve, publish (in that order), then keep at it until `stop()`."""
-        self.gpu_watch.check()
-        self.preparer.reconcile()
-        # Before serving: release instances of checkpointed claims that are gone from the API (the
-        # node came back to a different or rebuilt cluster, or finalizers were stripped by hand).
-        # Otherwise their placements stay taken, and every prepare allocated there fails until the
-        # first periodic housekeeping pass. An unreachable API leaves everything as it is.
-        self.preparer.retry_pending()
+        """Start up behind the ops endpoints (reconcile, serve, release, publish: see the
+        module docstring), watch until `stop()`, then shut down in order."""
         if self.ops is not None:
             self.ops.start()
+        self._startup_thread = threading.Thread(target=self._start_up, name="startup", daemon=True)
+        self._startup_thread.start()
+        self._serve_until_stopped()
+        self._shutdown()
+        return 1 if self._startup_error is not None else 0
+
+    def _start_up(self) -> None:
+        """Start-up's steps, then housekeeping every 30 s until `stop()`. A start-up step
+        that raises stops the agent (exit 1, as when it ran before serving): a plugin that
+        cannot reconcile or open its sockets must not look alive."""
+        try:
+            if not self._reconcile_and_serve() or not self._release_vanished_claims():
+                return
+            self._publish()
+        except Exception as e:
+            log.exception("start-up failed; stopping")
+            self._startup_error = e
+            self.startup.phase(f"failed: {e}")
+            self._stop.set()
+            return
+        while not self._stop.is_set():
+            # every 30 s, or at once when a GPU answers again (`_gpus_back`)
+            self._back_pending.wait(_RETRY_PENDING_SECONDS)
+            if self._stop.is_set():
+                return
+            self._back_pending.clear()
+            try:
+                self.preparer.retry_pending()
+            except Exception:
+                log.exception("housekeeping failed; trying again at the next pass")
+
+    def _reconcile_and_serve(self) -> bool:
+        """Steps 1 and 2: what the kubelet's registration waits for. False when stopped."""
+        from kubeletplugin.startup import RECONCILE_API_SECONDS
+        from process.kube.jsonclient import calls_within
+
+        self.gpu_watch.check()  # GPUs that cannot be used are left out from here on, and told
+        self.startup.phase(
+            "reconciling the checkpoint with NVML (interrupted claims, foreign instances, "
+            "CDI specs)"
+        )
+        # The API calls on the way (finalizers of torn-down claims, events) share one budget:
+        # those that do not fit are left to housekeeping, and the kubelet's registration
+        # waits for NVML, not for a slow apiserver.
+        with calls_within(RECONCILE_API_SECONDS, "the start-up reconcile"):
+            self.preparer.reconcile()
+        if self._stop.is_set():
+            return False
+        self.startup.phase("serving the kubelet's sockets")
         self.health.start()  # before publishing: a GPU already sick is published tainted
+        self._started.add("health")
         self.server.start()
-        if not self.opts.no_publish:
-            self.publisher.start()
-        if self.precarve is not None:
-            self.precarve.start()
+        self._started.add("server")
         log.info(
             "carve kubelet plugin running",
             extra={
@@ -472,14 +541,52 @@ class NodePlugin:
                 "opsPort": self.ops.port if self.ops is not None else None,
             },
         )
-        self._serve_until_stopped()
-        self._shutdown()
-        return 0
+        return True
+
+    def _release_vanished_claims(self) -> bool:
+        """Step 3: release the instances of checkpointed claims gone from the API (the node
+        came back to a different or rebuilt cluster, or finalizers were stripped by hand), so
+        their placements are free before the node's devices are published again, not only at
+        the first periodic pass. Not a condition of registration: a claim read that fails
+        leaves everything as it is, and a prepare on a placement still taken fails and is
+        retried by the kubelet. False when stopped first."""
+        from kubeletplugin.startup import wait_for_apiserver
+
+        what = f"{len(self.preparer.checkpoint().claims)} checkpointed claim(s)"
+        self.startup.phase(f"waiting for the apiserver, to check {what} against it")
+        while not self._stop.is_set():
+            answered = wait_for_apiserver(
+                self.api,
+                self._stop,
+                lambda error: self.startup.phase(
+                    f"waiting for the apiserver, to check {what} against it: {error}"
+                ),
+                within=_RETRY_PENDING_SECONDS,
+            )
+            if answered and not self._stop.is_set():
+                self.startup.phase(f"checking {what} against the API")
+                self.preparer.retry_pending()
+                return True
+            if not self._stop.is_set():
+                # what housekeeping did every 30 s before: its NVML half works without the API
+                self.preparer.retry_pending()
+        return False
+
+    def _publish(self) -> None:
+        """Step 4: publish ResourceSlices (and keep them published), and with
+        --binding-conditions watch the claims to carve before binding."""
+        self.startup.phase("starting to publish ResourceSlices")
+        if not self.opts.no_publish:
+            self.publisher.start()
+            self._started.add("publisher")
+        if self.precarve is not None:
+            self.precarve.start()
+            self._started.add("precarve")
+        self.startup.finish()
 
     def _serve_until_stopped(self) -> None:
         last_verdict = self.server.registration
-        next_retry = time.monotonic() + _RETRY_PENDING_SECONDS
-        next_gpu_check = time.monotonic() + _GPU_CHECK_SECONDS
+        next_gpu_check = time.monotonic()
         while not self._stop.wait(0.5):
             # Every registration (each verdict is a new object) may follow a kubelet restart, and
             # the kubelet wipes the node's slices when it starts: republish at once.
@@ -487,23 +594,27 @@ class NodePlugin:
             if verdict is not last_verdict and verdict.registered:
                 self.publisher.trigger()
             last_verdict = verdict
+            if "server" not in self._started:
+                continue  # the GPUs are watched once the agent serves them
             if self.precarve is not None:
                 self.precarve.carver.expire_taints()
             if self.gpu_watch.due.is_set() or time.monotonic() >= next_gpu_check:
                 self.gpu_watch.check()
                 next_gpu_check = time.monotonic() + _GPU_CHECK_SECONDS
-            if self._back_pending.is_set() or time.monotonic() >= next_retry:
-                self._back_pending.clear()
-                self.preparer.retry_pending()
-                next_retry = time.monotonic() + _RETRY_PENDING_SECONDS
 
     def _shutdown(self) -> None:
         log.info("shutting down")
+        if self._startup_thread is not None:
+            self._back_pending.set()  # wakes housekeeping's wait, to see the stop
+            # Start-up finishes the step it is in (a reconcile is never cut off; a wait for
+            # the apiserver ends at once), so nothing below closes what it still uses.
+            self._startup_thread.join()
         self.server.stop(grace=10.0)
-        if self.precarve is not None:
+        if "precarve" in self._started and self.precarve is not None:
             self.precarve.stop()
-        self.health.stop()
-        if not self.opts.no_publish:
+        if "health" in self._started:
+            self.health.stop()
+        if "publisher" in self._started:
             self.publisher.stop()
             if self.opts.cleanup_on_exit:
                 try:
@@ -522,6 +633,14 @@ class NodePlugin:
         self._stop.set()
 
 
+def early_ops(address: str, metrics: PluginMetrics, startup: StartupProgress) -> OpsServer:
+    """The ops server with only the `startup` check: what the process serves before it has
+    opened NVML or read its checkpoint (NodePlugin hands it the full set when assembled)."""
+    from process.opshttp import OpsServer
+
+    return OpsServer(address, metrics.registry, {"startup": startup.check})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         opts = parse_options(sys.argv[1:] if argv is None else argv)
@@ -536,13 +655,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     from driver.nvml.sim.config import SimConfigError
     from kubeletplugin.agentlock import LockWaitStoppedError
     from kubeletplugin.checkpoint import CheckpointVersionError
+    from kubeletplugin.metrics import PluginMetrics
+    from kubeletplugin.startup import StartupProgress
     from process.kube.jsonclient import KubeJson
 
+    ops = None
     try:
-        api = KubeJson(load_api_client(opts.kubeconfig))
+        api = KubeJson(load_api_client(opts.kubeconfig, retries=_API_RETRIES))
         if opts.cleanup:
             return cleanup_slices(opts, api)
-        return NodePlugin(opts, api, stop=stop).run()
+        # /healthz from the first second: the kubelet's liveness probe must not kill an agent
+        # that is still opening NVML or reconciling (issue 45; NVIDIA's DRA driver 773/774).
+        metrics, startup = PluginMetrics(), StartupProgress()
+        if opts.http_address:
+            ops = early_ops(opts.http_address, metrics, startup)
+            ops.start()
+        plugin = NodePlugin(opts, api, stop=stop, ops=ops, metrics=metrics, startup=startup)
+        return plugin.run()
     except KubeconfigError as e:
         log.error(str(e))
         return 1
@@ -562,6 +691,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception:
         log.exception("fatal error")
         return 1
+    finally:
+        if ops is not None:
+            ops.stop()  # a no-op after run(); after a failed start-up it frees the port
 
 
 if __name__ == "__main__":

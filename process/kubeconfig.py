@@ -23,6 +23,7 @@ def load_api_client(
     *,
     connections: int | None = None,
     request_timeout: Timeout | None = None,
+    retries: int | None = None,
 ) -> Any:
     """An `ApiClient` for `kubeconfig`, or the in-cluster config when it is None.
 
@@ -33,11 +34,18 @@ def load_api_client(
     `request_timeout`: the timeout of every request that does not set its own
     (`_request_timeout`). The client's default is none at all: a request on a half-open
     connection (a peer that vanished without a FIN, a stalled proxy) then blocks its thread
-    forever, be it a commit worker holding a placement or a leader's lease renewal."""
+    forever, be it a commit worker holding a placement or a leader's lease renewal.
+
+    `retries`: how many times urllib3 tries a request again after a connection or read error
+    (a timeout included), each time with the whole timeout again. The client's default, None,
+    is urllib3's three: a request to an apiserver that accepts connections and never answers
+    then takes four timeouts (40 s at the node agent's 10 s) before its caller hears of it."""
     from kubernetes import client, config
 
     loader: Any = config  # the config loaders are untyped
     cfg = client.Configuration()
+    if retries is not None:
+        cfg.retries = retries
     if connections is not None:
         cfg.connection_pool_maxsize = max(cfg.connection_pool_maxsize, connections)
     try:

@@ -6,6 +6,15 @@ apiserver is down would not help. Readiness (/readyz) reports each check by name
 apiserver reachability, start-up reconcile, ResourceSlice publication; for the controller:
 informer sync). One implementation keeps probes, scrape content type and query-string handling
 identical across components.
+
+A *report* is shown in /readyz without counting: `[!]name reason` while it has something to say,
+`[+]name ok` otherwise. It is for what the operator must see but what does not stop the
+component from serving (for the node agent: a lost GPU, while it serves the node's others), so
+that a rollout gated on readiness does not stall on it.
+
+The checks may be handed over once the component is assembled (`set_checks`): a process serves
+/healthz from its first second, with a start-up check saying what it is still doing, and its
+full set of checks once it has them.
 """
 
 from __future__ import annotations
@@ -29,10 +38,13 @@ class OpsServer:
         address: str,
         registry: CollectorRegistry,
         checks: Mapping[str, ReadinessCheck],
+        *,
+        reports: Mapping[str, ReadinessCheck] | None = None,
     ) -> None:
         host, _, port = address.rpartition(":")
         self._registry = registry
         self._checks = dict(checks)
+        self._reports = dict(reports or {})
         handler = self._handler()
         self._httpd = ThreadingHTTPServer((host or "0.0.0.0", int(port)), handler)
         self._httpd.daemon_threads = True
@@ -42,14 +54,20 @@ class OpsServer:
     def port(self) -> int:
         return int(self._httpd.server_address[1])
 
+    def set_checks(
+        self,
+        checks: Mapping[str, ReadinessCheck],
+        reports: Mapping[str, ReadinessCheck] | None = None,
+    ) -> None:
+        """Replace the checks and reports (a probe already answering keeps its old set)."""
+        self._checks, self._reports = dict(checks), dict(reports or {})
+
     def readiness(self) -> dict[str, str]:
-        out: dict[str, str] = {}
-        for name, check in self._checks.items():
-            try:
-                out[name] = check()
-            except Exception as e:  # a failing check is "not ready", never a crash
-                out[name] = f"check failed: {e}"
-        return out
+        return _run(self._checks)
+
+    def reports(self) -> dict[str, str]:
+        """Each report's text ("" when it has nothing to say); none of them counts."""
+        return _run(self._reports)
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         server = self
@@ -71,6 +89,9 @@ class OpsServer:
                     lines = [
                         f"[{'+' if not r else '-'}]{n} {r or 'ok'}" for n, r in results.items()
                     ]
+                    lines += [
+                        f"[{'!' if r else '+'}]{n} {r or 'ok'}" for n, r in server.reports().items()
+                    ]
                     ready = all(not r for r in results.values())
                     text = "\n".join(lines) + ("\nreadyz check passed\n" if ready else "\n")
                     self._send(200 if ready else 503, text.encode())
@@ -85,6 +106,8 @@ class OpsServer:
         return Handler
 
     def start(self) -> None:
+        if self._serving:
+            return
         self._serving = True
         threading.Thread(target=self._httpd.serve_forever, name="ops-http", daemon=True).start()
         log.info("serving /healthz, /readyz, /metrics", extra={"port": self.port})
@@ -96,3 +119,13 @@ class OpsServer:
             self._httpd.shutdown()
             self._serving = False
         self._httpd.server_close()
+
+
+def _run(checks: Mapping[str, ReadinessCheck]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for name, check in checks.items():
+        try:
+            out[name] = check()
+        except Exception as e:  # a failing check is "not ready", never a crash
+            out[name] = f"check failed: {e}"
+    return out

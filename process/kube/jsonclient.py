@@ -9,7 +9,10 @@ field added by a newer apiserver from breaking carve, and a refusal becomes the 
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, Protocol
 
 from process.kube.errors import api_error
@@ -46,6 +49,45 @@ class JsonApi(JsonRequests, Protocol):
     ) -> LineStream: ...
 
 
+class SharedDeadlineError(TimeoutError):
+    """A request was not sent: the calling thread's shared deadline (`calls_within`) had passed."""
+
+
+_SHARED_DEADLINE = threading.local()
+
+
+@contextmanager
+def calls_within(seconds: float, what: str) -> Iterator[None]:
+    """Every `KubeJson.request` this thread makes inside the block shares one deadline,
+    `seconds` from now: each is given at most the time left (shared among its tries), and once
+    none is left a request raises SharedDeadlineError without being sent.
+
+    For work whose API calls are a side matter but which something else waits for (the node
+    agent's start-up reconcile, which the kubelet's registration waits for): a slow apiserver
+    then costs that work `seconds` in all, however many calls it makes, instead of the client's
+    timeout per call. Thread-local, so the process's other threads are unaffected."""
+    previous = getattr(_SHARED_DEADLINE, "current", None)
+    _SHARED_DEADLINE.current = (time.monotonic() + seconds, seconds, what)
+    try:
+        yield
+    finally:
+        _SHARED_DEADLINE.current = previous
+
+
+def _time_left(method: str, path: str) -> float | None:
+    """Seconds left of this thread's shared deadline (None: there is none)."""
+    current: tuple[float, float, str] | None = getattr(_SHARED_DEADLINE, "current", None)
+    if current is None:
+        return None
+    end, seconds, what = current
+    left = end - time.monotonic()
+    if left <= 0:
+        raise SharedDeadlineError(
+            f"{method} {path} not sent: {what} gives the apiserver {seconds:g}s in all, spent"
+        )
+    return left
+
+
 class KubeJson:
     """Calls through an official `ApiClient`'s transport; every call has a timeout, so a
     half-open connection cannot hang its caller."""
@@ -53,6 +95,10 @@ class KubeJson:
     def __init__(self, api_client: Any, *, request_timeout: float = 10.0) -> None:
         self._client = api_client
         self._timeout = request_timeout
+        # urllib3 gives every try the whole timeout: within a shared deadline each try gets
+        # its share, so the deadline holds with the retries (None is urllib3's default, 3).
+        retries = getattr(getattr(api_client, "configuration", None), "retries", None)
+        self._tries = 1 + (3 if retries is None else retries if isinstance(retries, int) else 0)
 
     def request(
         self,
@@ -64,7 +110,13 @@ class KubeJson:
         content_type: str = "application/json",
         timeout: float | None = None,
     ) -> dict[str, Any]:
-        """One request; `timeout` (seconds) replaces the client's own for this call."""
+        """One request; `timeout` (seconds) replaces the client's own for this call. Inside
+        `calls_within` it is cut so that the request ends, retries included, by the time left
+        there."""
+        limit = self._timeout if timeout is None else timeout
+        left = _time_left(method, path)
+        if left is not None:
+            limit = min(limit, left / self._tries)
         m, url, headers, payload, _ = self._client.param_serialize(
             method=method,
             resource_path=path,
@@ -78,7 +130,7 @@ class KubeJson:
             url,
             header_params=headers,
             body=payload,
-            _request_timeout=self._timeout if timeout is None else timeout,
+            _request_timeout=limit,
         )
         data = resp.read() or b""
         text = data.decode(errors="replace") if isinstance(data, bytes) else str(data)

@@ -309,6 +309,21 @@ def test_defaults_parse_too(helm: Helm) -> None:
     assert p_opts.simulate is None and p_opts.driver_root == Path("/")
 
 
+def test_the_plugin_is_probed_as_its_start_up_allows(helm: Helm) -> None:
+    """Issue 45, item 5: a startupProbe on /healthz holds the liveness probe back until the
+    process serves at all, with room for far more than the measured start-up (under 2 s to
+    /healthz, docs/kubeletplugin.md); /readyz gets the time its apiserver check may take."""
+    from kubeletplugin.startup import READYZ_API_TIMEOUT
+
+    container = one(helm.template(), "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
+    startup, liveness = container["startupProbe"], container["livenessProbe"]
+    assert startup["httpGet"] == liveness["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 60
+    readiness = container["readinessProbe"]
+    assert readiness["httpGet"]["path"] == "/readyz"
+    assert readiness["timeoutSeconds"] > 2 * READYZ_API_TIMEOUT  # one try and its one retry
+
+
 def _mounts(docs: list[dict[str, Any]]) -> dict[str, tuple[str, dict[str, Any]]]:
     """Volume name -> (mount path in the plugin container, the mount), for hostPath volumes."""
     pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]

@@ -203,8 +203,7 @@ def test_two_real_plugin_processes_one_waits_then_takes_over_with_every_record(
     tmp_path: Path, api: tuple[_Api, Path]
 ) -> None:
     server, kubeconfig = api
-    root = tmp_path / "node"
-    root.mkdir()
+    root = tmp_path  # no deeper: the registration socket's path must fit in 107 bytes
     before = _prepared_claim(root)
     first = PluginProcess(root, "node-x", kubeconfig, gpus=("H100-SXM5-80GB",))
     second: subprocess.Popen[bytes] | None = None

@@ -80,3 +80,33 @@ def test_stop_without_start_returns() -> None:
     stopper.start()
     stopper.join(timeout=5)
     assert not stopper.is_alive()
+
+
+def test_a_report_is_shown_but_does_not_fail_readiness(state: dict[str, str]) -> None:
+    """A lost GPU is said in /readyz, yet the agent serving the node's others stays ready."""
+    report = {"gpus": "GPU index 0 is lost (XID 79)"}
+    server = OpsServer("127.0.0.1:0", CollectorRegistry(), {"sync": lambda: ""},
+                       reports={"gpus": lambda: report["gpus"]})  # fmt: skip
+    server.start()
+    try:
+        code, _, body = _get(f"http://127.0.0.1:{server.port}/readyz")
+        assert code == 200, body
+        assert body == "[+]sync ok\n[!]gpus GPU index 0 is lost (XID 79)\nreadyz check passed\n"
+        report["gpus"] = ""
+        assert _get(f"http://127.0.0.1:{server.port}/readyz")[2].splitlines()[1] == "[+]gpus ok"
+    finally:
+        server.stop()
+
+
+def test_checks_handed_over_after_start_replace_the_start_up_check() -> None:
+    """A process serves /healthz before it is assembled, then its full set of checks."""
+    server = OpsServer("127.0.0.1:0", CollectorRegistry(), {"startup": lambda: "opening NVML"})
+    server.start()
+    try:
+        base = f"http://127.0.0.1:{server.port}"
+        assert _get(f"{base}/healthz")[0] == 200
+        assert _get(f"{base}/readyz")[::2] == (503, "[-]startup opening NVML\n")
+        server.set_checks({"startup": lambda: "", "api": lambda: "apiserver unreachable"})
+        assert _get(f"{base}/readyz")[::2] == (503, "[+]startup ok\n[-]api apiserver unreachable\n")
+    finally:
+        server.stop()

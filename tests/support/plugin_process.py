@@ -37,7 +37,9 @@ class PluginProcess:
         *extra: str,
         gpus: tuple[Any, ...] = ("H100-SXM5-80GB", {"model": "A100-SXM4-40GB"}),
         faults: tuple[dict[str, Any], ...] = (),
+        run: bool = True,
     ) -> None:
+        """`run=False` leaves the process to a later `start()` (e.g. after `seed_checkpoint`)."""
         self.root = root
         self.node = node
         self.kubeconfig = kubeconfig
@@ -52,7 +54,8 @@ class PluginProcess:
         )  # fmt: skip
         self.registry = root / "registry"
         self.kubelet = KubeletSim(self.registry)
-        self.start()
+        if run:
+            self.start()
 
     def start(self, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
@@ -86,6 +89,10 @@ class PluginProcess:
             self.proc.send_signal(signal.SIGTERM)
         try:
             rc = self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()  # no process outlives its test, however it failed
+            self.proc.wait()
+            raise
         finally:
             self.log.close()
         return rc
@@ -106,3 +113,35 @@ def unreachable_kubeconfig(path: Path) -> Path:
         )
     )  # fmt: skip
     return path
+
+
+def seed_checkpoint(p: PluginProcess, *, prepared: int, interrupted: int = 0) -> list[str]:
+    """Write the checkpoint a crashed plugin on `p`'s node would leave: `prepared` claims
+    recorded PrepareCompleted (each a MIG device not carved yet, so only housekeeping's claim
+    read concerns it) and `interrupted` ones in PrepareStarted (torn down at start, which
+    removes their finalizer through the API). Returns the claims' UIDs. Call before `start`."""
+    from driver.nvml import sim
+    from kubeletplugin.checkpoint import (
+        Checkpoint,
+        CheckpointStore,
+        ClaimRecord,
+        ClaimState,
+        DeviceRecord,
+    )
+
+    sim.configure(p.sim_config)
+    try:
+        gpu = sim.sim_snapshot()["gpus"][0]["uuid"]
+    finally:
+        sim.configure(None)
+    records = {}
+    for i in range(prepared + interrupted):
+        uid = f"00000000-0000-4000-8000-{i:012d}"
+        state = ClaimState.PREPARE_COMPLETED if i < prepared else ClaimState.PREPARE_STARTED
+        device = DeviceRecord(
+            f"gpu-0-mig-19-{i % 7}-1", ("r",), p.node, gpu, 0,
+            profile_id=19, placement_start=i % 7, placement_size=1,
+        )  # fmt: skip
+        records[uid] = ClaimRecord(uid, "default", f"claim-{i}", state, (device,), True)
+    CheckpointStore(p.root / "plugins" / DRIVER).save(Checkpoint(claims=records))
+    return list(records)
