@@ -118,8 +118,11 @@ def test_a_lost_gpu_is_isolated_and_the_other_keeps_working(e2e: E2E) -> None:
         e2e.pod("d", {"mig": {"resourceClaimTemplateName": "whole-7g"}})
         e2e.wait_phase("d", "Running")
         assert _gpu_of(e2e, "d") == 0  # and prepared there by the same plugin process
-        described = e2e.stack.kubectl("describe", "node", node.name, check=False).stdout
-        assert "GpuBack" in described
+        wait_for(
+            "the GpuBack event",
+            lambda: e2e.stack.kubectl("describe", "node", node.name, check=False).stdout,
+            until=lambda described: "GpuBack" in described,
+        )
     finally:
         _reset(node, 0)  # a no-op once done above: a reset GPU is not lost
 

@@ -108,12 +108,15 @@ def sim_crash_at(
     sim_inject_fault(op, kill=True, when=when, times=times, gpu=gpu, tag=tag)
 
 
-def sim_clear_faults() -> None:
-    """Disarm every fault and release every hung call."""
+def sim_clear_faults(*, gpu: int | None = None) -> None:
+    """Disarm every fault and release every hung call (those on GPU ``gpu`` only, with it)."""
 
     def body(cfg: SimConfig, state: HwState) -> None:
-        state.faults = []
-        state.hangs = []
+        if gpu is None:
+            state.faults, state.hangs = [], []
+            return
+        state.faults = [f for f in state.faults if f.get("gpu") != gpu]
+        state.hangs = [h for h in state.hangs if h.get("gpu") != gpu]
 
     admin(body)
 
