@@ -115,7 +115,7 @@ def _enum(where: str, value: Any, enum: type[StrEnum]) -> Any:
 
 def _byte_quantity(where: str, value: Any) -> int:
     """A byte count a user wrote, such as `10Gi` or `512M`: whole numbers with a byte suffix
-    only, unlike the API quantities `resourceslice.parse_quantity` reads back."""
+    only, unlike the API quantities `driver.quantity.parse_quantity` reads back."""
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
     m = _QUANTITY_RE.match(value) if isinstance(value, str) else None

@@ -581,6 +581,10 @@ def _say_what_next(
         f"Logs: {root / 'node-host.log'}, {host.get('controller_log')}, {root / 'cluster' / 'logs'}"
         + (f", {logs_of}" if logs_of else "")
     )
+    _say(
+        f"Make a GPU's NVML hang (then `answer`): {venv_bin / 'python'} -m nodesim gpu "
+        "demo-h100 0 hang; kubectl describe node demo-h100"
+    )
     _say("Stop everything: make demo-down   (or: .venv/bin/python -m nodesim down)")
 
 

@@ -308,6 +308,25 @@ class RealNode:
                     raise
         return done
 
+    def reboot(
+        self,
+        archives: Sequence[images.ImageArchive],
+        *,
+        while_down: Callable[[], None] = lambda: None,
+        timeout: float = 120.0,
+    ) -> None:
+        """What a reboot does to the node: every process dies (containers too), what lives in
+        memory or tmpfs is gone (containerd's state, the CDI specs under /var/run/cdi), and
+        what is on disk stays (the kubelet's and the plugin's checkpoints, images). Then its
+        units start again: containerd, the kubelet, carve's plugin. ``while_down`` runs in
+        between (the simulated GPUs' own reboot, a boot-time layout agent)."""
+        self.stop(delete=False)
+        for volatile in (self.layout.containerd_state, self.layout.cdi_dir):
+            shutil.rmtree(volatile, ignore_errors=True)
+        cleanup.claim_node_ip(self.layout.node_ip)
+        while_down()
+        self.start(archives, timeout)
+
     # -- helpers -------------------------------------------------------------------------------
 
     def _wait(self, proc: ManagedProcess, deadline: float, ready: Callable[[], bool]) -> None:

@@ -2,8 +2,12 @@
 
 Both binaries change objects that other writers change too (kube-scheduler, the
 kube-controller-manager, a second controller that still believes it leads, the controller and
-the node agents on the same claim's finalizers). Every such write goes through
-`read_modify_write`:
+the node agents on the same claim's finalizers). Such writes go through `read_modify_write`,
+with one exception in `controller.status`: the controller adds its finalizer to a claim by a
+strategic merge pinned to the uid, and removes that finalizer or its scheduling gate by a JSON
+patch whose `test` ops pin the uid and the entry at its index. Each touches only carve's own
+list entry, so it needs no resourceVersion and other writers' changes never conflict with it.
+The rest:
 
 1. derive the change from the current copy (`mutate`: None means nothing to write, a
    `WriteSkippedError` means the write no longer makes sense);

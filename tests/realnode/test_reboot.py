@@ -1,0 +1,108 @@
+"""A real node reboots under a running MIG claim (issue 45, item 3, the real-node tier).
+
+Everything of the node dies (containerd, the kubelet, the pod's container, carve's plugin);
+tmpfs goes (containerd's state, the CDI specs); the disks stay (the kubelet's and carve's
+checkpoints). The simulated GPUs come back empty under a new boot ID, and a boot-time layout
+agent re-creates an instance at the claim's placement before the node's units start. The real
+kubelet and containerd then meet carve's plugin again: the claim of the earlier boot is
+released, no CDI spec names its MIG UUID, the re-created instance is foreign (a Node event)
+and carve never destroys it, and the kubelet's unprepare of the pod, once deleted, succeeds.
+Before boot IDs and identity matching, the plugin adopted the re-created instance as the
+claim's and wrote its UUID into the claim's CDI spec.
+"""
+
+from __future__ import annotations
+
+import json
+
+from devcluster.waiting import wait_for
+from driver.naming import parse_device_name
+from driver.nvml import sim
+from driver.nvml.sim import LayoutInstance
+from kubeletplugin.checkpoint import FILE_NAME, decode
+from kubeletplugin.nodeevents import NODE_EVENT_NAMESPACE
+from tests.e2e.harness import profile_is, request
+from tests.realnode.harness import NODE_H, RealEnv
+
+
+def test_a_reboot_under_a_claim_releases_it_and_leaves_the_boot_layout_alone(
+    env: RealEnv,
+) -> None:
+    env.template("one-1g", [request("mig", [profile_is("1g.10gb")])])
+    env.pod("p", {"mig": {"resourceClaimTemplateName": "one-1g"}}, node=NODE_H, sleep=600)
+    env.wait_phase("p", "Running", timeout=90)
+    claim = env.claim_of("p", "mig")
+    uid = claim["metadata"]["uid"]
+    (result,) = env.results(claim)
+    place = parse_device_name(result["device"])
+    assert place.profile_id is not None and place.placement_start is not None
+    node = env.node_of(NODE_H)
+    checkpoint = node.layout.plugins_dir / node.driver / FILE_NAME
+    (device,) = decode(checkpoint.read_bytes()).claims[uid].devices
+    old_uuid = device.mig_uuid
+    assert old_uuid
+    recreated: list[str] = []
+
+    def the_gpus_reboot() -> None:
+        sim.configure(node.layout.sim_config)
+        try:
+            sim.sim_reboot()
+            recreated.extend(
+                sim.sim_boot_layout(
+                    [LayoutInstance(place.minor, place.profile_id, place.placement_start)]
+                )
+            )
+        finally:
+            sim.configure(None)
+
+    try:
+        node.reboot(env.real.archives, while_down=the_gpus_reboot)
+        (new_uuid,) = recreated
+        finalizer = env.stack.contract.node_finalizer(node.name)
+        wait_for(
+            "the claim of the earlier boot released by the node",
+            lambda: finalizer not in (env.claim_of("p", "mig")["metadata"].get("finalizers") or ()),
+            timeout=90,
+        )
+        assert uid not in decode(checkpoint.read_bytes()).claims
+        specs = "".join(p.read_text() for p in node.layout.cdi_dir.glob("*.json"))
+        assert old_uuid not in specs  # no spec names the MIG UUID of the earlier boot
+        wait_for("a ForeignMigInstance event on the Node", lambda: _foreign_events(env, node.name))
+        assert _live(env) == [new_uuid]
+
+        env.delete_pod("p")  # the kubelet's unprepare meets a claim the plugin already let go
+        env.wait_gone("p", timeout=120)
+        assert _live(env) == [new_uuid]  # never destroyed by carve
+    finally:
+        _destroy_as_the_admin(env)  # so that the node ends empty, as the teardown checks
+
+
+def _live(env: RealEnv) -> list[str | None]:
+    hw = env.node_of(NODE_H).hardware()
+    return [ci["uuid"] for g in hw["gpus"] for gi in g["gis"] for ci in gi["cis"]]
+
+
+def _foreign_events(env: RealEnv, node: str) -> list[dict[str, object]]:
+    from kubernetes import client
+
+    resp = client.EventsV1Api(env.stack.api).list_namespaced_event(
+        NODE_EVENT_NAMESPACE,
+        field_selector=f"regarding.kind=Node,regarding.name={node}",
+        _preload_content=False,
+    )
+    items: list[dict[str, object]] = json.loads(resp.data)["items"]
+    return [e for e in items if e.get("reason") == "ForeignMigInstance"]
+
+
+def _destroy_as_the_admin(env: RealEnv) -> None:
+    """`nvidia-smi mig -dci`, then `-dgi`, on the instances carve did not create."""
+    from driver.nvml.backend import NvmlBackend
+
+    sim.configure(env.node_of(NODE_H).layout.sim_config)
+    try:
+        with NvmlBackend(sim, proc_root=sim.sim_proc_root()) as b:
+            for gpu in b.gpus():
+                for inst in b.instances(gpu.uuid):
+                    b.destroy(gpu.uuid, inst.gi_id)
+    finally:
+        sim.configure(None)
