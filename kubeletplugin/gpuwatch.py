@@ -8,11 +8,13 @@ says so once: a Node event, the gauges, the taints of an unresponsive GPU's devi
 `gpus` line of /readyz. A GPU that answers again is handed back to the agent's parts
 (`on_back`), which publish it and finish what it interrupted.
 
-An unresponsive GPU's devices carry `<driver>/gpu-unresponsive=nvml-timeout:NoSchedule`, so
-neither carve's controller nor kube-scheduler allocates there while the call hangs; a device
-whose claim's prepare or unprepare is stuck there gets `NoExecute` instead, so that
-kube-controller-manager evicts its pod and the workload is placed elsewhere, as for an XID.
-A lost GPU is tainted by the health monitor (kubeletplugin.gpuhealth), which owns its reset.
+An unresponsive GPU's devices carry `<driver>/gpu-unresponsive=nvml-timeout:NoSchedule`, and a
+failing one's (published before it failed) `<driver>/gpu-unresponsive=nvml-error:NoSchedule`,
+so neither carve's controller nor kube-scheduler allocates there while NVML cannot be used on
+it; a device whose claim's prepare or unprepare is stuck there gets `NoExecute` instead, so
+that kube-controller-manager evicts its pod and the workload is placed elsewhere, as for an
+XID. A lost GPU is tainted by the health monitor (kubeletplugin.gpuhealth), which owns its
+reset.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ from kubeletplugin.nodeevents import NodeEvents
 log = logging.getLogger(__name__)
 
 UNRESPONSIVE_TAINT_VALUE = "nvml-timeout"
+FAILING_TAINT_VALUE = "nvml-error"
+# The kinds of unusable GPU this part taints, and the value that says which.
+_TAINT_VALUES = {"unresponsive": UNRESPONSIVE_TAINT_VALUE, "failing": FAILING_TAINT_VALUE}
 
 _EVENT_REASONS = {"lost": "GpuLost", "unresponsive": "GpuUnresponsive", "failing": "GpuFailing"}
 
@@ -122,9 +127,11 @@ class GpuWatch:
             )
         else:
             message = (
-                f"GPU index {index} cannot be read ({u.why}): carve leaves it out (not published, "
-                "no claim prepared on it) and the node's other GPUs keep working; it is tried "
-                "again every few seconds. Check it with nvidia-smi and dmesg"
+                f"GPU index {index} cannot be read ({u.why}): carve leaves it out (its devices "
+                f"are tainted {self._taint_key}={FAILING_TAINT_VALUE}:NoSchedule, or not "
+                "published if the plugin never read it; no claim is prepared on it) and the "
+                "node's other GPUs keep working; it is tried again every few seconds. Check it "
+                "with nvidia-smi and dmesg"
             )
         log.warning("GPU unusable", extra={"gpuIndex": index, "kind": u.kind, "why": u.why})
         self._events.event(type_="Warning", reason=_EVENT_REASONS[u.kind], message=message)
@@ -133,31 +140,35 @@ class GpuWatch:
         return self._backend.unusable()
 
     def taints(self) -> Mapping[str, tuple[Mapping[str, str], ...]]:
-        """GPU UUID -> the taints every device of an unresponsive GPU carries."""
-        taint = {"key": self._taint_key, "value": UNRESPONSIVE_TAINT_VALUE, "effect": "NoSchedule"}
+        """GPU UUID -> the taints every device of an unresponsive or failing GPU carries."""
         return {
-            u.uuid: (taint,)
+            u.uuid: (self._taint(u.kind, "NoSchedule"),)
             for u in self._backend.unusable().values()
-            if u.kind == "unresponsive" and u.uuid is not None
+            if u.kind in _TAINT_VALUES and u.uuid is not None
         }
+
+    def _taint(self, kind: str, effect: str) -> Mapping[str, str]:
+        return {"key": self._taint_key, "value": _TAINT_VALUES[kind], "effect": effect}
 
     def stuck_device_taints(
         self, checkpoint: Checkpoint
     ) -> Mapping[str, Mapping[DevicePlace, tuple[Mapping[str, str], ...]]]:
         """GPU UUID -> (profile id, placement start) -> NoExecute, for the MIG devices of
-        claims whose prepare or unprepare is unfinished on an unresponsive GPU."""
-        hung = {u.uuid for u in self._backend.unusable().values() if u.kind == "unresponsive"}
-        taint = {"key": self._taint_key, "value": UNRESPONSIVE_TAINT_VALUE, "effect": "NoExecute"}
+        claims whose prepare or unprepare is unfinished on an unresponsive or failing GPU."""
+        kinds = {
+            u.uuid: u.kind for u in self._backend.unusable().values() if u.kind in _TAINT_VALUES
+        }
         out: dict[str, dict[DevicePlace, tuple[Mapping[str, str], ...]]] = {}
         for record in checkpoint.claims.values():
             if record.state is ClaimState.PREPARE_COMPLETED:
                 continue
             for d in record.devices:
                 if (
-                    d.gpu_uuid in hung
+                    d.gpu_uuid in kinds
                     and d.profile_id is not None
                     and d.placement_start is not None
                 ):
+                    taint = self._taint(kinds[d.gpu_uuid], "NoExecute")
                     out.setdefault(d.gpu_uuid, {})[(d.profile_id, d.placement_start)] = (taint,)
         return out
 
