@@ -22,21 +22,21 @@ from driver.nvml.sim import LayoutInstance
 from kubeletplugin.checkpoint import FILE_NAME, decode
 from kubeletplugin.nodeevents import NODE_EVENT_NAMESPACE
 from tests.e2e.harness import profile_is, request
-from tests.realnode.harness import NODE_H, RealEnv
+from tests.realnode.harness import NODE_A, RealEnv
 
 
 def test_a_reboot_under_a_claim_releases_it_and_leaves_the_boot_layout_alone(
     env: RealEnv,
 ) -> None:
-    env.template("one-1g", [request("mig", [profile_is("1g.10gb")])])
-    env.pod("p", {"mig": {"resourceClaimTemplateName": "one-1g"}}, node=NODE_H, sleep=600)
+    env.template("one-1g", [request("mig", [profile_is("1g.5gb")])])
+    env.pod("p", {"mig": {"resourceClaimTemplateName": "one-1g"}}, node=NODE_A, sleep=600)
     env.wait_phase("p", "Running", timeout=90)
     claim = env.claim_of("p", "mig")
     uid = claim["metadata"]["uid"]
     (result,) = env.results(claim)
     place = parse_device_name(result["device"])
     assert place.profile_id is not None and place.placement_start is not None
-    node = env.node_of(NODE_H)
+    node = env.node_of(NODE_A)
     checkpoint = node.layout.plugins_dir / node.driver / FILE_NAME
     (device,) = decode(checkpoint.read_bytes()).claims[uid].devices
     old_uuid = device.mig_uuid
@@ -78,7 +78,7 @@ def test_a_reboot_under_a_claim_releases_it_and_leaves_the_boot_layout_alone(
 
 
 def _live(env: RealEnv) -> list[str | None]:
-    hw = env.node_of(NODE_H).hardware()
+    hw = env.node_of(NODE_A).hardware()
     return [ci["uuid"] for g in hw["gpus"] for gi in g["gis"] for ci in gi["cis"]]
 
 
@@ -98,7 +98,7 @@ def _destroy_as_the_admin(env: RealEnv) -> None:
     """`nvidia-smi mig -dci`, then `-dgi`, on the instances carve did not create."""
     from driver.nvml.backend import NvmlBackend
 
-    sim.configure(env.node_of(NODE_H).layout.sim_config)
+    sim.configure(env.node_of(NODE_A).layout.sim_config)
     try:
         with NvmlBackend(sim, proc_root=sim.sim_proc_root()) as b:
             for gpu in b.gpus():
