@@ -176,8 +176,7 @@ class NodePlugin:
         from kubeletplugin.mps import MpsControl, find_binary
         from kubeletplugin.mpspods import DaemonPods, PodSettings
 
-        opts = self.opts
-        pods = None
+        opts, pods = self.opts, None
         if opts.mps_daemon_image and opts.mps_daemon_namespace:
             pods = DaemonPods(
                 self.api,
@@ -187,6 +186,7 @@ class NodePlugin:
                     node_name=opts.node_name,
                     driver_name=opts.driver_name,
                     pull_policy=opts.mps_daemon_pull_policy,
+                    service_account=opts.mps_daemon_service_account or "",
                     driver_root=opts.driver_root,
                     dev_root=opts.dev_root,
                 ),

@@ -16,9 +16,14 @@ privileged for the same reason the plugin is: the daemon opens the GPU's device 
 claim's settings and says so (an Event on the claim); a kubelet restart would bring it back
 without them.
 
+It runs as ``--mps-daemon-service-account`` (the chart's ``carve-mps-daemon``, which holds no
+API rights) with no token mounted: a daemon needs no API.
+
 The plugin's service account may create, read and delete pods in its own namespace only, and
-a ValidatingAdmissionPolicy of the chart holds it to pods on its own node
-(deploy/helm/carve/templates/22-rbac-plugin-mps.yaml).
+a ValidatingAdmissionPolicy of the chart admits only this pod, field by field: on its own node,
+this image and command, that service account, no token, no env from secrets, only the host
+paths above, no host namespaces (deploy/helm/carve/templates/22-rbac-plugin-mps.yaml). A stolen
+plugin token cannot turn a daemon pod into a way off its node.
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ class PodSettings:
     node_name: str
     driver_name: str
     pull_policy: str = "IfNotPresent"
+    service_account: str = ""  # "": the namespace's default
     driver_root: Path = Path("/")
     dev_root: Path = Path("/")
     start_timeout: float = 120.0  # pulling the image may be part of it
@@ -121,6 +127,11 @@ class DaemonPods:
                 "restartPolicy": "Never",
                 "priorityClassName": self._settings.priority_class,
                 "tolerations": [{"operator": "Exists"}],
+                **(
+                    {"serviceAccountName": self._settings.service_account}
+                    if self._settings.service_account
+                    else {}
+                ),
                 "automountServiceAccountToken": False,
                 "enableServiceLinks": False,
                 "terminationGracePeriodSeconds": 5,

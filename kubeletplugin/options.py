@@ -139,6 +139,15 @@ MPS_DAEMON_NAMESPACE: Flag[str | None] = Flag(
     flags.optional_text,
     example="carve-system",
 )
+MPS_DAEMON_SERVICE_ACCOUNT: Flag[str | None] = Flag(
+    "mps-daemon-service-account",
+    "with --mps-daemon-image: the service account of the MPS daemon pods, one with no API "
+    "rights (the chart's carve-mps-daemon, which its admission policy requires); empty: the "
+    "namespace's default. No token is mounted either way",
+    "",
+    flags.optional_text,
+    example="carve-mps-daemon",
+)
 MPS_DAEMON_IMAGE_PULL_POLICY: Flag[str] = Flag(
     "mps-daemon-image-pull-policy",
     "with --mps-daemon-image: the pods' imagePullPolicy",
@@ -239,6 +248,7 @@ COMMAND_LINE = flags.CommandLine(
         DEV_ROOT,
         MPS_DAEMON_IMAGE,
         MPS_DAEMON_NAMESPACE,
+        MPS_DAEMON_SERVICE_ACCOUNT,
         MPS_DAEMON_IMAGE_PULL_POLICY,
         FATAL_XIDS,
         IGNORED_XIDS,
@@ -287,6 +297,7 @@ class Options:
     nvml_timeout: float | None = 20.0  # None: no deadline
     mps_daemon_image: str | None = None
     mps_daemon_namespace: str | None = None
+    mps_daemon_service_account: str | None = None
     mps_daemon_pull_policy: str = "IfNotPresent"
 
 
@@ -337,5 +348,6 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
         nvml_timeout=got[NVML_TIMEOUT] or None,
         mps_daemon_image=got[MPS_DAEMON_IMAGE],
         mps_daemon_namespace=got[MPS_DAEMON_NAMESPACE],
+        mps_daemon_service_account=got[MPS_DAEMON_SERVICE_ACCOUNT],
         mps_daemon_pull_policy=got[MPS_DAEMON_IMAGE_PULL_POLICY],
     )

@@ -214,7 +214,12 @@ def test_the_default_names_are_the_contracts(helm: Helm) -> None:
         assert "system:serviceaccount:carve-system:carve-kubelet-plugin" in text
     policy = one(docs, "ValidatingAdmissionPolicy", "carve-kubelet-plugin-own-node-finalizer")
     assert f"{default.driver}/" in json.dumps(policy)  # the node finalizer's domain
-    for name in ("carve-sole-allocator", "carve-claim-markers", "carve-placement-gate-owner"):
+    for name in (
+        "carve-sole-allocator",
+        "carve-claim-markers",
+        "carve-placement-gate-owner",
+        "carve-controller-pod-writes",
+    ):
         policy = one(docs, "ValidatingAdmissionPolicy", name)
         assert "system:serviceaccount:carve-system:carve-controller" in json.dumps(policy)
     off = helm.template("admissionGate.soleAllocator=false")
@@ -223,6 +228,7 @@ def test_the_default_names_are_the_contracts(helm: Helm) -> None:
         "carve-kubelet-plugin-own-node-slices",
         "carve-kubelet-plugin-own-node-pods",
         "carve-kubelet-plugin-own-node-finalizer",
+        "carve-controller-pod-writes",  # not the gate's: the controller's RBAC is there anyway
     }
 
 

@@ -35,6 +35,7 @@ CONTRACT = Contract("mig.privs.carve.dev")
 NAMESPACE = "carve-privs"
 PLUGIN = f"system:serviceaccount:{NAMESPACE}:carve-kubelet-plugin"
 CONTROLLER = f"system:serviceaccount:{NAMESPACE}:carve-controller"
+MPS_DAEMON = f"system:serviceaccount:{NAMESPACE}:carve-mps-daemon"
 SOMEONE = "system:serviceaccount:default:default"
 NOWHERE = {"carve.dev/test-no-such-node": "true"}
 
@@ -139,6 +140,10 @@ CAN_I_OWN_NAMESPACE: tuple[tuple[str, str, str, str, bool], ...] = (
     (PLUGIN, "patch", "pods", "", False),
     (PLUGIN, "create", "pods/exec", "", False),
     (PLUGIN, "get", "secrets", "", False),
+    # The daemons' own account: no API rights at all (issue 41.1).
+    (MPS_DAEMON, "get", "pods", "", False),
+    (MPS_DAEMON, "get", "secrets", "", False),
+    (MPS_DAEMON, "get", "resourceclaims.resource.k8s.io", "", False),
 )
 
 
@@ -316,6 +321,37 @@ def _daemon_pod(name: str, node: str) -> dict[str, Any]:
     }
 
 
+def _plugin_env(apps: client.AppsV1Api) -> dict[str, str]:
+    """The plugin's settings as the chart configured its DaemonSet (name -> literal value)."""
+    (ds,) = apps.list_namespaced_daemon_set(NAMESPACE).items
+    (container,) = ds.spec.template.spec.containers
+    return {e.name: e.value for e in container.env or () if e.value is not None}
+
+
+def _real_daemon_pod(env: dict[str, str], uid: str, node: str) -> dict[str, Any]:
+    """The pod kubeletplugin.mpspods builds for a claim, with the chart's settings."""
+    from kubeletplugin.checkpoint import MpsDaemon
+    from kubeletplugin.mpspods import DaemonPods, PodSettings
+
+    pods = DaemonPods(
+        None,  # type: ignore[arg-type]  (only `manifest` is called: no API)
+        PodSettings(
+            namespace=NAMESPACE,
+            image=env["CARVE_MPS_DAEMON_IMAGE"],
+            node_name=node,
+            driver_name=CONTRACT.driver,
+            service_account=env["CARVE_MPS_DAEMON_SERVICE_ACCOUNT"],
+        ),
+    )
+    top = f"/var/lib/kubelet/plugins/{CONTRACT.driver}/mps/{uid}"
+    d = pods.intent(MpsDaemon(f"{top}/pipe", f"{top}/log", ("MIG-1",)), uid)
+    return pods.manifest(
+        Path("/usr/bin/nvidia-cuda-mps-control"),
+        d,
+        {"CUDA_MPS_PIPE_DIRECTORY": f"{top}/pipe", "CUDA_VISIBLE_DEVICES": "MIG-1"},
+    )
+
+
 def test_a_plugin_may_run_daemon_pods_on_its_own_node_only(
     installed: Path,
     fake_node: Any,  # noqa: F811
@@ -323,33 +359,114 @@ def test_a_plugin_may_run_daemon_pods_on_its_own_node_only(
 ) -> None:
     here, there = fake_node(), fake_node()
     core = client.CoreV1Api(k8s_api)
+    env = _plugin_env(client.AppsV1Api(k8s_api))
     stand_in = _daemon_pod("plugin-stand-in-pods", here)
     stand_in["spec"]["serviceAccountName"] = "carve-kubelet-plugin"
     core.create_namespaced_pod(NAMESPACE, stand_in)
     elsewhere = "carve-mps-elsewhere"
     core.create_namespaced_pod(NAMESPACE, _daemon_pod(elsewhere, there))  # by an admin
     try:
-        api = api_client_for(installed)
-        cfg = api.configuration
-        cfg.api_key = {"authorization": f"Bearer {_token(core, 'plugin-stand-in-pods')}"}
-        cfg.cert_file = cfg.key_file = None
-        own = client.CoreV1Api(client.ApiClient(cfg))
-        own.create_namespaced_pod(NAMESPACE, _daemon_pod("carve-mps-here", here))
-        own.delete_namespaced_pod("carve-mps-here", NAMESPACE, grace_period_seconds=0)
+        own = client.CoreV1Api(_client_as(installed, _token(core, "plugin-stand-in-pods")))
+        own.create_namespaced_pod(NAMESPACE, _real_daemon_pod(env, "u-here", here))
+        own.delete_namespaced_pod("carve-mps-u-here", NAMESPACE, grace_period_seconds=0)
         for attempt in (
-            lambda: own.create_namespaced_pod(NAMESPACE, _daemon_pod("carve-mps-there", there)),
+            lambda: own.create_namespaced_pod(NAMESPACE, _real_daemon_pod(env, "u-there", there)),
             lambda: own.delete_namespaced_pod(elsewhere, NAMESPACE),
         ):
-            with pytest.raises(client.ApiException) as refused:
-                attempt()
-            assert refused.value.status == 403
-            assert (
+            _refused(
+                attempt,
                 f"carve-kubelet-plugin on node {here} may only create and delete pods bound to "
-                f"its own node, not to '{there}'"
-            ) in str(refused.value.body)
+                f"its own node, not to '{there}'",
+            )
     finally:
         for name in ("plugin-stand-in-pods", elsewhere):
             core.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0)
+
+
+def _as_controller(pod: dict[str, Any]) -> None:
+    pod["spec"]["serviceAccountName"] = "carve-controller"
+
+
+def _host_root(pod: dict[str, Any]) -> None:
+    pod["spec"]["volumes"].append({"name": "root", "hostPath": {"path": "/"}})
+
+
+def _token_mounted(pod: dict[str, Any]) -> None:
+    pod["spec"]["automountServiceAccountToken"] = True
+
+
+def _other_image(pod: dict[str, Any]) -> None:
+    pod["spec"]["containers"][0]["image"] = "evil.example/shell:1"
+
+
+def _shell(pod: dict[str, Any]) -> None:
+    pod["spec"]["containers"][0]["command"] = ["/bin/sh", "-c", "cat /var/run/secrets/*"]
+
+
+def _secret_env(pod: dict[str, Any]) -> None:
+    pod["spec"]["containers"][0]["env"].append(
+        {"name": "T", "valueFrom": {"secretKeyRef": {"name": "any", "key": "token"}}}
+    )
+
+
+def _projected_token(pod: dict[str, Any]) -> None:
+    pod["spec"]["volumes"].append(
+        {"name": "t", "projected": {"sources": [{"serviceAccountToken": {"path": "t"}}]}}
+    )
+
+
+def _host_network(pod: dict[str, Any]) -> None:
+    pod["spec"]["hostNetwork"] = True
+
+
+def _second_container(pod: dict[str, Any]) -> None:
+    pod["spec"]["containers"].append(
+        {"name": "side", "image": pod["spec"]["containers"][0]["image"]}
+    )
+
+
+def _misnamed(pod: dict[str, Any]) -> None:
+    pod["metadata"]["name"] = "innocent"
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (_as_controller, "spec.serviceAccountName: a daemon pod runs as carve-mps-daemon"),
+        (_host_root, "spec.volumes: a daemon pod mounts only host paths among /dev, "),
+        (_token_mounted, "spec.automountServiceAccountToken: a daemon pod mounts no token"),
+        (_other_image, "spec.containers[0].image: a daemon pod runs "),
+        (_shell, "spec.containers[0].command: a daemon pod runs the driver's"),
+        (_secret_env, "spec.containers[0].env: a daemon pod's environment is literal values"),
+        (_projected_token, "t (not a host path)"),
+        (_host_network, "spec: a daemon pod shares no host namespace"),
+        (_second_container, "spec.containers: a daemon pod has one container"),
+        (_misnamed, "metadata.name: a daemon pod is named carve-mps-CLAIM_UID, not innocent"),
+    ],
+)
+def test_a_plugin_may_create_only_the_daemon_pod_it_builds(
+    installed: Path,
+    fake_node: Any,  # noqa: F811
+    k8s_api: Any,  # noqa: F811
+    change: Any,
+    says: str,
+) -> None:
+    """Issue 41.1: before, the node check was the only one, so a plugin's token could run a pod
+    as carve-controller (and so hold its token), or mount the host's root, and both were
+    admitted."""
+    here = fake_node()
+    core = client.CoreV1Api(k8s_api)
+    env = _plugin_env(client.AppsV1Api(k8s_api))
+    stand_in = _daemon_pod("plugin-stand-in-daemon", here)
+    stand_in["spec"]["serviceAccountName"] = "carve-kubelet-plugin"
+    core.create_namespaced_pod(NAMESPACE, stand_in)
+    try:
+        own = client.CoreV1Api(_client_as(installed, _token(core, "plugin-stand-in-daemon")))
+        pod = _real_daemon_pod(env, "u-bad", here)
+        change(pod)
+        _refused(lambda: own.create_namespaced_pod(NAMESPACE, pod), says)
+    finally:
+        core.delete_namespaced_pod("plugin-stand-in-daemon", NAMESPACE, grace_period_seconds=0)
 
 
 MERGE = "application/merge-patch+json"
@@ -503,6 +620,89 @@ def test_the_controller_may_not_update_pods_or_claims_whole(
     finally:
         core.delete_namespaced_pod("whole", NAMESPACE, grace_period_seconds=0)
         _drop_claims(admin, "whole")
+
+
+STRATEGIC = "application/strategic-merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+
+
+@pytest.mark.parametrize(
+    ("patch", "content_type", "says"),
+    [
+        (
+            {"spec": {"containers": [{"name": "c", "image": "evil.example/miner:1"}]}},
+            STRATEGIC,
+            "spec.containers: carve-controller never changes a pod's containers",
+        ),
+        (
+            {"metadata": {"labels": {"app": "hijacked"}}},
+            MERGE,
+            "metadata.labels, metadata.finalizers, metadata.ownerReferences",
+        ),
+        (
+            {"metadata": {"annotations": {"example.com/owner": "someone"}}},
+            MERGE,
+            f"metadata.annotations: carve-controller changes only annotations under "
+            f"{CONTRACT.driver}/",
+        ),
+        (
+            [{"op": "add", "path": "/spec/tolerations/-", "value": {"operator": "Exists"}}],
+            JSON_PATCH,
+            "spec.tolerations, spec.activeDeadlineSeconds",
+        ),
+        (
+            {"spec": {"activeDeadlineSeconds": 1}},
+            MERGE,
+            "spec.tolerations, spec.activeDeadlineSeconds",
+        ),
+    ],
+)
+def test_the_controller_may_change_only_what_it_writes_in_a_pod(
+    installed: Path,
+    k8s_api: Any,  # noqa: F811
+    patch: Any,
+    content_type: str,
+    says: str,
+) -> None:
+    """Issue 41.2: before, the controller's token changed a workload's image in any namespace.
+    Each patch is one the apiserver's own pod validation allows (a 422 would prove nothing)."""
+    core = client.CoreV1Api(k8s_api)
+    as_controller = client.CoreV1Api(_client_as(installed, _token(core, None, "carve-controller")))
+    core.create_namespaced_pod("default", _gated_pod("workload"))
+    try:
+        _refused(
+            lambda: as_controller.patch_namespaced_pod(
+                "workload", "default", patch, _content_type=content_type
+            ),
+            says,
+        )
+    finally:
+        core.delete_namespaced_pod("workload", "default", grace_period_seconds=0)
+
+
+def test_the_controller_still_pins_ungates_and_annotates_its_pods(
+    installed: Path,
+    k8s_api: Any,  # noqa: F811
+) -> None:
+    core = client.CoreV1Api(k8s_api)
+    as_controller = client.CoreV1Api(_client_as(installed, _token(core, None, "carve-controller")))
+    core.create_namespaced_pod("default", _gated_pod("placed"))
+    try:
+        mine = {"metadata": {"annotations": {f"{CONTRACT.driver}/note": "x"}}}
+        as_controller.patch_namespaced_pod("placed", "default", mine, _content_type=MERGE)
+        pinned = {
+            "spec": {
+                "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchFields": [
+                        {"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]}}},
+                "schedulingGates": [],
+            }
+        }  # fmt: skip
+        as_controller.patch_namespaced_pod("placed", "default", pinned, _content_type=MERGE)
+        pod = core.read_namespaced_pod("placed", "default")
+        assert not pod.spec.scheduling_gates and pod.spec.affinity.node_affinity is not None
+    finally:
+        core.delete_namespaced_pod("placed", "default", grace_period_seconds=0)
 
 
 def _gated_pod(name: str) -> dict[str, Any]:

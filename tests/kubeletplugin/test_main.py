@@ -79,10 +79,12 @@ def test_mps_daemons_run_in_pods_only_when_given_an_image_and_a_namespace() -> N
         {
             "CARVE_MPS_DAEMON_NAMESPACE": "carve-system",
             "CARVE_MPS_DAEMON_IMAGE_PULL_POLICY": "Never",
+            "CARVE_MPS_DAEMON_SERVICE_ACCOUNT": "carve-mps-daemon",
         },
     )
     assert (pods.mps_daemon_image, pods.mps_daemon_namespace) == ("carve:1", "carve-system")
     assert pods.mps_daemon_pull_policy == "Never"
+    assert pods.mps_daemon_service_account == "carve-mps-daemon"
 
 
 def test_switches_take_a_bare_flag_or_a_value() -> None:

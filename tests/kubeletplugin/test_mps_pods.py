@@ -53,7 +53,15 @@ class Env:
         files = discover(driver, version=self.node.backend.gpus()[0].driver_version, hook_dirs=())
         pods = DaemonPods(
             api,
-            PodSettings(NAMESPACE, IMAGE, NODE, DRIVER, driver_root=driver, start_timeout=30),
+            PodSettings(
+                NAMESPACE,
+                IMAGE,
+                NODE,
+                DRIVER,
+                driver_root=driver,
+                start_timeout=30,
+                service_account="carve-mps-daemon",
+            ),
             gone_timeout=5,
         )
         self.mps = MpsControl(
@@ -122,6 +130,7 @@ def test_a_claims_daemon_runs_in_a_pod_of_its_own_on_this_node(env: Env, tmp_pat
     spec = pod["spec"]
     assert spec["nodeName"] == NODE and spec["restartPolicy"] == "Never"
     assert spec["automountServiceAccountToken"] is False
+    assert spec["serviceAccountName"] == "carve-mps-daemon"
     assert pod["metadata"]["labels"]["app.kubernetes.io/name"] == APP
     assert pod["metadata"]["labels"][f"{DRIVER}/claim-uid"] == ref.uid
     (container,) = spec["containers"]
