@@ -242,6 +242,12 @@ class ControllerMetrics:
             "overlapping slices); carve places nothing on them until it is resolved.",
             registry=r,
         )
+        self.duplicate_gpus = Gauge(
+            "carve_duplicate_gpus",
+            "GPU UUIDs published by two nodes; carve counts each on the node that published it "
+            "first (controller.duplicategpus).",
+            registry=r,
+        )
         # Every request the process sends (process.kube.requestcount): what a placement and a
         # release cost the apiserver, by verb and resource, and how many answered an error.
         self.api_requests = Counter(
@@ -272,6 +278,9 @@ class ControllerMetrics:
 
     def set_conflicts(self, gpus: int) -> None:
         self.conflicts.set(gpus)
+
+    def set_duplicate_gpus(self, gpus: int) -> None:
+        self.duplicate_gpus.set(gpus)
 
     def update_usage(self, stores: Mapping[Kind, Mapping[str, Obj]], driver: str) -> SliceUsage:
         if self._usage_index is None or self._usage_index.driver != driver:

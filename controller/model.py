@@ -171,6 +171,10 @@ class ClusterModel:
         self._bucket_of: dict[str, BucketKey] = {}
         self._busy_nodes: set[str] = set()
         self.problems: dict[str, Problem] = {}
+        # What each node publishes, GPUs shadowed by another node's included, and the GPU
+        # UUIDs several nodes publish: (uuid, a node ignored) -> the node it counts on.
+        self._published: dict[str, list[GpuInventory]] = {}
+        self.duplicate_gpus: dict[tuple[str, str], str] = {}
         self.version = 0
         """Bumped on every change that can alter a placement decision."""
 
@@ -215,15 +219,38 @@ class ClusterModel:
     # GPUs
 
     def set_node_gpus(self, node: str, gpus: Iterable[GpuInventory]) -> None:
-        """Replace what ``node`` publishes (its ResourceSlices changed)."""
-        for uuid in list(self._node_gpus.get(node, ())):
-            self._drop_gpu(uuid)
-        ordered = sorted(gpus, key=lambda g: g.uuid)
-        for g in ordered:
+        """Replace what ``node`` publishes (its ResourceSlices changed).
+
+        A GPU UUID is one physical GPU, so it counts on one node only: the node that published
+        it first keeps it, and another node's publication of it is ignored (`duplicate_gpus`,
+        which the controller reports) until the first lets it go. A node that publishes
+        another's UUIDs, by mistake or by malice, so cannot remove that node's GPUs."""
+        published = list(gpus)
+        for g in published:
             if g.node != node:
                 raise ValueError(f"GPU {g.uuid} belongs to node {g.node}, not {node}")
-            if g.uuid in self.gpus:  # moved from another node: the newer publication wins
-                self._drop_gpu(g.uuid)
+        released = set(self._node_gpus.get(node, ()))
+        self._published[node] = published
+        if not published:
+            del self._published[node]
+        self._place_node_gpus(node, published)
+        released -= set(self._node_gpus.get(node, ()))
+        # A GPU this node gave up that other nodes also publish counts on one of them now.
+        for claimant in sorted({c for (u, c) in self.duplicate_gpus if u in released}):
+            self._place_node_gpus(claimant, self._published.get(claimant, []))
+
+    def _place_node_gpus(self, node: str, published: list[GpuInventory]) -> None:
+        for uuid in list(self._node_gpus.get(node, ())):
+            self._drop_gpu(uuid)
+        for shadowed in [k for k in self.duplicate_gpus if k[1] == node]:
+            del self.duplicate_gpus[shadowed]
+        ordered = []
+        for g in sorted(published, key=lambda g: g.uuid):
+            holder = self.gpus.get(g.uuid)
+            if holder is not None:
+                self.duplicate_gpus[(g.uuid, node)] = holder.node
+                continue
+            ordered.append(g)
         self._node_gpus[node] = [g.uuid for g in ordered]
         if not ordered:
             del self._node_gpus[node]

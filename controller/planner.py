@@ -668,6 +668,10 @@ class EnginePlanner:
         self.flush()  # a slice change can resolve a hold onto a contested device
         return self.model.problems
 
+    def duplicate_gpus(self) -> Mapping[tuple[str, str], str]:
+        """(GPU UUID, a node whose publication of it is ignored) -> the node it counts on."""
+        return self.model.duplicate_gpus
+
     def withdrawn(self, pod: Obj) -> None:
         """The plan's writes failed: the pod's requests count on no node until it is placed."""
         key = key_of(pod)

@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from controller.commit import Committer
 from controller.config import ReconcilerConfig
 from controller.conflicts import ConflictReporter
+from controller.duplicategpus import DuplicateGpuReporter
 from controller.extended_resources import asks_carve_resources, resource_classes
 from controller.lookup import ClaimLookup
 from controller.memory import PodMemory
@@ -213,6 +214,9 @@ class Reconciler:
             clock=self._clock,
             interval=cfg.event_interval,
         )
+        self._duplicates = DuplicateGpuReporter(
+            recorder=recorder, metrics=self._metrics, clock=self._clock, interval=cfg.event_interval
+        )
         self._carve_hold = CarveHold(
             memory=memory,
             writer=writer,
@@ -326,6 +330,7 @@ class Reconciler:
         if not self._is_leader():
             return
         self._conflicts.report(self._planner.problems())
+        self._duplicates.report(self._planner.duplicate_gpus())
         self._releaser.mark_all(self._lost.node_pass())
         self._releaser.release_pass()
         self._place_pass()
@@ -489,6 +494,9 @@ class _NullMetrics:
         return None
 
     def set_conflicts(self, gpus: int) -> None:
+        return None
+
+    def set_duplicate_gpus(self, gpus: int) -> None:
         return None
 
 

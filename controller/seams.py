@@ -58,6 +58,11 @@ class Planner(Protocol):
         which the engine builds nothing (`controller.conflicts` tells the user)."""
         ...
 
+    def duplicate_gpus(self) -> Mapping[tuple[str, str], str]:
+        """GPU UUIDs several nodes publish: (uuid, a node ignored) -> the node it counts on
+        (`controller.duplicategpus` tells both)."""
+        ...
+
 
 class PreemptionHook(Protocol):
     """Called for a pod that fits nowhere (`controller.preemption.preemptor.Preemptor`): may evict
@@ -91,6 +96,8 @@ class Metrics(Protocol):
     def count_outcome(self, outcome: str) -> None: ...
 
     def set_conflicts(self, gpus: int) -> None: ...
+
+    def set_duplicate_gpus(self, gpus: int) -> None: ...
 
 
 class ClaimWriter(Protocol):

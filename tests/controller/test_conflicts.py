@@ -56,6 +56,9 @@ class _Metrics:
     def set_conflicts(self, gpus: int) -> None:
         self.conflicts.append(gpus)
 
+    def set_duplicate_gpus(self, gpus: int) -> None:
+        pass
+
 
 def _reconciler(metrics: Any, now: list[float]) -> tuple[Reconciler, ListRecorder]:
     recorder = ListRecorder()

@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controller.claims import ClaimHold, ClaimKey
-from controller.model import WHOLE_GPU, ClusterModel, inventories_from_slices
+from controller.model import WHOLE_GPU, ClusterModel, GpuInventory, inventories_from_slices
 from controller.nodefit import NodeInfo
 from driver.allocation import AllocatedDevice
 from driver.catalog import gpu_model
@@ -239,3 +241,70 @@ def test_a_whole_gpu_request_goes_only_where_one_is_offered_and_says_why_not() -
     got = placed(place(engine_for(model), "p", claim("w", whole)))
     (choice,) = got.choices
     assert (got.node, choice.device) == ("n2", "gpu-1")
+
+
+# -- one GPU UUID, one node (issue 41.3) ----------------------------------------------------------
+
+
+def _stolen(uuid_of: str, minor: int, thief: str) -> GpuInventory:
+    """Node `thief` publishing the GPU of node `uuid_of` at `minor` (its UUID, its devices)."""
+    return replace(build_gpu(uuid_of, minor, A100), node=thief, pool=thief)
+
+
+def test_a_node_publishing_another_nodes_gpu_uuid_does_not_remove_that_gpu() -> None:
+    """Before, the newer publication won: the victim's GPU left the model."""
+    model = ClusterModel()
+    victim = build_gpu("victim", 0, A100)
+    model.set_node_gpus("victim", [victim])
+    model.hold(hold("a", "victim", "gpu-0-mig-3g40gb-9-4"))
+    model.set_node_gpus("thief", [_stolen("victim", 0, "thief"), build_gpu("thief", 1, A100)])
+    assert model.gpus[victim.uuid].node == "victim"
+    assert model.gpus[victim.uuid].occupancy.state.instances == ((9, 4),)
+    assert {g.uuid for g in model.gpus_on("thief")} == {"GPU-thief-1"}
+    assert model.duplicate_gpus == {(victim.uuid, "thief"): "victim"}
+
+    model.set_node_gpus("victim", [victim])  # republishing keeps it on the victim
+    assert model.gpus[victim.uuid].node == "victim"
+    model.set_node_gpus("thief", [build_gpu("thief", 1, A100)])
+    assert model.duplicate_gpus == {}
+
+
+def test_a_gpu_given_up_by_its_node_counts_where_it_is_also_published() -> None:
+    """A GPU that really moved (its old node's slices go later) is not lost for good."""
+    model = ClusterModel()
+    model.set_node_gpus("old", [build_gpu("old", 0, A100)])
+    model.set_node_gpus("new", [_stolen("old", 0, "new")])
+    assert model.duplicate_gpus == {("GPU-old-0", "new"): "old"}
+    model.set_node_gpus("old", [])
+    assert model.gpus["GPU-old-0"].node == "new" and model.duplicate_gpus == {}
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["n0", "n1", "n2"]), st.sets(st.integers(0, 3), max_size=3)),
+        max_size=12,
+    )
+)
+def test_every_published_uuid_counts_once_on_a_node_that_publishes_it(
+    publications: list[tuple[str, set[int]]],
+) -> None:
+    """GPU k is `GPU-shared-k` whichever node publishes it: nodes fight over the same UUIDs."""
+    model = ClusterModel()
+    now: dict[str, set[int]] = {}
+    for node, ks in publications:
+        model.set_node_gpus(node, [_stolen("shared", k, node) for k in sorted(ks)])
+        now[node] = ks
+        published = {f"GPU-shared-{k}": {n for n, s in now.items() if k in s} for k in range(4)}
+        for uuid, publishers in published.items():
+            if not publishers:
+                assert uuid not in model.gpus
+                continue
+            holder = model.gpus[uuid].node
+            assert holder in publishers
+            ignored = {c for (u, c) in model.duplicate_gpus if u == uuid}
+            assert ignored == publishers - {holder}  # every other publisher is told
+        for (uuid, claimant), holder in model.duplicate_gpus.items():
+            assert model.gpus[uuid].node == holder and holder != claimant
+        counted = [u for n in model.gpu_nodes() for u in (g.uuid for g in model.gpus_on(n))]
+        assert len(counted) == len(set(counted)) == len(model.gpus)

@@ -121,6 +121,8 @@ class _Depth:
 
     def set_conflicts(self, gpus: int) -> None: ...
 
+    def set_duplicate_gpus(self, gpus: int) -> None: ...
+
 
 def test_pods_held_by_a_queue_are_not_counted_as_pending_for_carve() -> None:
     metrics = _Depth()

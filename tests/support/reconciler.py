@@ -116,6 +116,9 @@ class FirstFitPlanner:
     def problems(self) -> dict[str, Any]:
         return {}
 
+    def duplicate_gpus(self) -> dict[tuple[str, str], str]:
+        return {}
+
     def used(self) -> set[tuple[str, str]]:
         out = set()
         for c in self.claims.values():
