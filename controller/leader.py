@@ -10,7 +10,13 @@ The algorithm is the one client-go uses, written for this controller:
   `renew_deadline`, which is shorter than `lease_duration`: it stops writing before anyone else may
   take over;
 - every lease request times out after `renew_deadline` (client-go bounds each renewal by it),
-  so a half-open connection cannot keep the election thread from noticing that it lost.
+  so a half-open connection cannot keep the election thread from noticing that it lost;
+- a renewal counts from the moment its round began, before any request was sent, never from
+  when the answer came: others measure the lease from when they saw it change, which is after
+  the write was sent, so a late answer cannot stretch our term past theirs;
+- a leader whose decision loop has stopped making progress (`alive`, the loop's heartbeat)
+  stops renewing and says so: a wedged loop must not keep the lease, which would stop every
+  placement in the cluster while the process looks alive.
 
 `is_leader()` is the fence that the reconciler and the claim writer check before each write.
 
@@ -78,8 +84,11 @@ class LeaderElector:
         *,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+        alive: Callable[[], str] = lambda: "",
     ) -> None:
+        """`alive`: "" while the work the lease guards makes progress, else why not."""
         self._api = api
+        self._alive = alive
         self._cfg = config
         self._path = (
             f"/apis/coordination.k8s.io/v1/namespaces/{config.namespace}/leases/{config.name}"
@@ -121,6 +130,7 @@ class LeaderElector:
 
     def _one_round(self) -> bool:
         cfg = self._cfg
+        started = self._clock()  # a renewal counts from here (see the module)
         now_wall = micro_time(self._wall())
         try:
             lease = self._api.request("GET", self._path, timeout=self._timeout)
@@ -141,7 +151,7 @@ class LeaderElector:
             except Exception as create_exc:
                 _log.info("creating lease failed (%s); another candidate won", create_exc)
                 return False
-            self._won()
+            self._won(started)
             return True
         spec = lease.get("spec") or {}
         if spec != self._observed_spec:
@@ -158,7 +168,7 @@ class LeaderElector:
             return False
         self._observed_spec = fresh.get("spec") or {}
         self._observed_at = self._clock()
-        self._won()
+        self._won(started)
         return True
 
     def _spec_for(self, current: Obj, now_wall: str) -> Obj:
@@ -173,10 +183,10 @@ class LeaderElector:
             "leaseTransitions": transitions if ours or not current else transitions + 1,
         }
 
-    def _won(self) -> None:
+    def _won(self, started: float) -> None:
         if self._last_renew is None:
             _log.info("became leader as %s", self._cfg.identity)
-        self._last_renew = self._clock()
+        self._last_renew = started
 
     # -- loop ------------------------------------------------------------------------------------
 
@@ -190,6 +200,14 @@ class LeaderElector:
             return
         on_started()
         while not self._stop.wait(self._cfg.retry_period_s):
+            stalled = self._alive()
+            if stalled:
+                # Not released: writes of this term may still be in flight; it expires.
+                _log.error("giving up the lease: %s", stalled)
+                self._fenced = True
+                self._last_renew = None
+                on_stopped()
+                return
             self.try_acquire_or_renew()
             if not self._holds() and not self._stop.is_set():
                 _log.error("lost the lease (could not renew within the renew deadline)")

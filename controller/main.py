@@ -31,6 +31,7 @@ from controller.config import ReconcilerConfig
 from controller.events import KubeRecorder
 from controller.informers import Informer, InformerConfig, standard_informers, start_informers
 from controller.leader import LeaderElector, LeaseConfig
+from controller.liveness import LoopLiveness
 from controller.metrics import ControllerMetrics
 from controller.objects import CarveClasses, Kind
 from controller.placement import DEFAULT_POLICY, Policy
@@ -305,16 +306,22 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
 
 
 def serve_http(
-    address: str, metrics: ControllerMetrics, unsynced: Callable[[], Sequence[str]]
+    address: str,
+    metrics: ControllerMetrics,
+    unsynced: Callable[[], Sequence[str]],
+    liveness: Callable[[], str] = lambda: "",
 ) -> OpsServer:
     """Start the ops endpoints; /readyz names the one thing that gates the controller, and
-    which kinds are still being listed (a kind that never syncs is an RBAC or API gap)."""
+    which kinds are still being listed (a kind that never syncs is an RBAC or API gap);
+    /healthz fails while the decision loop is stuck (`controller.liveness`)."""
 
     def informers() -> str:
         waiting = unsynced()
         return f"informers not synced yet: {', '.join(waiting)}" if waiting else ""
 
-    server = OpsServer(address, metrics.registry, {"informers": informers})
+    server = OpsServer(
+        address, metrics.registry, {"informers": informers}, liveness={"decisions": liveness}
+    )
     server.start()
     return server
 
@@ -368,6 +375,7 @@ class Controller:
         kube = KubeJson(api_client, request_timeout=opts.request_timeout)
         self.stop_event = threading.Event()
         self.exit_code = 0
+        self.liveness = LoopLiveness()
         contract = Contract(opts.driver_name)
         self.config = ReconcilerConfig(
             contract=contract,
@@ -380,7 +388,8 @@ class Controller:
         )
         self.elector: LeaderElector | None = None
         if opts.lease is not None:
-            self.elector = LeaderElector(kube, opts.lease)  # each call bounded by its deadline
+            # each call bounded by its deadline; no renewal while the loop is stuck
+            self.elector = LeaderElector(kube, opts.lease, alive=self.liveness.check)
         fence = self.elector.is_leader if self.elector else (lambda: True)
         self.writer = KubeClaimWriter(kube, contract=contract, fence=fence)
         self.recorder = KubeRecorder(
@@ -438,7 +447,9 @@ class Controller:
 
     def run(self) -> int:
         if self.opts.http_address:
-            self._http = serve_http(self.opts.http_address, self.metrics, self.unsynced)
+            self._http = serve_http(
+                self.opts.http_address, self.metrics, self.unsynced, self.liveness.check
+            )
         start_informers(self.informers, time.monotonic)
         if self.elector is not None:
             elector = self.elector
@@ -454,6 +465,7 @@ class Controller:
         next_usage = 0.0
         frozen = False
         while not self.stop_event.is_set():
+            self.liveness.beat()
             try:
                 self.reconciler.step(timeout=0.5)
                 now = time.monotonic()

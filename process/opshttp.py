@@ -1,7 +1,9 @@
 """/healthz, /readyz and /metrics, served the same way by every carve process.
 
-Liveness (/healthz) says only that the process can answer: restarting a component because the
-apiserver is down would not help. Readiness (/readyz) reports each check by name, so
+Liveness (/healthz) says that the process can answer and, with `liveness` checks, that its
+own work still makes progress (the controller's decision loop): restarting a component because
+the apiserver is down would not help, so no check of another component's belongs there.
+Readiness (/readyz) reports each check by name, so
 `curl /readyz` tells an operator what is wrong (for the node agent: kubelet registration,
 apiserver reachability, start-up reconcile, ResourceSlice publication; for the controller:
 informer sync). One implementation keeps probes, scrape content type and query-string handling
@@ -40,9 +42,11 @@ class OpsServer:
         checks: Mapping[str, ReadinessCheck],
         *,
         reports: Mapping[str, ReadinessCheck] | None = None,
+        liveness: Mapping[str, ReadinessCheck] | None = None,
     ) -> None:
         host, _, port = address.rpartition(":")
         self._registry = registry
+        self._liveness = dict(liveness or {})
         self._checks = dict(checks)
         self._reports = dict(reports or {})
         handler = self._handler()
@@ -83,7 +87,12 @@ class OpsServer:
             def do_GET(self) -> None:
                 path = self.path.split("?")[0]
                 if path == "/healthz":
-                    self._send(200, b"ok\n")
+                    stuck = {n: r for n, r in _run(server._liveness).items() if r}
+                    if stuck:
+                        text = "".join(f"[-]{n} {r}\n" for n, r in stuck.items())
+                        self._send(503, text.encode())
+                    else:
+                        self._send(200, b"ok\n")
                 elif path == "/readyz":
                     results = server.readiness()
                     lines = [

@@ -8,10 +8,15 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
+import threading
+import time
+from typing import Any
 
 import pytest
 
 from controller.leader import LeaderElector, LeaseConfig, may_take
+from controller.liveness import LoopLiveness
+from devcluster.waiting import wait_for
 from tests.support.lease import LeaseResponse, LeaseStore
 
 
@@ -102,3 +107,64 @@ def test_release_lets_successor_in_without_waiting() -> None:
 def test_inconsistent_timings_are_refused() -> None:
     with pytest.raises(ValueError, match="renew deadline"):
         LeaseConfig(lease_duration_s=10, renew_deadline_s=10, retry_period_s=2)
+
+
+class _SlowWrites(LeaseStore):
+    """Every write is applied at once, and answered `delay` seconds of `clock` later."""
+
+    def __init__(self, clock: Clock, delay: float) -> None:
+        super().__init__()
+        self._clock, self._delay = clock, delay
+
+    def request(self, method: str, path: str, **kw: Any) -> Any:
+        answer = super().request(method, path, **kw)
+        if method in ("PUT", "POST"):
+            self._clock.t += self._delay
+        return answer
+
+
+def test_a_renewal_counts_from_when_it_was_sent_not_when_it_was_answered() -> None:
+    """Before, a renewal answered 9 s late fenced 10 s after the answer: the standby, which
+    saw the write at once, may take the lease 15 s after it, so both led for 4 s."""
+    clock = Clock()
+    store = _SlowWrites(clock, delay=9.0)
+    a, b = _elector(store, clock, "a"), _elector(store, clock, "b")
+    sent = clock.t
+    assert a.try_acquire_or_renew()  # answered at sent + 9
+    assert not b.try_acquire_or_renew()  # b sees the new record now (sent + 9)
+    clock.t = sent + 10
+    assert not a.is_leader()  # fenced 10 s after sending, before b may take it
+    clock.t = sent + 9 + 15
+    assert b.try_acquire_or_renew()
+
+
+def test_a_stuck_decision_loop_gives_the_lease_up() -> None:
+    store = LeaseStore()
+    cfg = LeaseConfig(identity="a", lease_duration_s=0.6, renew_deadline_s=0.4, retry_period_s=0.01)
+    stuck = {"why": ""}
+    a = LeaderElector(store, cfg, alive=lambda: stuck["why"])
+    stopped = threading.Event()
+    runner = threading.Thread(target=a.run, args=(lambda: None, stopped.set), daemon=True)
+    runner.start()
+    wait_for("a to lead", a.is_leader, timeout=5, interval=0.01)
+    assert store.lease is not None
+    stuck["why"] = "the decision loop has made no progress for 61s"
+    assert stopped.wait(5)
+    runner.join(5)
+    assert not a.is_leader()
+    last = store.lease["metadata"]["resourceVersion"]
+    time.sleep(0.05)  # several retry periods: no renewal after giving up
+    assert store.lease["metadata"]["resourceVersion"] == last
+    assert store.lease["spec"]["holderIdentity"] == "a"  # left to expire, not released
+
+
+def test_the_loop_heartbeat() -> None:
+    clock = Clock()
+    live = LoopLiveness(stall_s=60, clock=clock)
+    assert live.check() == ""
+    clock.t += 59
+    assert live.check() == ""
+    clock.t += 2
+    assert "no progress for 61s (limit 60s)" in live.check()
+    live.beat()
+    assert live.check() == ""

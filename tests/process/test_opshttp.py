@@ -110,3 +110,20 @@ def test_checks_handed_over_after_start_replace_the_start_up_check() -> None:
         assert _get(f"{base}/readyz")[::2] == (503, "[+]startup ok\n[-]api apiserver unreachable\n")
     finally:
         server.stop()
+
+
+def test_healthz_fails_while_a_liveness_check_says_the_work_is_stuck() -> None:
+    """The controller's decision loop (issue 41.6): a wedged loop must not look alive."""
+    stuck = {"decisions": ""}
+    server = OpsServer("127.0.0.1:0", CollectorRegistry(), {},
+                       liveness={"decisions": lambda: stuck["decisions"]})  # fmt: skip
+    server.start()
+    try:
+        assert _get(f"http://127.0.0.1:{server.port}/healthz")[::2] == (200, "ok\n")
+        stuck["decisions"] = "no progress for 61s"
+        code, _, body = _get(f"http://127.0.0.1:{server.port}/healthz")
+        assert (code, body) == (503, "[-]decisions no progress for 61s\n")
+        stuck["decisions"] = ""
+        assert _get(f"http://127.0.0.1:{server.port}/healthz")[0] == 200
+    finally:
+        server.stop()
