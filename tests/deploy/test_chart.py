@@ -219,6 +219,7 @@ def test_the_default_names_are_the_contracts(helm: Helm) -> None:
         "carve-claim-markers",
         "carve-placement-gate-owner",
         "carve-controller-pod-writes",
+        "carve-leader-fence",
     ):
         policy = one(docs, "ValidatingAdmissionPolicy", name)
         assert "system:serviceaccount:carve-system:carve-controller" in json.dumps(policy)
@@ -229,6 +230,7 @@ def test_the_default_names_are_the_contracts(helm: Helm) -> None:
         "carve-kubelet-plugin-own-node-pods",
         "carve-kubelet-plugin-own-node-finalizer",
         "carve-controller-pod-writes",  # not the gate's: the controller's RBAC is there anyway
+        "carve-leader-fence",  # with leader election (two replicas by default)
     }
 
 
@@ -439,3 +441,18 @@ def test_optional_parts(helm: Helm) -> None:
 
 def _canonical(doc: dict[str, Any]) -> str:
     return json.dumps(doc, sort_keys=True)
+
+
+def test_the_leader_fence_comes_with_leader_election_only(helm: Helm) -> None:
+    """One replica has no Lease to check a write against (issue 41.4)."""
+    names = {
+        d["metadata"]["name"]
+        for d in by_kind(helm.template("controller.replicas=1"), "ValidatingAdmissionPolicy")
+    }
+    assert "carve-leader-fence" not in names
+    binding = one(helm.template(), "ValidatingAdmissionPolicyBinding", "carve-leader-fence")
+    assert binding["spec"]["paramRef"] == {
+        "name": "carve-controller",
+        "namespace": "carve-system",
+        "parameterNotFoundAction": "Allow",
+    }

@@ -26,6 +26,7 @@ from devcluster.pytest_plugin import (  # noqa: F401  (fixtures, used by name)
     k8s_api,
     node_heartbeater,
 )
+from devcluster.waiting import wait_for
 from driver.contract import Contract
 from tests.support.helm import CHART, Helm
 
@@ -769,6 +770,75 @@ def test_only_the_controller_removes_the_gate_and_allocates_carves_claims(
     finally:
         core.delete_namespaced_pod("gated", NAMESPACE, grace_period_seconds=0)
         _drop_claims(admin, "carves")
+
+
+def _controller_pod(name: str) -> dict[str, Any]:
+    pod = _gated_pod(name)
+    pod["metadata"]["namespace"] = NAMESPACE
+    pod["spec"]["serviceAccountName"] = "carve-controller"
+    return pod
+
+
+def _set_lease_holder(coordination: client.CoordinationV1Api, holder: str) -> None:
+    lease = {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": "carve-controller", "namespace": NAMESPACE},
+        "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15},
+    }
+    try:
+        coordination.create_namespaced_lease(NAMESPACE, lease)
+    except client.ApiException as exc:
+        if exc.status != 409:
+            raise
+        coordination.patch_namespaced_lease(
+            "carve-controller", NAMESPACE, {"spec": {"holderIdentity": holder}}
+        )
+
+
+def test_only_the_lease_holder_writes_allocations(installed: Path, k8s_api: Any) -> None:  # noqa: F811
+    """Issue 41.4: a leader SIGKILLed with an allocation write in flight could have it land
+    after the standby decided (two claims, one device). The apiserver now admits an
+    allocation only from the pod that holds the Lease (dry runs: admission runs on them too,
+    and nothing is written while the fence's view of the Lease catches up)."""
+    core, admin = client.CoreV1Api(k8s_api), client.ResourceV1Api(k8s_api)
+    coordination = client.CoordinationV1Api(k8s_api)
+    for name in ("ctl-a", "ctl-b"):
+        core.create_namespaced_pod(NAMESPACE, _controller_pod(name))
+    admin.create_namespaced_resource_claim(NAMESPACE, _claim_body("fenced", CONTRACT.driver))
+    as_pod = {
+        name: client.ResourceV1Api(_client_as(installed, _token(core, name, "carve-controller")))
+        for name in ("ctl-a", "ctl-b")
+    }
+    unbound = client.ResourceV1Api(_client_as(installed, _token(core, None, "carve-controller")))
+
+    def allocate(api: client.ResourceV1Api) -> int:
+        try:
+            api.patch_namespaced_resource_claim_status(
+                "fenced", NAMESPACE, _allocation(CONTRACT.driver, "n"),
+                _content_type=MERGE, dry_run="All",
+            )  # fmt: skip
+        except client.ApiException as exc:
+            assert exc.status == 403, exc.body
+            assert "does not hold the leader lease" in str(exc.body), exc.body
+            return 403
+        return 200
+
+    try:
+        _set_lease_holder(coordination, "ctl-a")
+        wait_for("the fence to refuse ctl-b", lambda: allocate(as_pod["ctl-b"]) == 403)
+        assert allocate(as_pod["ctl-a"]) == 200
+        assert allocate(unbound) == 403  # a token that names no pod holds no lease
+        _set_lease_holder(coordination, "ctl-b")  # the standby took over
+        wait_for("the fence to refuse the old leader", lambda: allocate(as_pod["ctl-a"]) == 403)
+        assert allocate(as_pod["ctl-b"]) == 200
+        _set_lease_holder(coordination, "")  # released: whoever wins next may write
+        wait_for("a released lease to fence nobody", lambda: allocate(as_pod["ctl-a"]) == 200)
+    finally:
+        coordination.delete_namespaced_lease("carve-controller", NAMESPACE)
+        for name in ("ctl-a", "ctl-b"):
+            core.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0)
+        _drop_claims(admin, "fenced")
 
 
 # -- with plugin.bindingConditions (carve before bind) ------------------------------------------
