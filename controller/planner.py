@@ -559,6 +559,9 @@ class EnginePlanner:
 
     def check_allocated(self, pod: Obj, claims: Sequence[Obj]) -> Unplaceable | None:
         self.flush()
+        conflict = self._conflict_of(claims)
+        if conflict is not None:
+            return conflict
         mps: dict[str, ClaimMps] = {}
         for claim in claims:
             try:
@@ -569,6 +572,20 @@ class EnginePlanner:
                 mps[ClaimView(claim).name] = self._allocated_mps(claim, hold)
         checked = self._check_clients(pod, mps)
         return checked if isinstance(checked, Unplaceable) else None
+
+    def _conflict_of(self, claims: Sequence[Obj]) -> Unplaceable | None:
+        """A pod whose claim shares a device with another claim (another allocator's write, or
+        a dead leader's) stays gated until one claim is left: it would start on a slice that
+        is not its own (issue 41.4). The claims are told by `controller.conflicts`."""
+        names = {f"{ClaimView(c).namespace}/{ClaimView(c).name}" for c in claims}
+        for problem in self.model.problems.values():
+            if hit := sorted(names.intersection(problem.claims)):
+                return Unplaceable(
+                    "AllocationConflict",
+                    f"claim {hit[0]} is in an allocation conflict ({problem.message}); carve "
+                    "keeps the pod gated until only one claim holds the device",
+                )
+        return None
 
     def _check_clients(
         self, pod: Obj, mps: Mapping[str, ClaimMps]

@@ -23,7 +23,7 @@ from controller.reconciler import Reconciler
 from controller.status import node_selector_for
 from driver.apiobject import Obj
 from tests.support.engine_cluster import DRIVER, device_class, node, slices
-from tests.support.reconciler import ListRecorder, MemoryWriter, claim
+from tests.support.reconciler import ListRecorder, MemoryWriter, claim, pod
 
 DEVICE = "gpu-0-mig-7g80gb-0-0"
 
@@ -125,3 +125,44 @@ def test_the_gauge_is_exported() -> None:
     rec.step()
     # 7g.80gb at 0 and 1g.10gb at 0 overlap on memory slice 0.
     assert metrics.registry.get_sample_value("carve_allocation_conflicts") == 1
+
+
+def test_a_pod_whose_claim_is_in_a_conflict_stays_gated_until_one_claim_is_left() -> None:
+    """Issue 41.4: before, `check_allocated` ungated such a pod, which then started on a
+    device another claim also held."""
+    metrics, now = _Metrics(), [100.0]
+    recorder = ListRecorder()
+    writer = MemoryWriter()
+    rec = Reconciler(
+        EnginePlanner(DRIVER),
+        writer,
+        recorder,
+        metrics=metrics,
+        clock=lambda: now[0],
+        wall_clock=lambda: dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
+    )
+    for k in Kind:
+        rec.mark_synced(k)
+    rec.enqueue(Kind.CLASS, EventType.ADDED, device_class("mig.carve.dev", "mig"))
+    rec.enqueue(Kind.NODE, EventType.ADDED, node("n1"))
+    for s in slices("n1", ["H100-SXM5-80GB"]):
+        rec.enqueue(Kind.SLICE, EventType.ADDED, s)
+    a, b = writer.put(_allocated("a")), writer.put(_allocated("b"))
+    for c in (a, b):
+        rec.enqueue(Kind.CLAIM, EventType.ADDED, c)
+    rec.enqueue(Kind.POD, EventType.ADDED, writer.put(pod("p", ["a"])))
+    rec.step()
+    assert ("remove_gate", "p") not in writer.calls
+    told = [e for e in recorder.events if e[0] == "p" and e[2] == "AllocationConflict"]
+    assert told and "claim ns/a is in an allocation conflict" in told[0][3], recorder.events
+    assert "keeps the pod gated until only one claim holds the device" in told[0][3]
+
+    freed = copy.deepcopy(b)
+    freed["status"] = {}
+    rec.enqueue(Kind.CLAIM, EventType.MODIFIED, writer.put(freed))
+    for _ in range(20):  # the pod's retry comes after its backoff
+        now[0] += 30
+        rec.step(timeout=0)
+        if ("remove_gate", "p") in writer.calls:
+            break
+    assert ("remove_gate", "p") in writer.calls
