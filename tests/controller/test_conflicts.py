@@ -60,11 +60,13 @@ class _Metrics:
         pass
 
 
-def _reconciler(metrics: Any, now: list[float]) -> tuple[Reconciler, ListRecorder]:
+def _reconciler(
+    metrics: Any, now: list[float], writer: MemoryWriter | None = None
+) -> tuple[Reconciler, ListRecorder]:
     recorder = ListRecorder()
     rec = Reconciler(
         EnginePlanner(DRIVER),
-        MemoryWriter(),
+        writer or MemoryWriter(),
         recorder,
         metrics=metrics,
         clock=lambda: now[0],
@@ -130,23 +132,8 @@ def test_the_gauge_is_exported() -> None:
 def test_a_pod_whose_claim_is_in_a_conflict_stays_gated_until_one_claim_is_left() -> None:
     """Issue 41.4: before, `check_allocated` ungated such a pod, which then started on a
     device another claim also held."""
-    metrics, now = _Metrics(), [100.0]
-    recorder = ListRecorder()
-    writer = MemoryWriter()
-    rec = Reconciler(
-        EnginePlanner(DRIVER),
-        writer,
-        recorder,
-        metrics=metrics,
-        clock=lambda: now[0],
-        wall_clock=lambda: dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
-    )
-    for k in Kind:
-        rec.mark_synced(k)
-    rec.enqueue(Kind.CLASS, EventType.ADDED, device_class("mig.carve.dev", "mig"))
-    rec.enqueue(Kind.NODE, EventType.ADDED, node("n1"))
-    for s in slices("n1", ["H100-SXM5-80GB"]):
-        rec.enqueue(Kind.SLICE, EventType.ADDED, s)
+    metrics, now, writer = _Metrics(), [100.0], MemoryWriter()
+    rec, recorder = _reconciler(metrics, now, writer)
     a, b = writer.put(_allocated("a")), writer.put(_allocated("b"))
     for c in (a, b):
         rec.enqueue(Kind.CLAIM, EventType.ADDED, c)

@@ -8,7 +8,6 @@ GPU is isolated and the other keeps publishing, preparing and releasing.
 from __future__ import annotations
 
 import json
-import socket
 import urllib.error
 import urllib.request
 
@@ -18,6 +17,8 @@ from devcluster.waiting import wait_for
 from driver.nvml import sim
 from nodesim.simnode import SimNode
 from tests.e2e.harness import E2E, profile_is, request
+from tests.support.ops_probe import readyz
+from tests.support.plugin_process import free_port
 
 pytestmark = pytest.mark.cluster
 
@@ -25,22 +26,6 @@ pytestmark = pytest.mark.cluster
 def _gpu_of(e2e: E2E, pod: str) -> int:
     (result,) = e2e.results(e2e.claim_of(pod, "mig"))
     return int(result["device"].split("-")[1])
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _readyz(port: int) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as r:
-            return r.status, str(r.read().decode())
-    except urllib.error.HTTPError as e:
-        return e.code, str(e.read().decode())
-    except OSError:
-        return 0, ""
 
 
 def _metrics(port: int) -> str:
@@ -60,7 +45,7 @@ def _published_gpus(e2e: E2E, node: SimNode) -> set[int]:
 
 
 def test_a_lost_gpu_is_isolated_and_the_other_keeps_working(e2e: E2E) -> None:
-    port = _free_port()
+    port = free_port()
     node = e2e.node(
         "lost",
         "A100-SXM4-40GB",
@@ -86,11 +71,11 @@ def test_a_lost_gpu_is_isolated_and_the_other_keeps_working(e2e: E2E) -> None:
         wait_for("only GPU 1 published", lambda: _published_gpus(e2e, node) == {1}, timeout=60)
         # The agent serves GPU 1, so it is ready (a rollout must not stop at this node), and
         # /readyz still names GPU 0, in a report line that does not count (issue 45, item 6).
-        _, readyz = wait_for(
+        _, ready_text = wait_for(
             "/readyz ready and naming GPU 0",
-            lambda: r if (r := _readyz(port))[0] == 200 and "GPU index 0" in r[1] else None,
+            lambda: r if (r := readyz(port))[0] == 200 and "GPU index 0" in r[1] else None,
         )
-        assert "[!]gpus GPU index 0 is lost" in readyz and "[-]" not in readyz, readyz
+        assert "[!]gpus GPU index 0 is lost" in ready_text and "[-]" not in ready_text, ready_text
         wait_for(
             "carve_lost_gpus for GPU 0", lambda: 'carve_lost_gpus{gpu="0"} 1.0' in _metrics(port)
         )

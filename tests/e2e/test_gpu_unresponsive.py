@@ -11,9 +11,6 @@ when the call returns the GPU comes back with nothing leaked.
 from __future__ import annotations
 
 import io
-import socket
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -25,27 +22,13 @@ from driver.nvml import sim
 from nodesim.gpufault import WATCHED_CALL
 from nodesim.simnode import SimNode
 from tests.e2e.harness import E2E, profile_is, request
+from tests.support.ops_probe import readyz
+from tests.support.plugin_process import free_port
 
 pytestmark = pytest.mark.cluster
 
 TAINT = "mig.carve.dev/gpu-unresponsive"
 T = TypeVar("T")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _readyz(port: int) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as r:
-            return r.status, str(r.read().decode())
-    except urllib.error.HTTPError as e:
-        return e.code, str(e.read().decode())
-    except OSError:
-        return 0, ""
 
 
 def _status(e2e: E2E) -> str:
@@ -68,7 +51,7 @@ def _on_sim(node: SimNode, fn: Callable[[], T]) -> T:
 
 
 def test_a_hung_gpu_is_told_tainted_and_the_other_gpu_keeps_preparing(e2e: E2E) -> None:
-    port = _free_port()
+    port = free_port()
     node = e2e.node(
         "hung",
         "H100-SXM5-80GB",
@@ -95,11 +78,12 @@ def test_a_hung_gpu_is_told_tainted_and_the_other_gpu_keeps_preparing(e2e: E2E) 
             timeout=60,
         )
         # Ready means "this agent serves": the A100 is served, the H100 is a report line.
-        _, readyz = wait_for(
+        _, ready_text = wait_for(
             "/readyz ready and naming GPU 0",
-            lambda: r if (r := _readyz(port))[0] == 200 and "GPU index 0" in r[1] else None,
+            lambda: r if (r := readyz(port))[0] == 200 and "GPU index 0" in r[1] else None,
         )
-        assert "[!]gpus" in readyz and "unresponsive" in readyz and "[-]" not in readyz, readyz
+        assert "[!]gpus" in ready_text and "unresponsive" in ready_text, ready_text
+        assert "[-]" not in ready_text, ready_text
 
         # The healthy GPU prepares while the H100's call still hangs.
         e2e.pod("on-a100", {"mig": {"resourceClaimTemplateName": "a100-slice"}})
