@@ -210,7 +210,8 @@ def _start_host(root: Path, kubeconfig: Path, nodes: str, timeout: float) -> dic
         time.sleep(0.3)
 
 
-def _host_info(root: Path) -> dict[str, Any]:
+def host_info(root: Path) -> dict[str, Any]:
+    """What the running node host recorded (its pid, its nodes' directories); {} if none."""
     try:
         info: dict[str, Any] = json.loads(_host_file(root).read_text())
     except (FileNotFoundError, ValueError):
@@ -220,7 +221,7 @@ def _host_info(root: Path) -> dict[str, Any]:
 
 def _host_pid(root: Path) -> int | None:
     try:
-        pid = int(_host_info(root)["pid"])
+        pid = int(host_info(root)["pid"])
     except (KeyError, ValueError, TypeError):
         return None
     try:
@@ -235,7 +236,7 @@ def down(root: Path) -> list[str]:
     from devcluster.cluster import exclusive, stop_cluster_at
 
     stopped: list[str] = []
-    info = _host_info(root)
+    info = host_info(root)
     kind = "real" if info.get("kind") == REAL else "simulated"
     pid = _host_pid(root)
     if pid is not None:

@@ -19,7 +19,6 @@ Dev tooling: nothing here ships with carve.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 # The call the plugin's GPU watch makes on every GPU at every look (driver.nvml.backend
@@ -36,14 +35,11 @@ class GpuFaultError(RuntimeError):
 
 def sim_config_of(root: Path, node: str) -> Path:
     """The running demo's simulator config for ``node`` (from the node host's record)."""
-    try:
-        info = json.loads((root / "host.json").read_text())
-    except FileNotFoundError:
-        raise GpuFaultError(
-            f"no demo is running under {root}: start one with `make demo`"
-        ) from None
-    except ValueError as e:
-        raise GpuFaultError(f"{root / 'host.json'} is not the demo's record ({e})") from None
+    from nodesim.demo import host_info
+
+    info = host_info(root)
+    if not info:
+        raise GpuFaultError(f"no demo is running under {root}: start one with `make demo`")
     nodes = info.get("nodes") or {}
     if node not in nodes:
         known = ", ".join(sorted(nodes)) or "none yet"

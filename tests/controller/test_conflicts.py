@@ -9,7 +9,6 @@ lets go.
 from __future__ import annotations
 
 import copy
-import datetime as dt
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -18,11 +17,10 @@ import pytest
 
 from controller.metrics import ControllerMetrics
 from controller.objects import EventType, Kind
-from controller.planner import EnginePlanner
 from controller.reconciler import Reconciler
 from controller.status import node_selector_for
 from driver.apiobject import Obj
-from tests.support.engine_cluster import DRIVER, device_class, node, slices
+from tests.support.engine_cluster import DRIVER, engine_reconciler, node, slices
 from tests.support.reconciler import ListRecorder, MemoryWriter, claim, pod
 
 DEVICE = "gpu-0-mig-7g80gb-0-0"
@@ -63,18 +61,7 @@ class _Metrics:
 def _reconciler(
     metrics: Any, now: list[float], writer: MemoryWriter | None = None
 ) -> tuple[Reconciler, ListRecorder]:
-    recorder = ListRecorder()
-    rec = Reconciler(
-        EnginePlanner(DRIVER),
-        writer or MemoryWriter(),
-        recorder,
-        metrics=metrics,
-        clock=lambda: now[0],
-        wall_clock=lambda: dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
-    )
-    for k in Kind:
-        rec.mark_synced(k)
-    rec.enqueue(Kind.CLASS, EventType.ADDED, device_class("mig.carve.dev", "mig"))
+    rec, recorder = engine_reconciler(metrics, now, writer)
     rec.enqueue(Kind.NODE, EventType.ADDED, node("n1"))
     for s in slices("n1", ["H100-SXM5-80GB"]):
         rec.enqueue(Kind.SLICE, EventType.ADDED, s)

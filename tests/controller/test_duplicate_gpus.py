@@ -3,7 +3,6 @@ the first node's GPU away from the model (issue 41.3)."""
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import logging
 
@@ -12,10 +11,8 @@ import pytest
 from controller.metrics import ControllerMetrics
 from controller.objects import EventType, Kind
 from controller.planner import EnginePlanner
-from controller.reconciler import Reconciler
 from driver.apiobject import Obj
-from tests.support.engine_cluster import DRIVER, device_class, node, slices
-from tests.support.reconciler import ListRecorder, MemoryWriter
+from tests.support.engine_cluster import DRIVER, engine_reconciler, node, slices
 
 
 def _slices_claiming(thief: str, victim: str) -> list[Obj]:
@@ -30,19 +27,8 @@ def test_a_second_node_with_a_gpus_uuid_is_told_on_both_nodes_and_counted(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     metrics, now = ControllerMetrics(), [100.0]
-    recorder = ListRecorder()
     planner = EnginePlanner(DRIVER)
-    rec = Reconciler(
-        planner,
-        MemoryWriter(),
-        recorder,
-        metrics=metrics,
-        clock=lambda: now[0],
-        wall_clock=lambda: dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
-    )
-    for k in Kind:
-        rec.mark_synced(k)
-    rec.enqueue(Kind.CLASS, EventType.ADDED, device_class("mig.carve.dev", "mig"))
+    rec, recorder = engine_reconciler(metrics, now, planner=planner)
     for name in ("victim", "thief"):
         rec.enqueue(Kind.NODE, EventType.ADDED, node(name))
     for s in slices("victim", ["H100-SXM5-80GB"]):

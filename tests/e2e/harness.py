@@ -8,6 +8,7 @@ import json
 import re
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client
@@ -325,6 +326,19 @@ class E2E:
             *({"reason": e.get("reason"), "message": e.get("note")} for e in new_events),
         ]
 
+    def node_events(self, node: str, reason: str) -> list[Obj]:
+        """The plugin's events on Node `node` with `reason` (events.k8s.io, in the namespace
+        node events go to)."""
+        from kubeletplugin.nodeevents import NODE_EVENT_NAMESPACE
+
+        resp = client.EventsV1Api(self.stack.api).list_namespaced_event(
+            NODE_EVENT_NAMESPACE,
+            field_selector=f"regarding.kind=Node,regarding.name={node}",
+            _preload_content=False,
+        )
+        items: list[Obj] = json.loads(resp.data)["items"]
+        return [e for e in items if e.get("reason") == reason]
+
     def describe(self, name: str, kind: str = "pod") -> str:
         done = self.stack.kubectl("describe", kind, name, "-n", self.namespace, check=False)
         return done.stdout or done.stderr
@@ -419,3 +433,20 @@ def environment_for(
         problems = env.teardown()
     if problems and request.session.testsfailed == failed_before:
         pytest.fail("teardown found problems:\n" + "\n".join(problems))
+
+
+def destroy_as_the_admin(sim_config: Path, minor: int | None = None) -> None:
+    """`nvidia-smi mig -dci`, then `-dgi`, on GPU `minor` (every GPU when None) of a simulated
+    node: what a ForeignMigInstance event tells the admin to run."""
+    from driver.nvml import sim
+    from driver.nvml.backend import NvmlBackend
+
+    sim.configure(sim_config)
+    try:
+        with NvmlBackend(sim, proc_root=sim.sim_proc_root()) as b:
+            for gpu in b.gpus():
+                if minor is None or gpu.minor == minor:
+                    for inst in b.instances(gpu.uuid):
+                        b.destroy(gpu.uuid, inst.gi_id)
+    finally:
+        sim.configure(None)

@@ -6,16 +6,12 @@ never destroys the instance it did not create, on carve's real processes and con
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 from devcluster.waiting import wait_for
 from driver.naming import parse_device_name
 from driver.nvml import sim
 from driver.nvml.sim import LayoutInstance
 from kubeletplugin.checkpoint import FILE_NAME, decode
-from kubeletplugin.nodeevents import NODE_EVENT_NAMESPACE
-from tests.e2e.harness import E2E, profile_is, request
+from tests.e2e.harness import E2E, destroy_as_the_admin, profile_is, request
 
 
 def test_a_mig_claim_after_a_reboot_is_released_and_the_recreated_instance_is_foreign(
@@ -55,7 +51,12 @@ def test_a_mig_claim_after_a_reboot_is_released_and_the_recreated_instance_is_fo
         lambda: finalizer not in (e2e.claim_of("p", "gpu")["metadata"].get("finalizers") or ()),
         timeout=60,
     )
-    assert uid not in decode(checkpoint.read_bytes()).claims
+    # The finalizer goes first, then the record: wait for the save too.
+    wait_for(
+        "the claim gone from the checkpoint",
+        lambda: uid not in decode(checkpoint.read_bytes()).claims,
+        timeout=30,
+    )
     specs = "".join(p.read_text() for p in node.cdi_dir.glob("*.json"))
     assert old_uuid not in specs  # no spec names the MIG UUID of the earlier boot
 
@@ -67,18 +68,11 @@ def test_a_mig_claim_after_a_reboot_is_released_and_the_recreated_instance_is_fo
 
     wait_for("the re-created instance's device tainted", tainted, timeout=60)
 
-    def foreign_events() -> list[dict[str, object]]:
-        from kubernetes import client
-
-        resp = client.EventsV1Api(e2e.stack.api).list_namespaced_event(
-            NODE_EVENT_NAMESPACE,
-            field_selector=f"regarding.kind=Node,regarding.name={node.name}",
-            _preload_content=False,
-        )
-        items: list[dict[str, object]] = json.loads(resp.data)["items"]
-        return [e for e in items if e.get("reason") == "ForeignMigInstance"]
-
-    wait_for("a ForeignMigInstance event on the Node", foreign_events, timeout=60)
+    wait_for(
+        "a ForeignMigInstance event on the Node",
+        lambda: e2e.node_events(node.name, "ForeignMigInstance"),
+        timeout=60,
+    )
 
     def live() -> list[str | None]:
         hw = node.hardware()
@@ -93,18 +87,4 @@ def test_a_mig_claim_after_a_reboot_is_released_and_the_recreated_instance_is_fo
         timeout=60,
     )
     assert live() == [new_uuid]  # never destroyed by carve
-    _destroy_as_the_admin(node.sim_config, place.minor)  # so that the node ends empty
-
-
-def _destroy_as_the_admin(sim_config: Path, minor: int) -> None:
-    """`nvidia-smi mig -dci`, then `-dgi`: what the Node event tells the admin to run."""
-    from driver.nvml.backend import NvmlBackend
-
-    sim.configure(sim_config)
-    try:
-        with NvmlBackend(sim, proc_root=sim.sim_proc_root()) as b:
-            gpu = next(g for g in b.gpus() if g.minor == minor).uuid
-            for inst in b.instances(gpu):
-                b.destroy(gpu, inst.gi_id)
-    finally:
-        sim.configure(None)
+    destroy_as_the_admin(node.sim_config, place.minor)  # so that the node ends empty

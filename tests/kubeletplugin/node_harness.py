@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import threading
 import uuid as uuidlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -257,11 +258,30 @@ def sim_config(root: Path, gpus: Iterable[Any], **options: Any) -> dict[str, Any
 
 
 def open_node(
-    root: Path, gpus: Iterable[Any], *, policy: ForeignPolicy = ForeignPolicy.LEAVE, **options: Any
+    root: Path,
+    gpus: Iterable[Any],
+    *,
+    policy: ForeignPolicy = ForeignPolicy.LEAVE,
+    nvml_timeout: float | None = None,
+    **options: Any,
 ) -> Node:
+    """A node on the simulator; `nvml_timeout` gives its NVML calls a deadline (None: none)."""
     sim.configure(sim_config(root, gpus, **options))
-    backend = NvmlBackend(sim, proc_root=sim.sim_proc_root()).open()
+    backend = NvmlBackend(sim, proc_root=sim.sim_proc_root(), timeout=nvml_timeout).open()
     return Node(root, backend, FakeClaims(), policy)
+
+
+@contextmanager
+def started_node(root: Path, gpus: Iterable[Any], **kw: Any) -> Iterator[Node]:
+    """`open_node`, its preparer started; everything closed and the simulator unset after."""
+    n = open_node(root, gpus, **kw)
+    n.start()
+    try:
+        yield n
+    finally:
+        n.p.close()
+        n.backend.close()
+        sim.configure(None)
 
 
 def mps_config(**mps: Any) -> list[dict[str, Any]]:

@@ -18,9 +18,8 @@ import pytest
 
 from devcluster.waiting import wait_for
 from driver.nvml import sim
-from driver.nvml.backend import NvmlBackend
 from kubeletplugin.checkpoint import WarmState
-from tests.kubeletplugin.node_harness import DRIVER, NODE, Node, mig, open_node
+from tests.kubeletplugin.node_harness import DRIVER, NODE, Node, mig, started_node
 
 A100 = "A100-SXM4-40GB"
 H100 = "H100-SXM5-80GB"
@@ -30,15 +29,9 @@ DEADLINE = 0.3
 
 @pytest.fixture
 def node(tmp_path: Path) -> Iterator[Node]:
-    n = open_node(tmp_path, [H100, A100])
-    n.backend.close()
-    n.backend = NvmlBackend(sim, proc_root=sim.sim_proc_root(), timeout=DEADLINE).open()
-    n.start()
-    yield n
-    sim.sim_release_hangs()
-    n.p.close()
-    n.backend.close()
-    sim.configure(None)
+    with started_node(tmp_path, [H100, A100], nvml_timeout=DEADLINE) as n:
+        yield n
+        sim.sim_release_hangs()
 
 
 def test_a_hung_carve_fails_after_the_deadline_and_the_other_gpu_keeps_working(

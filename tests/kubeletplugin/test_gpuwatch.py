@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from driver.nvml import sim
-from driver.nvml.backend import NvmlBackend
 from kubeletplugin.checkpoint import Checkpoint, ClaimRecord, ClaimState, DeviceRecord
 from kubeletplugin.gpuwatch import GpuWatch
 from kubeletplugin.metrics import PluginMetrics
@@ -25,9 +24,7 @@ KEY = "mig.carve.dev/gpu-unresponsive"
 
 @pytest.fixture
 def node(tmp_path: Path) -> Iterator[Node]:
-    n = open_node(tmp_path, ["H100-SXM5-80GB", "A100-SXM4-40GB"])
-    n.backend.close()
-    n.backend = NvmlBackend(sim, proc_root=sim.sim_proc_root(), timeout=0.3).open()
+    n = open_node(tmp_path, ["H100-SXM5-80GB", "A100-SXM4-40GB"], nvml_timeout=0.3)
     yield n
     sim.sim_clear_faults()
     n.backend.close()

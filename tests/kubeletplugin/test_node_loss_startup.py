@@ -14,20 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from driver.nvml import sim
-from tests.kubeletplugin.node_harness import DRIVER, NODE, Node, mig, open_node
+from tests.kubeletplugin.node_harness import DRIVER, NODE, Node, mig, started_node
 
 H100 = "H100-SXM5-80GB"
 
 
 @pytest.fixture
 def node(tmp_path: Path) -> Iterator[Node]:
-    n = open_node(tmp_path, [H100])
-    n.start()
-    yield n
-    n.p.close()
-    n.backend.close()
-    sim.configure(None)
+    with started_node(tmp_path, [H100]) as n:
+        yield n
 
 
 def _restart(node: Node) -> None:

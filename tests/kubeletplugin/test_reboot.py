@@ -29,7 +29,7 @@ from kubeletplugin.checkpoint import (
 )
 from kubeletplugin.foreign import ForeignPolicy
 from kubeletplugin.ports import ClaimRef
-from tests.kubeletplugin.node_harness import DRIVER, NODE, Node, mig, open_node
+from tests.kubeletplugin.node_harness import DRIVER, NODE, Node, mig, open_node, started_node
 
 H100 = "H100-SXM5-80GB"
 ONE_G = 19  # 1g.10gb on the H100
@@ -38,12 +38,8 @@ FINALIZER = f"{DRIVER}/node-{NODE}"
 
 @pytest.fixture
 def node(tmp_path: Path) -> Iterator[Node]:
-    n = open_node(tmp_path, [H100])
-    n.start()
-    yield n
-    n.p.close()
-    n.backend.close()
-    sim.configure(None)
+    with started_node(tmp_path, [H100]) as n:
+        yield n
 
 
 def _specs_text(n: Node) -> str:

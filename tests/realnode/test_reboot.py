@@ -13,15 +13,12 @@ claim's and wrote its UUID into the claim's CDI spec.
 
 from __future__ import annotations
 
-import json
-
 from devcluster.waiting import wait_for
 from driver.naming import parse_device_name
 from driver.nvml import sim
 from driver.nvml.sim import LayoutInstance
 from kubeletplugin.checkpoint import FILE_NAME, decode
-from kubeletplugin.nodeevents import NODE_EVENT_NAMESPACE
-from tests.e2e.harness import profile_is, request
+from tests.e2e.harness import destroy_as_the_admin, profile_is, request
 from tests.realnode.harness import NODE_A, RealEnv
 
 
@@ -64,45 +61,28 @@ def test_a_reboot_under_a_claim_releases_it_and_leaves_the_boot_layout_alone(
             lambda: finalizer not in (env.claim_of("p", "mig")["metadata"].get("finalizers") or ()),
             timeout=90,
         )
-        assert uid not in decode(checkpoint.read_bytes()).claims
+        # The finalizer goes first, then the record: wait for the save too.
+        wait_for(
+            "the claim gone from the checkpoint",
+            lambda: uid not in decode(checkpoint.read_bytes()).claims,
+            timeout=30,
+        )
         specs = "".join(p.read_text() for p in node.layout.cdi_dir.glob("*.json"))
         assert old_uuid not in specs  # no spec names the MIG UUID of the earlier boot
-        wait_for("a ForeignMigInstance event on the Node", lambda: _foreign_events(env, node.name))
+        wait_for(
+            "a ForeignMigInstance event on the Node",
+            lambda: env.node_events(node.name, "ForeignMigInstance"),
+        )
         assert _live(env) == [new_uuid]
 
         env.delete_pod("p")  # the kubelet's unprepare meets a claim the plugin already let go
         env.wait_gone("p", timeout=120)
         assert _live(env) == [new_uuid]  # never destroyed by carve
     finally:
-        _destroy_as_the_admin(env)  # so that the node ends empty, as the teardown checks
+        # so that the node ends empty, as the teardown checks
+        destroy_as_the_admin(env.node_of(NODE_A).layout.sim_config)
 
 
 def _live(env: RealEnv) -> list[str | None]:
     hw = env.node_of(NODE_A).hardware()
     return [ci["uuid"] for g in hw["gpus"] for gi in g["gis"] for ci in gi["cis"]]
-
-
-def _foreign_events(env: RealEnv, node: str) -> list[dict[str, object]]:
-    from kubernetes import client
-
-    resp = client.EventsV1Api(env.stack.api).list_namespaced_event(
-        NODE_EVENT_NAMESPACE,
-        field_selector=f"regarding.kind=Node,regarding.name={node}",
-        _preload_content=False,
-    )
-    items: list[dict[str, object]] = json.loads(resp.data)["items"]
-    return [e for e in items if e.get("reason") == "ForeignMigInstance"]
-
-
-def _destroy_as_the_admin(env: RealEnv) -> None:
-    """`nvidia-smi mig -dci`, then `-dgi`, on the instances carve did not create."""
-    from driver.nvml.backend import NvmlBackend
-
-    sim.configure(env.node_of(NODE_A).layout.sim_config)
-    try:
-        with NvmlBackend(sim, proc_root=sim.sim_proc_root()) as b:
-            for gpu in b.gpus():
-                for inst in b.instances(gpu.uuid):
-                    b.destroy(gpu.uuid, inst.gi_id)
-    finally:
-        sim.configure(None)

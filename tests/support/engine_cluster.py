@@ -62,6 +62,29 @@ def device_class(name: str, kind: str) -> Obj:
     }
 
 
+def engine_reconciler(
+    metrics: Any,
+    now: list[float],
+    writer: MemoryWriter | None = None,
+    planner: EnginePlanner | None = None,
+) -> tuple[Reconciler, ListRecorder]:
+    """The real engine behind a reconciler with every informer synced and carve's MIG class
+    known; its clock reads `now[0]`. Nodes and slices are the caller's."""
+    recorder = ListRecorder()
+    rec = Reconciler(
+        planner or EnginePlanner(DRIVER),
+        writer or MemoryWriter(),
+        recorder,
+        metrics=metrics,
+        clock=lambda: now[0],
+        wall_clock=lambda: dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
+    )
+    for k in Kind:
+        rec.mark_synced(k)
+    rec.enqueue(Kind.CLASS, EventType.ADDED, device_class("mig.carve.dev", "mig"))
+    return rec, recorder
+
+
 def profile_claim(name: str, profile: str, count: int = 1) -> Obj:
     c = claim(name, count=count)
     c["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [
