@@ -30,6 +30,9 @@ class ReconcilerConfig:
     # A placement waits up to this long for release writes in flight beside the decision
     # thread: the space they free (and the warm slice the node kept there) is the best fit.
     release_wait: float = 0.5
+    # Visits per placement pass: the rest stay due for the next pass, which first applies
+    # what arrived meanwhile, so a new pod does not wait behind a pass over a whole backlog.
+    visits_per_pass: int = 256
 
     def __post_init__(self) -> None:
         if self.classes is None:

@@ -12,6 +12,13 @@ whose own time came (`wake_at`: a retry, the end of a grace period). A visit tha
 not ready yet is cheap and harmless; a pod never visited again would wait forever, so the
 reconciler wakes generously and `Reconciler.resync` marks every pod changed now and then.
 
+Fair across namespaces (issue 41.5): within one priority, pods are served round-robin by
+namespace (the oldest of each namespace, then the second oldest of each, ...), not oldest
+first across the cluster, so one namespace's backlog of thousands cannot put another
+namespace's new pod behind all of it. Priority still comes first, and within a namespace the
+order stays oldest first. A pass may stop after a budget of visits (`take_due(limit=)`): the
+rest stay due for the next pass, which first applies what arrived meanwhile.
+
 Pure bookkeeping: no I/O, no clock of its own (the caller passes `now`).
 """
 
@@ -88,18 +95,27 @@ class PodQueue(Generic[W]):
 
     # -- a pass -------------------------------------------------------------------------------
 
-    def take_due(self, now: float) -> list[tuple[str, Queued[W]]]:
-        """The pods to visit now, in queue order; they are no longer due (a visit that leaves
-        one waiting sets its next wake-up, or leaves it to the next change)."""
+    def take_due(self, now: float, limit: int | None = None) -> list[tuple[str, Queued[W]]]:
+        """The pods to visit now, in queue order (at most `limit` of them); they are no longer
+        due (a visit that leaves one waiting sets its next wake-up, or leaves it to the next
+        change); those past the limit stay due."""
         while self._timers and self._timers[0][0] <= now:
             when, key = heapq.heappop(self._timers)
             if self._timer_at.get(key) == when:
                 del self._timer_at[key]
                 self.wake(key)
         due, self._due = self._due, set()
-        out = [(key, self._entries[key]) for key in due if key in self._entries]
-        out.sort(key=lambda ke: ke[1].order)
+        out = _fair([(key, self._entries[key]) for key in due if key in self._entries])
+        if limit is not None and len(out) > limit:
+            self._due.update(key for key, _ in out[limit:])
+            out = out[:limit]
         return out
+
+    @property
+    def has_due(self) -> bool:
+        """Whether pods are due already (a pass stopped at its limit): the next pass should
+        not wait for a message first."""
+        return bool(self._due)
 
     def __contains__(self, key: object) -> bool:
         return key in self._entries
@@ -109,9 +125,24 @@ class PodQueue(Generic[W]):
 
     def ordered(self) -> list[tuple[str, Queued[W]]]:
         """Every waiting pod in queue order."""
-        return sorted(self._entries.items(), key=lambda ke: ke[1].order)
+        return _fair(list(self._entries.items()))
 
     @property
     def depth(self) -> int:
         """How many waiting pods count in the queue depth."""
         return self._counted
+
+
+def _fair(entries: list[tuple[str, Queued[W]]]) -> list[tuple[str, Queued[W]]]:
+    """Queue order: by priority, then round-robin across namespaces (a pod's rank among the
+    pods of its namespace and priority), then the pod's own order (age, then key)."""
+    entries.sort(key=lambda ke: ke[1].order)
+    ranks: dict[tuple[int, str], int] = {}
+    ranked = []
+    for key, queued in entries:
+        group = (queued.order[0], key.partition("/")[0])
+        rank = ranks.get(group, 0)
+        ranks[group] = rank + 1
+        ranked.append(((queued.order[0], rank, queued.order), key, queued))
+    ranked.sort(key=lambda r: r[0])
+    return [(key, queued) for _, key, queued in ranked]

@@ -319,7 +319,7 @@ class Reconciler:
 
     def step(self, timeout: float = 0.0) -> None:
         """Apply pending messages, then (once every informer has synced) release and place."""
-        self.drain(timeout)
+        self.drain(0.0 if self._memory.queue.has_due else timeout)
         # Reads that settle failed writes (`controller.settle`); reads only, so a follower
         # settles what it wrote as leader too. One read on this thread is applied at once.
         self._committer.settle_pass()
@@ -368,7 +368,8 @@ class Reconciler:
 
     def _due(self) -> list[tuple[str, Obj, PodWork]]:
         pods = self._store.pods
-        return [(key, pods[key], q.work) for key, q in self._memory.queue.take_due(self._clock())]
+        due = self._memory.queue.take_due(self._clock(), limit=self._cfg.visits_per_pass)
+        return [(key, pods[key], q.work) for key, q in due]
 
     def pending(self) -> list[str]:
         """Keys of pods that still need the controller, in the order they will be served."""

@@ -116,3 +116,37 @@ def test_the_queue_agrees_with_a_plain_model(ops: list[tuple[Any, ...]]) -> None
             assert [k for k, _ in q.take_due(now)] == want
         assert q.depth == sum(e.counted for e in held.values())
         assert len(q) == len(held)
+
+
+def _in(ns: str, name: str, prio: int = 0, created: str = "2026-01-01T00:00:00Z") -> Queued[str]:
+    return Queued(f"work-{name}", (-prio, created, f"{ns}/{name}"), True)
+
+
+def test_namespaces_take_turns_within_a_priority_and_priority_still_comes_first() -> None:
+    """Issue 41.5: a namespace's backlog of old pods does not put another's new pod last."""
+    q: PodQueue[str] = PodQueue()
+    for i in range(5):
+        q.put(f"flood/p{i}", _in("flood", f"p{i}", created=f"2026-01-01T00:00:0{i}Z"))
+    q.put("tenant/new", _in("tenant", "new", created="2026-01-01T00:10:00Z"))
+    q.put("tenant/newer", _in("tenant", "newer", created="2026-01-01T00:11:00Z"))
+    q.put("other/urgent", _in("other", "urgent", prio=10, created="2026-01-01T01:00:00Z"))
+    want = [
+        "other/urgent",  # higher priority, however young
+        "flood/p0", "tenant/new",  # each namespace's oldest
+        "flood/p1", "tenant/newer",
+        "flood/p2", "flood/p3", "flood/p4",  # oldest first within a namespace
+    ]  # fmt: skip
+    assert [k for k, _ in q.ordered()] == want
+    assert [k for k, _ in q.take_due(0.0)] == want
+
+
+def test_a_pass_past_its_limit_leaves_the_rest_due_for_the_next() -> None:
+    q: PodQueue[str] = PodQueue()
+    for i in range(5):
+        q.put(f"ns/p{i}", _in("ns", f"p{i}", created=f"2026-01-01T00:00:0{i}Z"))
+    assert [k for k, _ in q.take_due(0.0, limit=2)] == ["ns/p0", "ns/p1"]
+    assert q.has_due
+    q.put("tenant/new", _in("tenant", "new", created="2026-01-02T00:00:00Z"))
+    assert [k for k, _ in q.take_due(0.0, limit=2)] == ["ns/p2", "tenant/new"]
+    assert [k for k, _ in q.take_due(0.0, limit=2)] == ["ns/p3", "ns/p4"]
+    assert not q.has_due and q.take_due(0.0) == []
