@@ -4,8 +4,11 @@ the cluster rather than the cluster.
 - Pods: a pod that neither names a ResourceClaim nor carries carve's gate matters only once it
   is bound (its CPU, memory and pod slot count against its node's fit), and then only through
   its requests: such pods are kept as a small projection, and not at all while unbound or after
-  they end. Pods that use claims, or carry the gate, are kept whole (the reconciler writes to
-  them and reads their claims, conditions and containers).
+  they end. Pods that use claims, or carry the gate, are kept as far as the controller reads
+  them (`carve_pod`): the spec's scheduling fields, each container's name, resources and
+  MPS client variables, the labels (disruption budgets select by them), carve's own
+  annotations, and the status fields the decision reads. A training job's pod is some 13 KB
+  once parsed; its env, mounts, probes, volumes and other tools' annotations are most of it.
 - ResourceSlices: kept with every value (the placement engine re-reads a node's whole pool when
   one slice changes, and the usage gauges read the counters), but compactly: the plugin
   publishes the same capacity maps, counter consumptions and attribute values for every GPU of
@@ -36,13 +39,37 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
+from controller.namespaceshare import NamespaceShare
 from controller.objects import CarveClasses, is_carve_claim
+from controller.work import may_need_work
 from driver.apiviews import ClaimView, NodeView, PodView
+from driver.mpsclient import VARIABLES as MPS_CLIENT_VARIABLES
 from process.kube import Obj
 
 _LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 _PLAIN_POD_META = ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
 _PLAIN_POD_META_OPTIONAL = ("deletionTimestamp",)
+_CARVE_POD_META = (
+    *_PLAIN_POD_META,
+    *_PLAIN_POD_META_OPTIONAL,
+    "generation",
+    "labels",
+    "ownerReferences",
+    "finalizers",
+)
+# What the controller never reads of a pod's spec (everything else is small and kept).
+_UNREAD_POD_SPEC = frozenset(
+    {"volumes", "ephemeralContainers", "hostAliases", "dnsConfig", "imagePullSecrets",
+     "securityContext", "readinessGates", "os", "resourceClaimsStatus"}
+)  # fmt: skip
+_CARVE_POD_STATUS = (
+    "phase",
+    "conditions",
+    "startTime",
+    "resourceClaimStatuses",
+    "extendedResourceClaimStatus",
+    "nominatedNodeName",
+)
 
 
 def strip_bookkeeping(obj: Obj) -> Obj:
@@ -99,13 +126,71 @@ def plain_pod(pod: Obj) -> Obj:
     return out
 
 
-def pod_view(gate: str) -> Callable[[Obj], Obj | None]:
-    """The pod informer's transform: None for pods the controller does not need at all."""
+def _container_as_read(c: Any, *, init: bool) -> Obj:
+    """A container as node fit (requests), extended resources (limits), claims (resources.
+    claims) and the MPS check (literal client variables in env) read it."""
+    kept: Obj = {"name": c.get("name")}
+    if c.get("resources"):
+        kept["resources"] = c["resources"]
+    if init and c.get("restartPolicy"):
+        kept["restartPolicy"] = c["restartPolicy"]
+    env = [
+        e
+        for e in c.get("env") or []
+        if isinstance(e, Mapping) and e.get("name") in MPS_CLIENT_VARIABLES and "valueFrom" not in e
+    ]
+    if env:
+        kept["env"] = env
+    return kept
+
+
+def carve_pod(pod: Obj, driver: str) -> Obj:
+    """A pod that names a claim or carries carve's gate, as far as the controller reads it
+    (the module docstring says what that is); annotations only under `driver`'s domain."""
+    view = PodView(pod)
+    meta, spec, status = view.metadata, view.spec, view.status
+    kept_meta = {k: meta[k] for k in _CARVE_POD_META if meta.get(k)}
+    ours = {
+        k: v
+        for k, v in (meta.get("annotations") or {}).items()
+        if k.partition("/")[0].endswith(driver)
+    }
+    if ours:
+        kept_meta["annotations"] = ours
+    kept_spec: Obj = {k: v for k, v in spec.items() if k not in _UNREAD_POD_SPEC}
+    for field in ("containers", "initContainers"):
+        if field in kept_spec:
+            kept_spec[field] = [
+                _container_as_read(c, init=field == "initContainers")
+                for c in kept_spec[field] or []
+                if isinstance(c, Mapping)
+            ]
+    out: Obj = {"metadata": kept_meta, "spec": kept_spec}
+    kept_status = {k: status[k] for k in _CARVE_POD_STATUS if status.get(k)}
+    if kept_status:
+        out["status"] = kept_status
+    for key in ("kind", "apiVersion"):
+        if key in pod:
+            out[key] = pod[key]
+    return out
+
+
+def pod_view(
+    gate: str, driver: str, share: NamespaceShare | None = None
+) -> Callable[[Obj], Obj | None]:
+    """The pod informer's transform: None for pods the controller does not need at all, and
+    for waiting pods past their namespace's share (`controller.namespaceshare`)."""
 
     def view(pod: Obj) -> Obj | None:
         view = PodView(pod)
+        if share is not None:
+            if may_need_work(pod, gate):
+                if not share.admit(pod):
+                    return None
+            else:
+                share.release(f"{view.namespace}/{view.name}")
         if view.spec.get("resourceClaims") or view.has_gate(gate):
-            return strip_bookkeeping(pod)
+            return carve_pod(pod, driver)
         if not view.node_name or view.terminal:
             return None
         return plain_pod(pod)
@@ -113,11 +198,18 @@ def pod_view(gate: str) -> Callable[[Obj], Obj | None]:
     return view
 
 
-def claim_view(classes: CarveClasses, driver: str) -> Callable[[Obj], Obj | None]:
-    """The claim informer's transform: carve's claims, minus bookkeeping; None for others."""
+def claim_view(
+    classes: CarveClasses, driver: str, share: NamespaceShare | None = None
+) -> Callable[[Obj], Obj | None]:
+    """The claim informer's transform: carve's claims, minus bookkeeping; None for others, and
+    for the unallocated claims of pods the namespace share shed."""
 
     def view(claim: Obj) -> Obj | None:
-        if is_carve_claim(claim, classes) or ClaimView(claim).holds_driver(driver):
+        if ClaimView(claim).holds_driver(driver):
+            return strip_bookkeeping(claim)
+        if is_carve_claim(claim, classes):
+            if share is not None and share.sheds_claim(claim):
+                return None
             return strip_bookkeeping(claim)
         return None
 

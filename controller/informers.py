@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TypeVar
 
+from controller.namespaceshare import NamespaceShare
 from controller.objects import CarveClasses, EventType, Kind, key_of
 from driver.apiviews import ObjectView
 from driver.contract import DEFAULT_CONTRACT, Contract
@@ -72,12 +73,19 @@ class Informer:
         transform: Callable[[Obj], Obj | None] | None = None,
         skip_unchanged: bool = False,
         optional: bool = False,
+        on_removed: Callable[[str], None] | None = None,
     ) -> None:
         """`source`: the collection (`process.kube.listwatch.JsonCollection`: a path of the JSON
         client). `optional`: a resource an older server may not serve (404): then it holds
-        nothing, counts as listed, and is looked for again every `absent_recheck_s`."""
+        nothing, counts as listed, and is looked for again every `absent_recheck_s`.
+        `on_removed(key)`: an object was deleted or vanished from a relist, whether kept or
+        not (what the transform remembers of it can go)."""
         self.kind = kind
         self._transform = transform
+        self._on_removed = on_removed
+        # Held while one change is applied and delivered, so that an object read again
+        # (`refresh`) and the watch's own events reach the handler in the order applied.
+        self._delivery = threading.Lock()
         self._skip_unchanged = skip_unchanged
         self._handler = handler
         self._on_synced = on_synced
@@ -134,10 +142,16 @@ class Informer:
         self._replace({})
 
     def _replace(self, fresh: dict[str, Obj]) -> None:
+        with self._delivery:
+            self._replace_delivered(fresh)
+
+    def _replace_delivered(self, fresh: dict[str, Obj]) -> None:
         with self._lock:
             old, self.cache = self.cache, dict(fresh)
         for key, obj in old.items():
             if key not in fresh:
+                if self._on_removed is not None:
+                    self._on_removed(key)
                 self._handler(self.kind, EventType.DELETED, obj)
         for key, obj in fresh.items():
             prev = old.get(key)
@@ -152,6 +166,23 @@ class Informer:
             self._on_synced(self.kind)
 
     def changed(self, type_: str, obj: Obj) -> None:
+        with self._delivery:
+            self._changed(type_, obj)
+
+    def refresh(self, obj: Obj, wanted: Callable[[str], bool]) -> bool:
+        """An object read again outside the watch (`controller.namespaceshare`), applied as a
+        watch's MODIFIED would be, unless the watch delivered it meanwhile (it is cached) or
+        `wanted(key)` says it is no longer wanted (deleted meanwhile). True if applied."""
+        with self._delivery:
+            key = key_of(obj)
+            with self._lock:
+                cached = key in self.cache
+            if cached or not wanted(key):
+                return False
+            self._changed("MODIFIED", obj)
+            return True
+
+    def _changed(self, type_: str, obj: Obj) -> None:
         obj.setdefault("kind", str(self.kind))
         key = key_of(obj)
         kept = obj if self._transform is None else self._transform(obj)
@@ -161,6 +192,8 @@ class Informer:
                 self.cache.pop(key, None)
             else:
                 self.cache[key] = kept
+        if type_ == "DELETED" and self._on_removed is not None:
+            self._on_removed(key)
         if kept is None or type_ == "DELETED":
             if prev is not None:
                 self._handler(self.kind, EventType.DELETED, kept or prev)
@@ -229,13 +262,15 @@ def standard_informers(
     *,
     contract: Contract = DEFAULT_CONTRACT,
     classes: CarveClasses | None = None,
+    share: NamespaceShare | None = None,
 ) -> list[Informer]:
     """The collections the controller watches, all cluster-wide, through the JSON client (so
     the request counter and the error hierarchy see them), each kept only as far as the
     controller reads it (`controller.cache`): ResourceSlices of carve's driver only (a field
     selector, so the apiserver sends no other driver's), claims of carve's classes or holding
     carve's devices. Nodes skip updates that change nothing kept (heartbeats).
-    DeviceTaintRules are optional (`TAINT_RULE_PATHS`)."""
+    DeviceTaintRules are optional (`TAINT_RULE_PATHS`). With a `share`, waiting pods past
+    their namespace's share are not kept, nor their claims (`controller.namespaceshare`)."""
     from controller.cache import claim_view, pod_view, slice_view, strip_bookkeeping, trim_node
 
     config = config or InformerConfig()
@@ -250,13 +285,16 @@ def standard_informers(
     )
     collections[Kind.TAINT_RULE] = FirstServed(*(JsonCollection(api, p) for p in TAINT_RULE_PATHS))
     transforms: dict[Kind, Callable[[Obj], Obj | None]] = {
-        Kind.POD: pod_view(contract.scheduling_gate),
+        Kind.POD: pod_view(contract.scheduling_gate, contract.driver, share),
         Kind.NODE: trim_node,
         Kind.SLICE: slice_view(),
-        Kind.CLAIM: claim_view(classes, contract.driver),
+        Kind.CLAIM: claim_view(classes, contract.driver, share),
         Kind.CLASS: strip_bookkeeping,
         Kind.TAINT_RULE: strip_bookkeeping,
     }
+    removed: dict[Kind, Callable[[str], None]] = (
+        {Kind.POD: share.release, Kind.CLAIM: share.claim_gone} if share is not None else {}
+    )
     return [
         Informer(
             k,
@@ -267,6 +305,7 @@ def standard_informers(
             transform=transforms[k],
             skip_unchanged=k is Kind.NODE,
             optional=k is Kind.TAINT_RULE,
+            on_removed=removed.get(k),
         )
         for k, collection in collections.items()
     ]

@@ -33,6 +33,7 @@ from controller.informers import Informer, InformerConfig, standard_informers, s
 from controller.leader import LeaderElector, LeaseConfig
 from controller.liveness import LoopLiveness
 from controller.metrics import ControllerMetrics
+from controller.namespaceshare import DEFAULT_SHARE, NamespaceShare, Refetcher, ShedReport
 from controller.objects import CarveClasses, Kind
 from controller.placement import DEFAULT_POLICY, Policy
 from controller.reconciler import Reconciler
@@ -138,6 +139,28 @@ COMMIT_WORKERS: Flag[int] = Flag(
 )
 
 
+def _share(text: str) -> int:
+    try:
+        value = int(text.strip())
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError("must be a whole number of pods (0: no bound)")
+    return value
+
+
+NAMESPACE_POD_SHARE: Flag[int] = Flag(
+    "namespace-pod-share",
+    "waiting pods of one namespace kept in memory; past it a namespace's new pods are shed "
+    "(evented, counted in carve_shed_pods) and taken up in the order they came as earlier ones "
+    "are placed, so one namespace cannot run the controller out of memory (0: no bound)",
+    str(DEFAULT_SHARE),
+    _share,
+    example=str(DEFAULT_SHARE),
+    metavar="N",
+)
+
+
 def _policy(text: str) -> Policy:
     try:
         return Policy(text.strip())
@@ -211,6 +234,7 @@ def command_line() -> flags.CommandLine:
             HOLD_GATE_UNTIL_CARVED,
             CARVE_WAIT,
             COMMIT_WORKERS,
+            NAMESPACE_POD_SHARE,
             PACKING_POLICY,
             LEADER_ELECT,
             LEASE_NAME,
@@ -257,6 +281,7 @@ class ControllerOptions:
     commit_workers: int = 8
     packing_policy: Policy = DEFAULT_POLICY
     request_timeout: float = 10.0
+    namespace_pod_share: int = DEFAULT_SHARE  # 0: no bound
 
 
 def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ControllerOptions:
@@ -297,6 +322,7 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
         hold_gate_until_carved=got[HOLD_GATE_UNTIL_CARVED],
         carve_wait=got[CARVE_WAIT],
         commit_workers=got[COMMIT_WORKERS],
+        namespace_pod_share=got[NAMESPACE_POD_SHARE],
         packing_policy=got[PACKING_POLICY],
         request_timeout=got[REQUEST_TIMEOUT],
     )
@@ -327,6 +353,32 @@ def serve_http(
 
 
 # -- wiring ------------------------------------------------------------------------------------
+
+
+def _share_parts(
+    share: NamespaceShare,
+    kube: KubeJson,
+    informers: list[Informer],
+    recorder: DeferredRecorder,
+    metrics: ControllerMetrics,
+) -> tuple[Refetcher, ShedReport]:
+    """The namespace share's reader (GETs through the JSON client, delivered to the informer
+    that shed the object) and its report (events and gauges, from the decision thread)."""
+    by_kind = {inf.kind: inf for inf in informers}
+    refetcher = Refetcher(
+        share,
+        lambda kind, key: kube.request("GET", _object_path(kind, key)),
+        lambda kind, obj: by_kind[kind].refresh(obj, lambda k: share.wants(kind, k)),
+    )
+    report = ShedReport(share, recorder.event, metrics.shed_pods.set, metrics.pods_shed.inc)
+    return refetcher, report
+
+
+def _object_path(kind: Kind, key: str) -> str:
+    namespace, _, name = key.partition("/")
+    if kind is Kind.POD:
+        return f"/api/v1/namespaces/{namespace}/pods/{name}"
+    return f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
 
 
 def default_planner(driver: str, policy: Policy = DEFAULT_POLICY) -> Planner:
@@ -422,6 +474,7 @@ class Controller:
             commit_beside=self.commit_writes.offer if self.commit_writes else None,
         )
         self.resync_s = opts.resync_period
+        self.share = NamespaceShare(opts.namespace_pod_share)
         self.informers: list[Informer] = standard_informers(
             kube,
             self.reconciler.enqueue,
@@ -429,6 +482,10 @@ class Controller:
             InformerConfig(),
             contract=contract,
             classes=self.config.classes,
+            share=self.share,
+        )
+        self.refetcher, self.shed_report = _share_parts(
+            self.share, kube, self.informers, recorder, self.metrics
         )
         self._http: OpsServer | None = None
         self._usage_thread: threading.Thread | None = None
@@ -451,6 +508,7 @@ class Controller:
                 self.opts.http_address, self.metrics, self.unsynced, self.liveness.check
             )
         start_informers(self.informers, time.monotonic)
+        threading.Thread(target=self.refetcher.run, name="share-refetch", daemon=True).start()
         if self.elector is not None:
             elector = self.elector
             threading.Thread(
@@ -468,6 +526,7 @@ class Controller:
             self.liveness.beat()
             try:
                 self.reconciler.step(timeout=0.5)
+                self.shed_report.report()
                 now = time.monotonic()
                 if not frozen and self.reconciler.synced:
                     _freeze_heap()
@@ -505,6 +564,7 @@ class Controller:
         """Stop, handing the lease over only once no write of this term can still land."""
         for inf in self.informers:
             inf.stop()
+        self.refetcher.stop()
         pools = [self.commit_writes, self.release_writes, self.best_effort_writes]
         deadline = time.monotonic() + self.opts.request_timeout + _DRAIN_MARGIN_S
         drains = [p.drain for p in pools if p is not None]

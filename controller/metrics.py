@@ -248,6 +248,7 @@ class ControllerMetrics:
             "first (controller.duplicategpus).",
             registry=r,
         )
+        self.shed_pods, self.pods_shed = _shed_metrics(r)
         # Every request the process sends (process.kube.requestcount): what a placement and a
         # release cost the apiserver, by verb and resource, and how many answered an error.
         self.api_requests = Counter(
@@ -290,3 +291,20 @@ class ControllerMetrics:
         self.fragmentation.set(usage.fragmentation)
         self.gpus.set(usage.gpus)
         return usage
+
+
+def _shed_metrics(r: CollectorRegistry) -> tuple[Gauge, Counter]:
+    """What the namespace share (controller.namespaceshare) sheds: now, and since the start."""
+    return (
+        Gauge(
+            "carve_shed_pods",
+            "Waiting pods not kept in memory now because their namespace has --namespace-pod-"
+            "share pods waiting already (controller.namespaceshare); each is taken up in turn.",
+            registry=r,
+        ),
+        Counter(
+            "carve_pods_shed",
+            "Pods shed since the process started (a pod shed again after a restart counts again).",
+            registry=r,
+        ),
+    )

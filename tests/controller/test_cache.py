@@ -55,7 +55,7 @@ def _pod(**spec: Any) -> Obj:
     }
 
 
-view = pod_view(GATE)
+view = pod_view(GATE, DEFAULT_CONTRACT.driver)
 
 
 def test_unbound_pods_without_claims_or_gate_are_not_kept() -> None:
@@ -68,13 +68,75 @@ def test_ended_pods_without_claims_are_not_kept() -> None:
     assert view(pod) is None
 
 
-def test_pods_with_claims_or_the_gate_are_kept_whole_but_managed_fields() -> None:
+def _job_pod() -> Obj:
+    """A training job's gated pod, as tests/support/flood.py writes them, with an MPS client
+    limit, an extended resource and everything the controller does not read."""
+    from tests.support.flood import job_pod
+
+    pod = job_pod("train-000001", "batch", 1)
+    pod["kind"] = "Pod"
+    pod["metadata"].update(
+        namespace="ns", uid="u1", resourceVersion="7", creationTimestamp="2026-01-01T00:00:00Z"
+    )
+    pod["metadata"]["annotations"][f"{DEFAULT_CONTRACT.driver}/node"] = "n1"
+    pod["metadata"]["ownerReferences"] = [{"kind": "Job", "name": "train", "uid": "j1"}]
+    pod["metadata"]["managedFields"] = [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}]
+    c = pod["spec"]["containers"][0]
+    c["env"].append({"name": "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "value": "50"})
+    c["resources"]["limits"] = {"nvidia.com/mig-1g.10gb": "1"}
+    pod["spec"]["initContainers"] = [
+        {"name": "sidecar", "image": "s", "restartPolicy": "Always",
+         "resources": {"requests": {"cpu": "1"}}, "env": [{"name": "X", "value": "y"}]},
+    ]  # fmt: skip
+    pod["spec"]["affinity"] = {
+        "nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}
+    }
+    pod["spec"]["priority"] = 100
+    pod["status"] = {
+        "phase": "Pending",
+        "conditions": [{"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}],
+        "resourceClaimStatuses": [{"name": "mig", "resourceClaimName": "train-000001-mig-x"}],
+        "qosClass": "Burstable",
+    }
+    return pod
+
+
+def test_a_carve_pod_is_kept_as_far_as_the_controller_reads_it() -> None:
+    """Issue 41.5: every reader of a waiting pod gives the same answer from the projection as
+    from the whole pod, which is several times larger."""
+    from controller.mpscheck import pod_clients
+    from controller.objects import priority_key
+    from controller.work import may_need_work
+    from driver.apiviews import PodView
+
+    pod = _job_pod()
+    kept = view(copy.deepcopy(pod))
+    assert kept is not None
+    whole, slim = PodView(pod), PodView(kept)
+    for read in (
+        lambda v: v.scheduling_gates, lambda v: v.resource_claims, lambda v: v.affinity,
+        lambda v: v.resource_claim_statuses, lambda v: v.conditions, lambda v: v.priority,
+        lambda v: v.phase, lambda v: v.labels, lambda v: v.owner_references, lambda v: v.uid,
+        lambda v: v.creation_timestamp, lambda v: v.spec.get("nodeSelector"),
+        lambda v: v.spec.get("tolerations"), lambda v: v.resource_version,
+    ):  # fmt: skip
+        assert read(slim) == read(whole)
+    assert pod_requests(kept["spec"]) == pod_requests(pod["spec"])
+    names = {"mig": "train-000001-mig-x"}
+    assert pod_clients(kept, names) == pod_clients(pod, names) != []
+    assert priority_key(kept) == priority_key(pod)
+    assert may_need_work(kept, GATE) and may_need_work(pod, GATE)
+    assert kept["spec"]["containers"][0]["resources"] == pod["spec"]["containers"][0]["resources"]
+    assert kept["metadata"]["annotations"] == {f"{DEFAULT_CONTRACT.driver}/node": "n1"}
+    assert "managedFields" not in kept["metadata"] and "volumes" not in kept["spec"]
+    assert "image" not in kept["spec"]["containers"][0] and "qosClass" not in kept["status"]
+    assert 2 * len(json.dumps(kept)) < len(json.dumps(pod))
+
+
+def test_a_pod_that_names_a_claim_is_kept_even_without_the_gate() -> None:
     claimed = _pod(resourceClaims=[{"name": "c", "resourceClaimTemplateName": "t"}])
-    gated = _pod(schedulingGates=[{"name": GATE}])
-    for pod in (claimed, gated):
-        expected = copy.deepcopy(pod)
-        del expected["metadata"]["managedFields"]
-        assert view(pod) == expected
+    kept = view(claimed)
+    assert kept is not None and kept["spec"]["resourceClaims"] == claimed["spec"]["resourceClaims"]
 
 
 def test_bound_plain_pods_keep_what_node_fit_reads() -> None:

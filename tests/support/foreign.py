@@ -173,7 +173,7 @@ def bytes_per_object(samples: int = 200) -> dict[str, float]:
     from controller.objects import CarveClasses
 
     claims = claim_view(CarveClasses(), DEFAULT_CONTRACT.driver)
-    pods = pod_view(_GATE)
+    pods = pod_view(_GATE, DEFAULT_CONTRACT.driver)
     slices = slice_view()
     carve_slices = node_slices(fleet_node(1), DEFAULT_CONTRACT.driver)
     gated = pod_manifest("p-000001", "1g")

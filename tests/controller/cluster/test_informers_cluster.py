@@ -136,7 +136,7 @@ def test_pod_view_caches_only_what_the_controller_needs(
         rec.handler,
         rec.synced.append,
         InformerConfig(watch_timeout_s=5),
-        transform=pod_view("mig.carve.dev/placement"),
+        transform=pod_view("mig.carve.dev/placement", "mig.carve.dev"),
         skip_unchanged=True,
     )
     # No node matches: kube-scheduler leaves it unbound.

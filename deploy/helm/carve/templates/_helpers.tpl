@@ -85,6 +85,7 @@ CARVE_PREEMPTION_HOLD: {{ .Values.controller.preemptionHold | quote }}
 CARVE_HOLD_GATE_UNTIL_CARVED: {{ .Values.controller.holdGateUntilCarved | toString | quote }}
 CARVE_CARVE_WAIT: {{ .Values.controller.carveWait | quote }}
 CARVE_PACKING_POLICY: {{ .Values.controller.packingPolicy | quote }}
+CARVE_NAMESPACE_POD_SHARE: {{ .Values.controller.namespacePodShare | toString | quote }}
 CARVE_LEADER_ELECT: {{ include "carve.controller.leaderElect" . | quote }}
 CARVE_LEASE_NAME: "carve-controller"
 CARVE_HTTP_ADDRESS: {{ printf ":%s" (include "carve.controller.port" .) | quote }}
