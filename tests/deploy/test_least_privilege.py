@@ -12,7 +12,6 @@ of its own, so it shares the control plane with the other installs of this sessi
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from devcluster.cluster import LocalCluster, api_client_for, run_kubectl
+from devcluster.cluster import LocalCluster, run_kubectl
 from devcluster.pytest_plugin import (  # noqa: F401  (fixtures, used by name)
     fake_node,
     k8s_api,
@@ -28,7 +27,8 @@ from devcluster.pytest_plugin import (  # noqa: F401  (fixtures, used by name)
 )
 from devcluster.waiting import wait_for
 from driver.contract import Contract
-from tests.support.helm import CHART, Helm
+from tests.support.helm import NOWHERE, Helm, parked_install
+from tests.support.sa_tokens import client_as, service_account_token
 
 pytestmark = pytest.mark.cluster
 
@@ -38,7 +38,6 @@ PLUGIN = f"system:serviceaccount:{NAMESPACE}:carve-kubelet-plugin"
 CONTROLLER = f"system:serviceaccount:{NAMESPACE}:carve-controller"
 MPS_DAEMON = f"system:serviceaccount:{NAMESPACE}:carve-mps-daemon"
 SOMEONE = "system:serviceaccount:default:default"
-NOWHERE = {"carve.dev/test-no-such-node": "true"}
 
 # (who, verb, resource[/subresource], name or "", expected): the table the note reports.
 CAN_I: tuple[tuple[str, str, str, str, bool], ...] = (
@@ -148,38 +147,11 @@ CAN_I_OWN_NAMESPACE: tuple[tuple[str, str, str, str, bool], ...] = (
 )
 
 
-@contextlib.contextmanager
 def _chart_installed(
     k8s_cluster: LocalCluster, helm: Helm, release: str, namespace: str, *sets: str
-) -> Iterator[Path]:
+) -> contextlib.AbstractContextManager[Path]:
     """The chart installed under `release`, its pods scheduled nowhere (only RBAC matters)."""
-    kubeconfig = Path(k8s_cluster.info.kubeconfig)
-    helm.run(
-        "install",
-        release,
-        str(CHART),
-        "--namespace",
-        namespace,
-        "--create-namespace",
-        *(a for s in sets for a in ("--set", s)),
-        "--set-json",
-        f"controller.nodeSelector={json.dumps(NOWHERE)}",
-        "--set-json",
-        f"plugin.nodeSelector={json.dumps(NOWHERE)}",
-        kubeconfig=str(kubeconfig),
-    )
-    try:
-        yield kubeconfig
-    finally:
-        helm.run(
-            "uninstall",
-            release,
-            "--namespace",
-            namespace,
-            "--wait",
-            kubeconfig=str(kubeconfig),
-            check=False,
-        )
+    return parked_install(helm, Path(k8s_cluster.info.kubeconfig), release, namespace, *sets)
 
 
 def _can_i_mismatches(
@@ -242,19 +214,10 @@ def _token(
 ) -> str:
     """A token of `account` (the plugin's by default), as the kubelet gets one for its pod
     (bound to the pod, so it carries the pod's node) or, with no pod, one that names no node."""
-    spec: dict[str, Any] = {"audiences": [], "expirationSeconds": 600}
-    if pod is not None:
-        spec["boundObjectRef"] = {"kind": "Pod", "apiVersion": "v1", "name": pod}
-    resp = core.create_namespaced_service_account_token(account, namespace, {"spec": spec})
-    return str(resp.status.token)
+    return service_account_token(core, account, namespace, pod)
 
 
-def _client_as(kubeconfig: Path, token: str) -> client.ApiClient:
-    api = api_client_for(kubeconfig)
-    cfg = api.configuration
-    cfg.api_key = {"authorization": f"Bearer {token}"}
-    cfg.cert_file = cfg.key_file = None
-    return client.ApiClient(cfg)
+_client_as = client_as
 
 
 def _as_token(kubeconfig: Path, token: str) -> client.ResourceV1Api:

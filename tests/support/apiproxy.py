@@ -1,14 +1,27 @@
 """A real HTTP proxy between a client and kube-apiserver that can misbehave on cue.
 
-The client talks plain HTTP to the proxy (a kubeconfig without credentials); the proxy
-forwards every request over TLS with the cluster's admin credentials and streams the answer
-back, watches included (chunked). Faults, each armed by the test:
+Two ways to stand in the middle:
+
+- as the admin (the default): the client talks plain HTTP to the proxy (a kubeconfig without
+  credentials); the proxy forwards every request over TLS with the cluster's admin
+  credentials;
+- as the client (`as_client=True`): the proxy terminates the client's TLS with a certificate
+  of its own CA and forwards each request with the client's own bearer token and no
+  credentials of its own, so the apiserver authenticates, authorizes and admits the client
+  itself (a service-account token bound to a pod keeps its pod name: what the leader fence
+  reads). A request held until after the client died still reaches the apiserver as that
+  client's.
+
+Either way the answer is streamed back, watches included (chunked). Faults, each armed by
+the test:
 
 - `drop_response(match)`: forward the next request that `match(method, path, body)` accepts,
   let the apiserver apply it, read its answer, then close the client's connection without a
   byte: the client sees a reset after the write landed (an ambiguous write);
 - `hold(match)`: forward nothing of a matching request (or of a matching watch's stream)
-  until the returned `Hold` is released: a write in flight, or a watch that lags.
+  until the returned `Hold` is released: a write in flight, or a watch that lags. What the
+  apiserver answered a held request is kept on the `Hold` (`answers`), whether or not the
+  client is still there to read it.
 
 Test tooling only: nothing shipped imports it.
 """
@@ -21,6 +34,7 @@ import http.client
 import queue
 import socket
 import ssl
+import sys
 import tempfile
 import threading
 from collections.abc import Callable
@@ -45,9 +59,19 @@ class Hold:
     match: Match
     released: threading.Event = field(default_factory=threading.Event)
     requests: list[str] = field(default_factory=list)  # "METHOD path" of each one held
+    answers: list[Answer] = field(default_factory=list)  # the apiserver's, once released
 
     def release(self) -> None:
         self.released.set()
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What the apiserver answered one held request (not a watch)."""
+
+    request: str  # "METHOD path"
+    status: int
+    body: bytes
 
 
 @dataclass
@@ -59,30 +83,46 @@ class _Faults:
     seen: list[tuple[str, str]] = field(default_factory=list)
 
 
+class _ClientGoneError(Exception):
+    """The client left during the TLS handshake: a controller killed while connecting."""
+
+
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client gone mid-handshake is what these tests do to clients, not a fault of the
+        proxy: no traceback for it. Anything else is printed as usual."""
+        if isinstance(sys.exc_info()[1], _ClientGoneError):
+            return
+        super().handle_error(request, client_address)
+
+
 class ApiProxy:
     """See the module docstring. Use as a context manager."""
 
-    def __init__(self, kubeconfig: Path) -> None:
+    def __init__(self, kubeconfig: Path, *, as_client: bool = False) -> None:
         doc = yaml.safe_load(kubeconfig.read_text())
         cluster = doc["clusters"][0]["cluster"]
         user = doc["users"][0]["user"]
         target = urlsplit(cluster["server"])
         self._host, self._port = target.hostname or "127.0.0.1", target.port or 443
         self._dir = Path(tempfile.mkdtemp(prefix="carve-apiproxy-"))
-        files = {}
-        for name, key in (
-            ("ca.crt", cluster["certificate-authority-data"]),
-            ("client.crt", user["client-certificate-data"]),
-            ("client.key", user["client-key-data"]),
-        ):
-            path = self._dir / name
-            path.write_bytes(base64.b64decode(key))
-            files[name] = path
-        self._tls = ssl.create_default_context(cafile=str(files["ca.crt"]))
-        self._tls.load_cert_chain(str(files["client.crt"]), str(files["client.key"]))
+        ca = self._dir / "ca.crt"
+        ca.write_bytes(base64.b64decode(cluster["certificate-authority-data"]))
+        self._tls = ssl.create_default_context(cafile=str(ca))
+        self.as_client = as_client
+        if not as_client:
+            for name, key in (
+                ("client.crt", user["client-certificate-data"]),
+                ("client.key", user["client-key-data"]),
+            ):
+                (self._dir / name).write_bytes(base64.b64decode(key))
+            self._tls.load_cert_chain(str(self._dir / "client.crt"), str(self._dir / "client.key"))
         self.faults = _Faults()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
+        self._server = _Server(("127.0.0.1", 0), self._handler_class())
         self._server.daemon_threads = True
+        self._serving_ca: Path | None = None
+        if as_client:
+            self._serving_ca = self._serve_tls()
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -96,19 +136,49 @@ class ApiProxy:
         self._server.shutdown()
         self._server.server_close()
 
+    def _serve_tls(self) -> Path:
+        """Terminate the client's TLS: a CA of the proxy's own (the client trusts it through
+        its kubeconfig) and a serving certificate for 127.0.0.1. The handshake is made in the
+        connection's own thread (`Handler.setup`), so a client that dies mid-handshake never
+        stalls the accepting one."""
+        from devcluster.pki import CertificateAuthority
+
+        authority = CertificateAuthority.create("carve-apiproxy-ca")
+        ca = authority.write(self._dir, "serving-ca")
+        serving = authority.issue(
+            self._dir, "serving", common_name="carve-apiproxy", ip_addresses=["127.0.0.1"],
+            server=True,
+        )  # fmt: skip
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        tls.load_cert_chain(str(serving.cert), str(serving.key))
+        self._server.socket = tls.wrap_socket(
+            self._server.socket, server_side=True, do_handshake_on_connect=False
+        )
+        return ca.cert
+
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        scheme = "https" if self.as_client else "http"
+        return f"{scheme}://127.0.0.1:{self._server.server_address[1]}"
 
-    def kubeconfig(self, path: Path) -> Path:
-        """A kubeconfig that reaches the apiserver through this proxy."""
+    def kubeconfig(self, path: Path, token: str | None = None) -> Path:
+        """A kubeconfig that reaches the apiserver through this proxy: with `as_client`, over
+        TLS (trusting the proxy's CA) with `token`, the client's own credential."""
+        cluster: dict[str, str] = {"server": self.url}
+        user: dict[str, str] = {}
+        if self._serving_ca is not None:
+            cluster["certificate-authority-data"] = base64.b64encode(
+                self._serving_ca.read_bytes()
+            ).decode()
+            assert token, "a proxy that forwards the client's credentials needs one"
+            user["token"] = token
         path.write_text(
             yaml.safe_dump(
                 {
                     "apiVersion": "v1",
                     "kind": "Config",
-                    "clusters": [{"name": "proxy", "cluster": {"server": self.url}}],
-                    "users": [{"name": "proxy", "user": {}}],
+                    "clusters": [{"name": "proxy", "cluster": cluster}],
+                    "users": [{"name": "proxy", "user": user}],
                     "contexts": [
                         {"name": "proxy", "context": {"cluster": "proxy", "user": "proxy"}}
                     ],
@@ -148,6 +218,16 @@ class ApiProxy:
 
             def log_message(self, format: str, *args: Any) -> None:
                 return None
+
+            def setup(self) -> None:
+                if isinstance(self.request, ssl.SSLSocket):
+                    self.request.settimeout(30)
+                    try:
+                        self.request.do_handshake()
+                    except OSError as exc:  # ssl.SSLError included
+                        raise _ClientGoneError(str(exc)) from exc
+                    self.request.settimeout(None)
+                super().setup()
 
             def _forward(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
@@ -190,9 +270,14 @@ class ApiProxy:
                     self._stream(resp, lambda: any(not h.released.is_set() for h in holds))
                 else:
                     data = resp.read()
+                    for held in holds:
+                        held.answers.append(Answer(f"{method} {path}", resp.status, data))
                     self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
+                    try:
+                        self.end_headers()
+                        self.wfile.write(data)
+                    except OSError:  # the client is gone (killed while its request was held)
+                        self.close_connection = True
                 upstream.close()
 
             def _stream(self, resp: http.client.HTTPResponse, holding: Callable[[], bool]) -> None:

@@ -4,9 +4,11 @@ the published slices, and the bound pods."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from kubernetes import client
@@ -19,10 +21,18 @@ from tests.controller.cluster.objects import allocated_devices, claims_of, pods_
 
 
 class ControllerProcess:
-    """`carve-controller` started as its console script, with logs kept for post-mortems."""
+    """`carve-controller` started as its console script, with logs kept for post-mortems.
+    `env`: variables set on top of this process's own (a chart's `CARVE_*` settings)."""
 
     def __init__(
-        self, kubeconfig: Path, lease_ns: str, log: Path, identity: str, extra: list[str]
+        self,
+        kubeconfig: Path,
+        lease_ns: str,
+        log: Path,
+        identity: str,
+        extra: list[str],
+        *,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.args = [
             str(Path(sys.executable).parent / "carve-controller"),
@@ -47,11 +57,14 @@ class ControllerProcess:
             *extra,
         ]
         self.log = log
+        self.env = dict(env or {})
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> ControllerProcess:
         out = self.log.open("ab")
-        self.proc = subprocess.Popen(self.args, stdout=out, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            self.args, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **self.env}
+        )
         return self
 
     def kill(self) -> None:

@@ -5,10 +5,11 @@ with the reason; with CARVE_REQUIRE_CLUSTER set (CI) it fails instead."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,45 @@ class Helm:
         for s in sets:
             args += ["--set", s]
         return [d for d in yaml.safe_load_all(self.run(*args).stdout) if d]
+
+
+NOWHERE = {"carve.dev/test-no-such-node": "true"}
+"""A nodeSelector no node matches: a parked install's pods are never scheduled."""
+
+
+@contextlib.contextmanager
+def parked_install(
+    helm: Helm, kubeconfig: Path, release: str, namespace: str, *sets: str
+) -> Iterator[Path]:
+    """The chart installed under `release` with its pods scheduled nowhere: its RBAC, admission
+    policies and settings are live, none of its components runs (a test runs them itself, or
+    needs only what the apiserver enforces). Uninstalled on exit; yields `kubeconfig`."""
+    helm.run(
+        "install",
+        release,
+        str(CHART),
+        "--namespace",
+        namespace,
+        "--create-namespace",
+        *(a for s in sets for a in ("--set", s)),
+        "--set-json",
+        f"controller.nodeSelector={json.dumps(NOWHERE)}",
+        "--set-json",
+        f"plugin.nodeSelector={json.dumps(NOWHERE)}",
+        kubeconfig=str(kubeconfig),
+    )
+    try:
+        yield kubeconfig
+    finally:
+        helm.run(
+            "uninstall",
+            release,
+            "--namespace",
+            namespace,
+            "--wait",
+            kubeconfig=str(kubeconfig),
+            check=False,
+        )
 
 
 def helm_binary() -> Path:
