@@ -32,7 +32,7 @@ Columns:
 With ``--queue`` (timeline mode) a job that does not fit waits and is retried when capacity
 frees (tests/bench/queued.py states the queue model): kube-scheduler's allocator and carve's
 policies serve the queue in arrival order, as kube-scheduler's active queue does, and
-``carve ... joint`` places it jointly (controller/placement/queue.py), with the starvation
+``carve ... joint`` places it jointly (tests/bench/queue_placer.py), with the starvation
 guard after ``--keep-after`` seconds. Then placed counts the jobs placed by the trace's last
 arrival, util is the mean memory-slice utilisation while jobs waited (saturation), wait p50 /
 p99 are the queueing delays (start - arrival, replay seconds) of every job placed, and p99 ms

@@ -7,14 +7,14 @@ believes it leads). On a conflict the claim is read again and the patch is re-de
 fresh copy; when the fresh copy shows that the write no longer makes sense (claim already
 allocated by someone else, claim gone) the mutation says so and nothing is written.
 
-Removing carve's gate or a finalizer needs no such guard: only carve writes them, and the
-resourceVersion turned every unrelated write to the object (kube-controller-manager records a
-pod's claims in its status as carve ungates it) into a 409, a GET and a second PATCH. These are
-JSON patches whose `test` operations pin what they depend on instead: the object's uid (not a
-namesake) and the list element they remove, at the index the cached copy shows. A failed test
-(422) means that list changed: the object is read once and the patch derived again. Adding the
-finalizer (carve's admission policy normally does it at creation) is a strategic merge of the
-finalizer list, a union, which needs no index; the uid in the patch pins the object.
+Finalizers and carve's scheduling gate need no such guard: each write touches only carve's own
+entry, and the resourceVersion turned every unrelated write to the object (kube-controller-manager
+records a pod's claims in its status as carve ungates it) into a 409, a GET and a second PATCH.
+Finalizers are added and removed as `process.kube.finalizers` does it for both programs (a
+strategic merge that adds one entry; a JSON patch that tests the entry at its index and removes
+it); the gate is removed the same way. The hand-over to kube-scheduler removes the finalizer with
+those same operations, in one JSON patch with its annotation and a `test` of the resourceVersion:
+it must land only on a claim still unallocated.
 
 Never a PUT of the whole object: the apiserver keeps opaque config parameters as the bytes it
 received and compares those bytes when it checks that an immutable spec did not change. A
@@ -45,15 +45,15 @@ from driver.allocation import (
 from driver.apiviews import ClaimView, DeviceClassView, ObjectView
 from driver.contract import DEFAULT_CONTRACT, HANDED_TO_SCHEDULER, Contract
 from process.kube import Obj
-from process.kube.errors import status_of
+from process.kube.finalizers import FinalizedObject, add_finalizer, removal, remove_finalizer
 from process.kube.jsonclient import JsonRequests
 from process.kube.rmw import (
+    JSON_PATCH,
     MERGE_PATCH,
-    ObjectReplacedError,
     RetryPolicy,
     Target,
     WriteFencedError,
-    is_transient,
+    edit_pinned,
     read_modify_write,
 )
 
@@ -62,7 +62,6 @@ from process.kube.rmw import (
 from process.kube.rmw import ObjectGoneError as ObjectGoneError  # noqa: PLC0414
 from process.kube.rmw import WriteSkippedError as WriteSkippedError  # noqa: PLC0414
 
-JSON_PATCH = "application/json-patch+json"
 STRATEGIC_MERGE = "application/strategic-merge-patch+json"
 
 
@@ -192,6 +191,19 @@ class KubeClaimWriter:
         if not self._fence():
             raise WriteFencedError("not the leader any more")
 
+    def _target(
+        self, obj: Obj, get: Callable[[str, str], Obj], patch: Callable[[str, str, Any], Obj]
+    ) -> Target:
+        view = ObjectView(obj)
+        name, namespace = view.name, view.namespace
+        return Target(
+            namespace=namespace,
+            name=name,
+            uid=view.uid,
+            read=lambda: get(name, namespace),
+            write=lambda body: patch(name, namespace, body),
+        )
+
     def _rmw(
         self,
         obj: Obj,
@@ -201,81 +213,51 @@ class KubeClaimWriter:
     ) -> Obj:
         """Send the merge patch `mutate` derives from `obj` (an informer copy), guarded by its
         resourceVersion; on 409 re-read and derive again. None from `mutate`: no-op."""
-        view = ObjectView(obj)
-        name, namespace = view.name, view.namespace
-        target = Target(
-            namespace=namespace,
-            name=name,
-            uid=view.uid,
-            read=lambda: get(name, namespace),
-            write=lambda body: patch(name, namespace, body),
-        )
         return read_modify_write(
-            target,
+            self._target(obj, get, patch),
             mutate,
             current=obj,
             fence=self._fence,
             policy=RetryPolicy(attempts=self._attempts),
         )
 
-    def _edit(
+    def _pinned(
         self,
         obj: Obj,
         get: Callable[[str, str], Obj],
-        patch: Callable[[str, str, Any, str], Obj],
+        patch: Callable[[str, str, Any], Obj],
         ops: Callable[[Obj], list[Obj] | None],
     ) -> Obj:
         """Send the JSON patch `ops` derives from `obj` (an informer copy; None: nothing to
-        do), pinned to the object's uid, without a resourceVersion (see the module). A failed
-        `test` (422) or a transient error: read again and derive again, a bounded number of
-        times."""
-        view = ObjectView(obj)
-        name, namespace, uid = view.name, view.namespace, view.uid
-        current = obj
-        for attempt in range(self._attempts):
-            self._check_fence()
-            body = ops(current)
-            if body is None:
-                return current
-            try:
-                return patch(
-                    name,
-                    namespace,
-                    [{"op": "test", "path": "/metadata/uid", "value": uid}, *body],
-                    JSON_PATCH,
-                )
-            except Exception as exc:
-                if status_of(exc) == 404:
-                    raise ObjectGoneError(f"{namespace}/{name} was deleted") from exc
-                if (status_of(exc) != 422 and not is_transient(exc)) or (
-                    attempt + 1 == self._attempts
-                ):
-                    raise
-            current = self._reread(get, name, namespace, uid)
-        raise AssertionError("unreachable: the last attempt returns or raises")
+        do), pinned by its `test` operations (see the module); on 422 re-read and derive again."""
+        return edit_pinned(
+            self._target(obj, get, patch),
+            ops,
+            current=obj,
+            fence=self._fence,
+            policy=RetryPolicy(attempts=self._attempts),
+        )
 
-    def _reread(self, get: Callable[[str, str], Obj], name: str, namespace: str, uid: str) -> Obj:
-        try:
-            fresh = get(name, namespace)
-        except Exception as exc:
-            if status_of(exc) == 404:
-                raise ObjectGoneError(f"{namespace}/{name} was deleted") from exc
-            raise
-        if ObjectView(fresh).uid != uid:
-            raise ObjectReplacedError(f"object was replaced (uid {uid} is gone)")
-        return fresh
+    def _claim(self, claim: Obj) -> FinalizedObject:
+        view = ObjectView(claim)
+        return FinalizedObject(
+            self._api,
+            _claim_path(view.namespace, view.name),
+            view.namespace,
+            view.name,
+            view.uid,
+            fence=self._fence,
+            policy=RetryPolicy(attempts=self._attempts),
+        )
 
     # -- claims ---------------------------------------------------------------------------------
 
     def _get_claim(self, name: str, namespace: str) -> Obj:
         return self._api.request("GET", _claim_path(namespace, name))
 
-    def _patch_claim(self, name: str, namespace: str, body: Obj) -> Obj:
-        return self._edit_claim(name, namespace, body, MERGE_PATCH)
-
-    def _edit_claim(self, name: str, namespace: str, body: Any, content_type: str) -> Obj:
+    def _json_patch_claim(self, name: str, namespace: str, ops: Any) -> Obj:
         return self._api.request(
-            "PATCH", _claim_path(namespace, name), body=body, content_type=content_type
+            "PATCH", _claim_path(namespace, name), body=ops, content_type=JSON_PATCH
         )
 
     def _patch_claim_status(self, name: str, namespace: str, body: Obj) -> Obj:
@@ -289,27 +271,8 @@ class KubeClaimWriter:
 
     def add_finalizer(self, claim: Obj) -> Obj:
         """Nothing to send when the claim has it (carve's admission policy adds it at
-        creation); else a strategic merge of the list, which adds without replacing."""
-        if has_finalizer(claim, self._finalizer):
-            return claim
-        view = ObjectView(claim)
-        if view.deleting:
-            raise WriteSkippedError("claim is being deleted")
-        self._check_fence()
-        name, namespace = view.name, view.namespace
-        body = {"metadata": {"uid": view.uid, "finalizers": [self._finalizer]}}
-        try:
-            return self._edit_claim(name, namespace, body, STRATEGIC_MERGE)
-        except Exception as exc:
-            if status_of(exc) == 404:
-                raise ObjectGoneError(f"{namespace}/{name} was deleted") from exc
-            if status_of(exc) != 422:
-                raise
-            # A replaced claim (the uid is immutable) or one being deleted (no new finalizers).
-            fresh = self._reread(self._get_claim, name, namespace, view.uid)
-            if ObjectView(fresh).deleting:
-                raise WriteSkippedError("claim is being deleted") from exc
-            raise
+        creation); else `process.kube.finalizers.add_finalizer`."""
+        return add_finalizer(self._claim(claim), self._finalizer, current=claim)
 
     def write_allocation(
         self, claim: Obj, allocation: ClaimAllocation, classes: Mapping[str, Obj]
@@ -349,39 +312,34 @@ class KubeClaimWriter:
         return self._rmw(claim, self._get_claim, self._patch_claim_status, mutate)
 
     def remove_finalizer(self, claim: Obj) -> Obj:
-        return self._edit(
-            claim, self._get_claim, self._edit_claim, _removal("finalizers", self._finalizer)
-        )
+        return remove_finalizer(self._claim(claim), self._finalizer, current=claim)
 
     def hand_to_scheduler(self, claim: Obj) -> Obj:
         """Leave an unallocated claim to kube-scheduler: drop our finalizer and mark it
         handed over (`Contract.allocator_annotation`), the one mark with which kube-scheduler
-        may allocate a claim of carve's classes. Skipped once the claim is allocated."""
+        may allocate a claim of carve's classes. Skipped once the claim is allocated: the
+        patch tests the resourceVersion it was derived from (see the module)."""
         marker = self._contract.allocator_annotation
 
-        def mutate(cur: Obj) -> Obj | None:
+        def ops(cur: Obj) -> list[Obj] | None:
             view = ClaimView(cur)
             if view.allocated:
                 raise WriteSkippedError("claim was allocated meanwhile")
-            marked = view.annotations.get(marker) == HANDED_TO_SCHEDULER
-            if marked and not view.has_finalizer(self._finalizer):
+            unfinalized = removal(cur, self._finalizer) or []
+            if view.annotations.get(marker) == HANDED_TO_SCHEDULER and not unfinalized:
                 return None
-            meta: Obj = {"annotations": {marker: HANDED_TO_SCHEDULER}}
-            if view.has_finalizer(self._finalizer):
-                meta["finalizers"] = [f for f in view.finalizers if f != self._finalizer]
-            return {"metadata": meta}
+            version = view.metadata.get("resourceVersion")
+            test = {"op": "test", "path": "/metadata/resourceVersion", "value": version}
+            return [test, _annotation(cur, marker, HANDED_TO_SCHEDULER), *unfinalized]
 
-        return self._rmw(claim, self._get_claim, self._patch_claim, mutate)
+        return self._pinned(claim, self._get_claim, self._json_patch_claim, ops)
 
     def remove_node_finalizer(self, claim: Obj, finalizer: str) -> Obj:
-        """Drop ``finalizer`` (a lost node's ``<driver>/node-<node>``) from the claim; only the
-        finalizers list is patched, pinned as every removal is (see the module)."""
+        """Drop ``finalizer`` (a lost node's ``<driver>/node-<node>``) from the claim, as the
+        node itself would (`process.kube.finalizers`)."""
         if not self._contract.is_node_finalizer(finalizer):
             raise ValueError(f"{finalizer!r} is not a node finalizer of {self._contract.driver}")
-
-        return self._edit(
-            claim, self._get_claim, self._edit_claim, _removal("finalizers", finalizer)
-        )
+        return remove_finalizer(self._claim(claim), finalizer, current=claim)
 
     # -- pods -----------------------------------------------------------------------------------
 
@@ -389,17 +347,25 @@ class KubeClaimWriter:
         return self._api.request("GET", _pod_path(namespace, name))
 
     def _patch_pod(self, name: str, namespace: str, body: Obj) -> Obj:
-        return self._edit_pod(name, namespace, body, MERGE_PATCH)
-
-    def _edit_pod(self, name: str, namespace: str, body: Any, content_type: str) -> Obj:
         return self._api.request(
-            "PATCH", _pod_path(namespace, name), body=body, content_type=content_type
+            "PATCH", _pod_path(namespace, name), body=body, content_type=MERGE_PATCH
+        )
+
+    def _edit_pod(self, name: str, namespace: str, ops: Any) -> Obj:
+        return self._api.request(
+            "PATCH", _pod_path(namespace, name), body=ops, content_type=JSON_PATCH
         )
 
     def remove_gate(self, pod: Obj) -> Obj:
-        return self._edit(
-            pod, self._get_pod, self._edit_pod, _removal("schedulingGates", self._gate)
-        )
+        def ops(cur: Obj) -> list[Obj] | None:
+            for i, gate in enumerate((cur.get("spec") or {}).get("schedulingGates") or []):
+                if gate.get("name") == self._gate:
+                    path = f"/spec/schedulingGates/{i}"
+                    test = {"op": "test", "path": f"{path}/name", "value": self._gate}
+                    return [test, {"op": "remove", "path": path}]
+            return None
+
+        return self._pinned(pod, self._get_pod, self._edit_pod, ops)
 
     def pin_and_ungate(self, pod: Obj, node: str) -> Obj:
         def mutate(cur: Obj) -> Obj | None:
@@ -427,22 +393,12 @@ class KubeClaimWriter:
         )
 
 
-def _removal(field: str, name: str) -> Callable[[Obj], list[Obj] | None]:
-    """JSON patch operations removing `name` from the finalizer list (`finalizers`) or the
-    scheduling gates (`schedulingGates`), tested at the index where they are now."""
-    parent = "metadata" if field == "finalizers" else "spec"
-
-    def ops(cur: Obj) -> list[Obj] | None:
-        entries = (cur.get(parent) or {}).get(field) or []
-        for i, entry in enumerate(entries):
-            value = entry if field == "finalizers" else entry.get("name")
-            if value == name:
-                path = f"/{parent}/{field}/{i}"
-                test = path if field == "finalizers" else f"{path}/name"
-                return [{"op": "test", "path": test, "value": name}, {"op": "remove", "path": path}]
-        return None
-
-    return ops
+def _annotation(obj: Obj, key: str, value: str) -> Obj:
+    """The JSON patch operation that sets one annotation (the map itself when there is none)."""
+    if ObjectView(obj).metadata.get("annotations") is None:
+        return {"op": "add", "path": "/metadata/annotations", "value": {key: value}}
+    escaped = key.replace("~", "~0").replace("/", "~1")  # RFC 6901
+    return {"op": "add", "path": f"/metadata/annotations/{escaped}", "value": value}
 
 
 def pod_condition(

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -25,14 +24,9 @@ from driver.config import OpaqueConfigEntry
 from process.kube import Obj
 from process.kube.errors import ConflictError, NotFoundError
 from process.kube.events import EventWriter
+from process.kube.finalizers import FinalizedObject, add_finalizer, remove_finalizer
 from process.kube.jsonclient import JsonRequests, KubeJson
-from process.kube.rmw import (
-    MERGE_PATCH,
-    ObjectGoneError,
-    Target,
-    WriteSkippedError,
-    read_modify_write,
-)
+from process.kube.rmw import ObjectGoneError, WriteSkippedError
 
 log = logging.getLogger(__name__)
 
@@ -124,9 +118,6 @@ class ClaimGoneError(Exception):
     """The claim (with the expected UID) no longer exists."""
 
 
-_LAST_READ_MAX = 256  # claims being prepared at once, with room to spare
-
-
 _ALL_CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
 APPLY_PATCH = "application/apply-patch+yaml"  # server-side apply; JSON is YAML
 
@@ -140,78 +131,27 @@ class KubernetesClaimClient:
 
     def __init__(self, api: KubeJson) -> None:
         self._api = api
-        # The copy `get` last read of each claim: prepare reads a claim and then adds its
-        # finalizer, and deriving that patch from this copy saves a second GET on the critical
-        # path. Safe because the patch carries the copy's resourceVersion (409 if stale).
-        self._last_read: dict[tuple[str, str], dict[str, Any]] = {}
-        self._last_read_lock = threading.Lock()
 
-    def _read(self, namespace: str, name: str) -> dict[str, Any] | None:
+    def get(self, namespace: str, name: str) -> ClaimSnapshot | None:
         try:
-            return self._api.request("GET", _claim_path(namespace, name))
+            return parse_claim(self._api.request("GET", _claim_path(namespace, name)))
         except NotFoundError:
             return None
 
-    def get(self, namespace: str, name: str) -> ClaimSnapshot | None:
-        obj = self._read(namespace, name)
-        with self._last_read_lock:
-            if obj is None:
-                self._last_read.pop((namespace, name), None)
-            else:
-                if len(self._last_read) >= _LAST_READ_MAX:
-                    self._last_read.clear()
-                self._last_read[(namespace, name)] = obj
-        return None if obj is None else parse_claim(obj)
-
-    def _copy_of(self, namespace: str, name: str, uid: str) -> dict[str, Any] | None:
-        """The claim as `get` last read it, once, if it is the object with this UID."""
-        with self._last_read_lock:
-            obj = self._last_read.pop((namespace, name), None)
-        if obj is None or ObjectView(obj).uid != uid:
-            return None
-        return obj
-
-    def _update_finalizers(
-        self, namespace: str, name: str, uid: str, finalizer: str, add: bool
-    ) -> None:
-        """Add or remove one finalizer through `process.kube.rmw`, the edge the controller writes
-        through too: a merge patch of `metadata.finalizers` that carries the resourceVersion it
-        was derived from, re-derived from a fresh read on conflict. The list is written whole,
-        so a patch derived from a stale copy would drop another writer's finalizer; the
-        resourceVersion is what makes it safe."""
-        path = _claim_path(namespace, name)
-
-        def mutate(cur: dict[str, Any]) -> dict[str, Any] | None:
-            view = ObjectView(cur)
-            current = list(view.finalizers)
-            if (finalizer in current) == add:
-                return None
-            if add and view.deleting:
-                raise WriteSkippedError(f"ResourceClaim {namespace}/{name} is being deleted")
-            wanted = [*current, finalizer] if add else [f for f in current if f != finalizer]
-            return {"metadata": {"finalizers": wanted}}
-
-        target = Target(
-            namespace=namespace,
-            name=name,
-            uid=uid,
-            read=lambda: self._api.request("GET", path),
-            write=lambda body: self._api.request(
-                "PATCH", path, body=body, content_type=MERGE_PATCH
-            ),
-        )
-        try:
-            read_modify_write(target, mutate, current=self._copy_of(namespace, name, uid))
-        except ObjectGoneError as e:
-            if add:
-                raise ClaimGoneError(
-                    f"ResourceClaim {namespace}/{name} with UID {uid} no longer exists"
-                ) from e
-        except WriteSkippedError as e:
-            raise ClaimGoneError(str(e)) from e
+    def _claim(self, namespace: str, name: str, uid: str) -> FinalizedObject:
+        return FinalizedObject(self._api, _claim_path(namespace, name), namespace, name, uid)
 
     def add_finalizer(self, namespace: str, name: str, uid: str, finalizer: str) -> None:
-        self._update_finalizers(namespace, name, uid, finalizer, add=True)
+        """`process.kube.finalizers.add_finalizer`, the controller's way too: one strategic
+        merge that adds the entry to whatever list the claim has, so it needs no read first."""
+        try:
+            add_finalizer(self._claim(namespace, name, uid), finalizer)
+        except ObjectGoneError as e:
+            raise ClaimGoneError(
+                f"ResourceClaim {namespace}/{name} with UID {uid} no longer exists"
+            ) from e
+        except WriteSkippedError as e:
+            raise ClaimGoneError(f"ResourceClaim {e}") from e
 
     def apply_device_status(
         self, namespace: str, name: str, uid: str, manager: str, entries: Sequence[Obj]
@@ -246,7 +186,10 @@ class KubernetesClaimClient:
                 return out
 
     def remove_finalizer(self, namespace: str, name: str, uid: str, finalizer: str) -> None:
-        self._update_finalizers(namespace, name, uid, finalizer, add=False)
+        """`process.kube.finalizers.remove_finalizer`: a read, then the entry removed where that
+        read shows it; a claim gone or replaced meanwhile has nothing left to remove."""
+        with contextlib.suppress(ObjectGoneError):
+            remove_finalizer(self._claim(namespace, name, uid), finalizer)
 
 
 class ClaimEvents(Protocol):

@@ -15,14 +15,12 @@ One concern per module:
 | :mod:`.scoring` | **the packing policy** (best fit, least waste, first fit); change it there |
 | :mod:`.search` | the single-device bucket scan and the multi-device search per node |
 | :mod:`.explain` | refusals in words |
-| :mod:`.queue` | :class:`QueuePlacer`: the pending queue jointly, room kept for starving pods |
 | :mod:`.feasibility`, :mod:`.records`, :mod:`.cache` | shared geometry facts, records, memo table |
 
 The names below are the package's interface; import them from ``controller.placement``.
 """
 
 from controller.placement.engine import PlacementEngine
-from controller.placement.queue import QueuePlacer, QueuePlan, Waiting
 from controller.placement.scoring import DEFAULT_POLICY, Policy
 from controller.placement.values import (
     MAX_COMBINATIONS,
@@ -49,7 +47,4 @@ __all__ = [
     "PlacementEngine",
     "PlacementRequest",
     "Policy",
-    "QueuePlacer",
-    "QueuePlan",
-    "Waiting",
 ]

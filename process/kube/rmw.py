@@ -1,28 +1,34 @@
-"""Read-modify-write of one API object, the only way carve changes an object someone else owns.
+"""Read-modify-write of one API object that other writers change too, in two forms.
 
-Both binaries change objects that other writers change too (kube-scheduler, the
+Both binaries change objects that others change as well (kube-scheduler, the
 kube-controller-manager, a second controller that still believes it leads, the controller and
-the node agents on the same claim's finalizers). Such writes go through `read_modify_write`,
-with one exception in `controller.status`: the controller adds its finalizer to a claim by a
-strategic merge pinned to the uid, and removes that finalizer or its scheduling gate by a JSON
-patch whose `test` ops pin the uid and the entry at its index. Each touches only carve's own
-list entry, so it needs no resourceVersion and other writers' changes never conflict with it.
-The rest:
+the node agents on the same claim's finalizers). Every such write derives its change from a
+copy of the object and must not undo what someone wrote since that copy was taken:
+
+- `read_modify_write` sends a JSON merge patch of only the fields carve owns, carrying the
+  `resourceVersion` it was derived from, so the apiserver refuses it (409) if anyone wrote in
+  between. For fields whose value carve decides as a whole (a claim's `status.allocation`, a
+  pod's scheduling gates and affinity together, a ResourceSlice's devices).
+- `edit_pinned` sends a JSON patch whose `test` operations pin what it depends on instead: the
+  object's uid (not a namesake created since) and whatever entries the operations touch. For
+  one entry of a list that others write too (`process.kube.finalizers`, carve's scheduling
+  gate): an unrelated write to the object never makes it conflict, and a failed test (422)
+  means what it depends on changed.
+
+Both run the same loop:
 
 1. derive the change from the current copy (`mutate`: None means nothing to write, a
    `WriteSkippedError` means the write no longer makes sense);
-2. send it carrying the `resourceVersion` it was derived from, so the apiserver refuses it (409)
-   if anyone wrote in between;
-3. on 409 read the object again and derive the change again from the fresh copy; transient
-   errors (429, 5xx, connection trouble) are retried too, with jittered exponential backoff and a
-   bounded number of attempts, after which the last error is raised as it was;
+2. send it, guarded as above;
+3. when the guard refuses it (409, or 422 for a pinned patch) read the object again and derive
+   the change again from the fresh copy; transient errors (429, 5xx, connection trouble) are
+   retried too, with jittered exponential backoff and a bounded number of attempts, after which
+   the last error is raised as it was;
 4. before every attempt ask the `fence`: a controller that lost its lease must stop writing at
    once, even half-way through a retry loop.
 
-The caller's `write` decides the wire format. carve writes JSON merge patches of only the fields
-it owns, never the whole object: the apiserver compares a claim's opaque config as the bytes it
+Never the whole object: the apiserver compares a claim's opaque config as the bytes it
 received, and a claim read and written back re-serialises them (see `controller.status`).
-A merge patch that carries `metadata.resourceVersion` is conditional exactly like a PUT.
 
 Errors say what happened: `ObjectGoneError` (deleted), `ObjectReplacedError` (deleted and created
 again under the same name: a new UID is another object, never "ours"), `WriteSkippedError` (the
@@ -41,6 +47,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import urllib3.exceptions
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
@@ -51,6 +58,7 @@ from process.kube.errors import status_of
 Fence = Callable[[], bool]
 
 MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
 
 _log = logging.getLogger(__name__)
 
@@ -81,9 +89,9 @@ neither `ConnectionError` nor `TimeoutError`; `http.client` and the socket layer
 def is_transient(exc: BaseException) -> bool:
     """Worth another attempt: a conflict, throttling, a server-side failure, a dropped or
     stalled link. A link error after the request was sent is ambiguous (the apiserver may have
-    applied it); another attempt is still safe, because it carries the resourceVersion it was
-    derived from: if the first one landed, the second gets 409 and is derived again from a
-    fresh read, which shows the change made."""
+    applied it); another attempt is still safe, because it carries the guard it was derived
+    under: if the first one landed, the second's resourceVersion is stale (409) or its `test`
+    fails (422), and it is derived again from a fresh read, which shows the change made."""
     if status_of(exc) in (408, 409, 429, 500, 502, 503, 504):
         return True
     # urllib3's URL errors are ValueErrors too: a caller's mistake, never worth a retry.
@@ -95,15 +103,16 @@ class Target:
     """The one object to change: how to read it and how to send a change to it.
 
     `read()` returns the object as the apiserver has it now; `write(body)` sends `body` (already
-    carrying the resourceVersion) and returns the object as written. Both raise the client's
-    error with `.status` 404 when the object is gone.
+    guarded: a merge patch carrying the resourceVersion, or a JSON patch's operations) and
+    returns the object as written. Both raise the client's error with `.status` 404 when the
+    object is gone.
     """
 
     namespace: str
     name: str
     uid: str
     read: Callable[[], Obj]
-    write: Callable[[Obj], Obj]
+    write: Callable[[Any], Obj]
 
     @property
     def key(self) -> str:
@@ -125,16 +134,23 @@ def _never_fenced() -> bool:
 
 
 class _Attempt:
-    """The state one `read_modify_write` call carries across its attempts."""
+    """The state one `read_modify_write` or `edit_pinned` call carries across its attempts."""
 
     def __init__(
-        self, target: Target, mutate: Callable[[Obj], Obj | None], current: Obj | None
+        self,
+        target: Target,
+        mutate: Callable[[Obj], Any],
+        current: Obj | None,
+        *,
+        pinned: bool,
     ) -> None:
         self.target = target
         self.mutate = mutate
         self.current: Obj = current if current is not None else {}
         self.fresh = False  # has `current` been read by us (rather than handed in)?
         self.unread = current is None
+        self.pinned = pinned
+        self.refused = 422 if pinned else 409  # what the guard answers when it does not hold
 
     def reread(self) -> None:
         try:
@@ -149,7 +165,7 @@ class _Attempt:
         self.fresh = True
         self.unread = False
 
-    def derive(self) -> Obj | None:
+    def derive(self) -> Any:
         try:
             return self.mutate(copy.deepcopy(self.current))
         except WriteSkippedError:
@@ -159,6 +175,14 @@ class _Attempt:
             self.reread()
             return self.mutate(copy.deepcopy(self.current))
 
+    def guarded(self, body: Any) -> Any:
+        if self.pinned:
+            return [{"op": "test", "path": "/metadata/uid", "value": self.target.uid}, *body]
+        body.setdefault("metadata", {})["resourceVersion"] = self.current["metadata"].get(
+            "resourceVersion"
+        )
+        return body
+
     def once(self, fence: Fence) -> Obj:
         if not fence():
             raise WriteFencedError("not the leader any more")
@@ -167,22 +191,31 @@ class _Attempt:
         body = self.derive()
         if body is None:
             return self.current
-        body.setdefault("metadata", {})["resourceVersion"] = self.current["metadata"].get(
-            "resourceVersion"
-        )
         try:
-            return self.target.write(body)
+            return self.target.write(self.guarded(body))
         except Exception as exc:
             if status_of(exc) == 404:
                 raise ObjectGoneError(f"{self.target.key} was deleted") from exc
-            if status_of(exc) == 409:
+            if status_of(exc) == self.refused:
                 self.reread()
                 _log.info(
-                    "conflict writing %s; retrying on resourceVersion %s",
+                    "%s writing %s; retrying on resourceVersion %s",
+                    "failed test" if self.pinned else "conflict",
                     self.target.key,
                     self.current["metadata"].get("resourceVersion"),
                 )
             raise
+
+    def run(self, fence: Fence, policy: RetryPolicy, sleep: Callable[[float], None]) -> Obj:
+        retrying = Retrying(
+            retry=retry_if_exception(lambda e: is_transient(e) or status_of(e) == self.refused),
+            stop=stop_after_attempt(policy.attempts),
+            wait=wait_random_exponential(multiplier=policy.initial_s, max=policy.max_wait_s),
+            sleep=sleep,
+            reraise=True,
+        )
+        result: Obj = retrying(self.once, fence)
+        return result
 
 
 def read_modify_write(
@@ -194,17 +227,26 @@ def read_modify_write(
     policy: RetryPolicy = RetryPolicy(),  # frozen, so one shared default is safe
     sleep: Callable[[float], None] = time.sleep,
 ) -> Obj:
-    """Write what `mutate` derives from the object, guarded by its resourceVersion; see the
-    module docstring. `current` is a copy to derive from first (an informer's cache entry);
-    without one the object is read first. Returns the object as written, or the current copy
-    when `mutate` found nothing to write."""
-    state = _Attempt(target, mutate, current)
-    retrying = Retrying(
-        retry=retry_if_exception(is_transient),
-        stop=stop_after_attempt(policy.attempts),
-        wait=wait_random_exponential(multiplier=policy.initial_s, max=policy.max_wait_s),
-        sleep=sleep,
-        reraise=True,
-    )
-    result: Obj = retrying(state.once, fence)
-    return result
+    """Write the merge patch `mutate` derives from the object, guarded by its resourceVersion;
+    see the module docstring. `current` is a copy to derive from first (an informer's cache
+    entry); without one the object is read first. Returns the object as written, or the
+    current copy when `mutate` found nothing to write."""
+    state = _Attempt(target, mutate, current, pinned=False)
+    return state.run(fence, policy, sleep)
+
+
+def edit_pinned(
+    target: Target,
+    ops: Callable[[Obj], list[Obj] | None],
+    *,
+    current: Obj | None = None,
+    fence: Fence = _never_fenced,
+    policy: RetryPolicy = RetryPolicy(),
+    sleep: Callable[[float], None] = time.sleep,
+) -> Obj:
+    """Write the JSON patch operations `ops` derives from the object, after a `test` of its
+    uid; a failed test (422) reads it again and derives again (see the module docstring).
+    `target.write` sends a JSON patch; `current` and the result are as for
+    `read_modify_write`."""
+    state = _Attempt(target, ops, current, pinned=True)
+    return state.run(fence, policy, sleep)

@@ -20,7 +20,7 @@ until it is placed. The model (the same for every service, in trace time after t
   departure retries every waiting pod at once, which favours the baseline (no pod waits for
   a backoff to expire). carve's reconciler serves its queue the same way (priority, then
   creation time), so carve's policies run in this service as well;
-- **joint** (:class:`Joint`): carve's :class:`~controller.placement.QueuePlacer` on the
+- **joint** (:class:`Joint`): carve's :class:`~tests.bench.queue_placer.QueuePlacer` on the
   queue, the job's GPU share as its weight, with the starvation guard for jobs of
   ``LARGE_SHARE`` GPUs or more after ``keep_after`` seconds of waiting;
 - the trace's horizon is its last arrival: *placed* counts jobs placed by then, as in the
@@ -41,7 +41,8 @@ from dataclasses import dataclass, field
 
 from controller.claims import ClaimKey
 from controller.model import ClusterModel
-from controller.placement import Placement, PlacementRequest, Policy, QueuePlacer, Waiting
+from controller.placement import Placement, PlacementRequest, Policy
+from tests.bench.queue_placer import QueuePlacer, Waiting
 from tests.bench.replay import (
     CarveScheduler,
     Figures,

@@ -1,15 +1,13 @@
 """KubeClaimWriter: allocation shape, optimistic-concurrency retries, and skip rules.
 
-`VersionedStore` is a minimal stand-in for the apiserver's optimistic concurrency (a patch with a
-stale resourceVersion -> 409) behind the JSON client's `request`, which KubeClaimWriter calls.
+`VersionedStore` (tests/support/patch_store.py) is a minimal stand-in for the apiserver's patches
+behind the JSON client's `request`, which KubeClaimWriter calls.
 The same writer is exercised against the real kube-apiserver in tests/controller/cluster/.
 """
 
 from __future__ import annotations
 
-import copy
 import datetime as dt
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -24,123 +22,14 @@ from controller.status import (
 )
 from driver.allocation import AllocatedDevice
 from driver.apiobject import Obj
-from driver.contract import DEFAULT_CONTRACT
-from process.kube.errors import ConflictError, api_error
+from driver.contract import DEFAULT_CONTRACT, HANDED_TO_SCHEDULER
+from process.kube.errors import ConflictError
+from tests.support.patch_store import VersionedStore
 
 ALLOCATION_FINALIZER = DEFAULT_CONTRACT.allocation_finalizer
 SCHEDULING_GATE = DEFAULT_CONTRACT.scheduling_gate
 
 NOW = dt.datetime(2026, 3, 1, 12, 0, 0, tzinfo=dt.UTC)
-
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch, as the apiserver applies `application/merge-patch+json`."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    out = copy.deepcopy(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = merge_patch(out.get(key), value)
-    return out
-
-
-def json_patch(target: Obj, ops: list[Obj]) -> Obj:
-    """RFC 6902 `test`, `remove` and `add` as the apiserver applies them (422 on a failed
-    test or a missing path)."""
-    out = copy.deepcopy(target)
-    for op in ops:
-        *parents, last = op["path"].strip("/").split("/")
-        node: Any = out
-        try:
-            for part in parents:
-                node = node[int(part)] if isinstance(node, list) else node[part]
-            key: Any = int(last) if isinstance(node, list) and last != "-" else last
-            if op["op"] == "test" and node[key] != op["value"]:
-                raise KeyError(op["path"])
-            if op["op"] == "remove":
-                del node[key]
-            if op["op"] == "add":
-                node.append(op["value"]) if key == "-" else node.insert(key, op["value"])
-        except (KeyError, IndexError, TypeError) as exc:
-            raise api_error(422, "Unprocessable Entity") from exc
-    return out
-
-
-class VersionedStore:
-    """Merge patches guarded by `metadata.resourceVersion` (409 when stale), JSON patches
-    (their `test` operations guard them) and strategic merges of the finalizer list (a union;
-    the uid they carry must match); only the status subresource changes status, and nothing
-    may change a claim's spec."""
-
-    def __init__(self) -> None:
-        self.objs: dict[tuple[str, str], Obj] = {}
-        self.rv = 10
-        self.puts = 0
-        self.kinds: list[str] = []  # the content type of every patch, in order
-        self.before_put: Callable[[Obj], None] | None = None
-
-    def add(self, obj: Obj) -> Obj:
-        self.rv += 1
-        obj = copy.deepcopy(obj)
-        obj["metadata"]["resourceVersion"] = str(self.rv)
-        self.objs[(obj["metadata"]["namespace"], obj["metadata"]["name"])] = obj
-        return copy.deepcopy(obj)
-
-    def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        body: Any = None,
-        query: Sequence[tuple[str, str]] = (),
-        content_type: str = "application/json",
-    ) -> Obj:
-        """The JSON client's one call: a GET or a PATCH of a claim or pod (`/status` too)."""
-        parts = path.strip("/").split("/")
-        i = parts.index("namespaces")
-        ns, name, status = parts[i + 1], parts[i + 3], parts[-1] == "status"
-        if method == "GET":
-            return self._read(name, ns)
-        assert method == "PATCH", (method, path)
-        return self._patch(name, ns, body, status, content_type)
-
-    def _read(self, name: str, ns: str) -> Obj:
-        if (ns, name) not in self.objs:
-            raise api_error(404, "Not Found")
-        return copy.deepcopy(self.objs[(ns, name)])
-
-    def _patch(self, name: str, ns: str, body: Any, status: bool, content_type: str) -> Obj:
-        self.puts += 1
-        self.kinds.append(content_type)
-        if self.before_put is not None:
-            hook, self.before_put = self.before_put, None
-            hook(self.objs[(ns, name)])
-        cur = self.objs.get((ns, name))
-        if cur is None:
-            raise api_error(404, "Not Found")
-        if content_type == "application/json-patch+json":
-            return self.add(json_patch(cur, body))
-        if content_type == "application/strategic-merge-patch+json":
-            if body["metadata"].get("uid") != cur["metadata"]["uid"]:
-                raise api_error(422, "metadata.uid: field is immutable")
-            if cur["metadata"].get("deletionTimestamp"):
-                raise api_error(422, "no new finalizers while deleting")
-            new = copy.deepcopy(cur)
-            have = new["metadata"].setdefault("finalizers", [])
-            have.extend(f for f in body["metadata"]["finalizers"] if f not in have)
-            return self.add(new)
-        assert content_type == "application/merge-patch+json"
-        if body["metadata"]["resourceVersion"] != cur["metadata"]["resourceVersion"]:
-            raise api_error(409, "Conflict")
-        assert "spec" not in body or "schedulingGates" in body["spec"], "spec patched"
-        new = merge_patch(cur, body)
-        if status:
-            new["metadata"] = cur["metadata"]
-        else:
-            new["status"] = cur.get("status", {})
-        return self.add(new)
 
 
 def _claim(**extra: Any) -> Obj:
@@ -261,7 +150,7 @@ def test_finalizer_and_gate_edits_need_no_resource_version_and_never_conflict() 
         {**cur, "metadata": {**cur["metadata"], "finalizers": ["example.com/other"]}}
     )
     out = _writer(store).add_finalizer(claim)
-    assert out["metadata"]["finalizers"] == ["example.com/other", ALLOCATION_FINALIZER]
+    assert out["metadata"]["finalizers"] == [ALLOCATION_FINALIZER, "example.com/other"]
     assert store.kinds[1:] == ["application/strategic-merge-patch+json"]
 
 
@@ -429,3 +318,37 @@ def test_the_pod_condition_is_one_strategic_merge_of_the_pods_status() -> None:
     assert (method, path) == ("PATCH", "/api/v1/namespaces/ns/pods/p/status")
     assert content_type == "application/strategic-merge-patch+json"
     assert body["status"]["conditions"][0]["reason"] == "Placed"
+
+
+def test_the_hand_over_is_one_json_patch_that_keeps_other_finalizers() -> None:
+    store = VersionedStore()
+    c = _claim()
+    c["metadata"]["finalizers"] = ["example.com/a", ALLOCATION_FINALIZER]
+    c["metadata"]["annotations"] = {"example.com/note": "x"}
+    out = _writer(store).hand_to_scheduler(store.add(c))
+    assert out["metadata"]["finalizers"] == ["example.com/a"]
+    assert out["metadata"]["annotations"] == {
+        "example.com/note": "x",
+        DEFAULT_CONTRACT.allocator_annotation: HANDED_TO_SCHEDULER,
+    }
+    assert store.kinds == ["application/json-patch+json"]
+    assert _writer(store).hand_to_scheduler(out) is out, "handed over already: no request"
+
+
+def test_a_claim_allocated_before_the_hand_over_lands_is_not_handed_over() -> None:
+    """The patch tests the resourceVersion it was derived from: a write in between (here an
+    allocation) fails it, and the fresh copy says the hand-over no longer applies."""
+    store = VersionedStore()
+    c = _claim()
+    c["metadata"]["finalizers"] = [ALLOCATION_FINALIZER]
+    cached = store.add(c)
+
+    def allocated(cur: Obj) -> None:
+        cur["status"] = {"allocation": {"x": 1}}
+        store.add(cur)
+
+    store.before_put = allocated
+    with pytest.raises(WriteSkippedError, match="allocated"):
+        _writer(store).hand_to_scheduler(cached)
+    kept = store.objs[("ns", "c")]["metadata"]
+    assert kept["finalizers"] == [ALLOCATION_FINALIZER] and "annotations" not in kept

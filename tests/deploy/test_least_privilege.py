@@ -27,6 +27,8 @@ from devcluster.pytest_plugin import (  # noqa: F401  (fixtures, used by name)
 )
 from devcluster.waiting import wait_for
 from driver.contract import Contract
+from kubeletplugin.claims import KubernetesClaimClient
+from process.kube.jsonclient import KubeJson
 from tests.support.helm import NOWHERE, Helm, parked_install
 from tests.support.sa_tokens import client_as, service_account_token
 
@@ -556,6 +558,17 @@ def test_a_plugin_may_add_and_remove_only_its_own_finalizer_on_its_nodes_claims(
                 "may change nothing of a ResourceClaim but its own node finalizer",
             )
             finalizers("on-here", [])()  # its instance destroyed: allowed
+
+            # The plugin's own client writes the same (process.kube.finalizers: a strategic
+            # merge adds, a tested JSON patch removes), and the policy admits both.
+            node = KubernetesClaimClient(KubeJson(api))
+            uid = admin.read_namespaced_resource_claim("on-here", NAMESPACE).metadata.uid
+            node.add_finalizer(NAMESPACE, "on-here", uid, own)
+            read = admin.read_namespaced_resource_claim("on-here", NAMESPACE).metadata
+            assert read.finalizers == [own, kept], "a strategic merge puts new entries first"
+            node.remove_finalizer(NAMESPACE, "on-here", uid, own)
+            read = admin.read_namespaced_resource_claim("on-here", NAMESPACE).metadata
+            assert read.finalizers == [kept]
     finally:
         _drop_claims(admin, "on-here", "on-there")
 

@@ -1,8 +1,9 @@
 """read_modify_write against a minimal optimistic-concurrency store (409 on a stale version).
 
 The controller's writer (tests/controller/test_status.py, and cluster/ against the real
-apiserver) and the plugin's finalizer client (tests/kubeletplugin/test_claims_finalizers.py)
-exercise the same helper through their own clients.
+apiserver) and the plugin's slice publisher exercise the same helper through their own clients;
+its pinned JSON patch form, `edit_pinned`, is tested through `process.kube.finalizers`
+(tests/process/test_kube_finalizers.py) and the controller's gate removal.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from controller.status import KubeClaimWriter
 from devcluster.cluster import LocalCluster, run_kubectl
 from devcluster.waiting import wait_for
 from driver.allocation import AllocatedDevice
-from driver.contract import DEFAULT_CONTRACT
+from driver.contract import DEFAULT_CONTRACT, HANDED_TO_SCHEDULER
 from process.kube.jsonclient import KubeJson
 from tests.controller.cluster.objects import (
     DRIVER,
@@ -233,3 +233,17 @@ def test_writes_never_alter_the_spec_of_a_claim_with_opaque_config(
     assert after["spec"] == before["spec"]
     assert not after["metadata"].get("finalizers")
     assert not (after.get("status") or {}).get("allocation")
+
+    # The hand-over to kube-scheduler: one JSON patch that tests the resourceVersion, so a
+    # copy made stale by another write is read again (422) before it lands.
+    stale = w.add_finalizer(after)
+    res.patch_namespaced_resource_claim(
+        "with-config", namespace, {"metadata": {"labels": {"seen": "yes"}}}
+    )
+    w.hand_to_scheduler(stale)
+    handed = read()
+    assert handed["spec"] == before["spec"]
+    assert not handed["metadata"].get("finalizers")
+    assert handed["metadata"]["labels"] == {"seen": "yes"}
+    annotation = DEFAULT_CONTRACT.allocator_annotation
+    assert handed["metadata"]["annotations"][annotation] == HANDED_TO_SCHEDULER

@@ -26,6 +26,9 @@ placement (:meth:`PlacementEngine.commit`) and takes it back before it answers, 
 kept nodes from other pods by presenting them cordoned to the engine for the duration of a
 decision. The caller writes the plan's placements in the order given (a simulation commits
 them). It keeps one piece of state across calls, the nodes kept for starving pods.
+
+It lives with the benchmarks, not in ``controller.placement``: the reconciler places one pod at
+a time (``controller/placing.py``) and never calls it; the queued replay (``queued.py``) does.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Joint placement of the pending queue (controller/placement/queue.py): it never places less of
+"""Joint placement of the pending queue (tests/bench/queue_placer.py): it never places less of
 the window than serving it in queue order, never gives a device twice, leaves the model as it
 found it, and keeps a node for a pod that has waited too long."""
 
@@ -13,16 +13,10 @@ from hypothesis import strategies as st
 from controller.claims import ClaimHold, ClaimKey
 from controller.model import ClusterModel
 from controller.nodefit import PodNeeds, Resources
-from controller.placement import (
-    Placement,
-    PlacementEngine,
-    PlacementRequest,
-    Policy,
-    QueuePlacer,
-    Waiting,
-)
+from controller.placement import Placement, PlacementEngine, PlacementRequest, Policy
 from driver.allocation import AllocatedDevice
 from driver.catalog import gpu_model
+from tests.bench.queue_placer import QueuePlacer, Waiting
 from tests.support.cluster_builders import CLASSES, DRIVER, build_cluster, profile_claim
 
 H100 = gpu_model("H100-SXM5-80GB")
