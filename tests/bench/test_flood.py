@@ -19,7 +19,8 @@ from tests.support.flood import FloodConfig, FloodRun
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 SHARE = 5
-FLOOD = 70  # one batch node: eight A100s, at most 56 1g slices
+FLOOD = 70
+BATCH_NODE_SLICES = 56  # the one batch node: eight A100s, seven 1g slices each
 
 
 def test_shed_pods_are_taken_up_in_turn_and_another_namespace_is_placed(
@@ -37,13 +38,15 @@ def test_shed_pods_are_taken_up_in_turn_and_another_namespace_is_placed(
         try:
             assert figures.tenant_placed == cfg.tenant_pods, figures.describe()
 
-            def settled() -> tuple[int, int] | None:
+            def node_full() -> tuple[int, int] | None:
                 placed = run.flood_placed()
                 shed = int(promtext.counter_sum(controller.metrics(), "carve_shed_pods"))
-                # Every flood pod is placed, kept waiting (the share) or shed.
-                return (placed, shed) if placed + SHARE + shed == FLOOD else None
+                # The end state, not a moment on the way there (the sum holds all along): the
+                # batch node is full, and every other flood pod is kept waiting or shed.
+                full = placed == BATCH_NODE_SLICES and placed + SHARE + shed == FLOOD
+                return (placed, shed) if full else None
 
-            placed, shed = wait_for("the flood to settle", settled, timeout=120)
+            placed, shed = wait_for("the batch node to fill", node_full, timeout=180)
             text = controller.metrics()
         finally:
             controller.stop()
@@ -51,5 +54,5 @@ def test_shed_pods_are_taken_up_in_turn_and_another_namespace_is_placed(
         run.close()
     print(figures.describe(), f"flood placed {placed}, shed now {shed}")
     assert placed > 6 * SHARE  # far more than the share: shed pods came back and were placed
-    assert shed > 0  # the node is full: the rest wait outside the share
+    assert shed == FLOOD - BATCH_NODE_SLICES - SHARE  # the rest wait outside the share
     assert promtext.counter_sum(text, "carve_pods_shed_total") >= shed
