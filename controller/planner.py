@@ -60,6 +60,7 @@ from controller.placement import (
     Policy,
 )
 from controller.taintrules import TaintRules
+from driver import contract
 from driver.allocation import AllocatedDevice
 from driver.apiviews import ClaimView, ObjectView, PodView, SliceView
 from driver.cel import qualify
@@ -181,6 +182,9 @@ class EnginePlanner:
         # Each waiting pod's request as last read (`_read_request`), and what it was read with.
         self._requests: dict[str, _ReadRequest] = {}
         self._class_version = 0
+        # Nodes whose plugin speaks a contract version out of this controller's range: node ->
+        # why. Their slices are not read at all (controller.skew tells the operator).
+        self._skewed: dict[str, str] = {}
 
     # -- model feed -------------------------------------------------------------------------------
 
@@ -271,6 +275,18 @@ class EnginePlanner:
                 _log.warning("ignoring malformed slices of node %s: %s", node, exc)
 
     def _refresh_node_gpus(self, node: str) -> None:
+        skew = self._contract_skew_of(node)
+        if skew:
+            # Never misread: slices of a contract this build does not speak are not parsed,
+            # and the node's GPUs leave the model (as when its plugin deletes its slices):
+            # nothing is placed there, claims allocated there keep their holds.
+            if self._skewed.get(node) != skew:
+                _log.warning("not placing on node %s: %s", node, skew)
+            self._skewed[node] = skew
+            self.model.set_node_gpus(node, [])
+            return
+        if self._skewed.pop(node, None) is not None:
+            _log.info("node %s speaks a contract version in range again", node)
         errors: list[str] = []
         inventories = inventories_from_slices(
             self._slices.get(node, {}).values(),
@@ -281,6 +297,32 @@ class EnginePlanner:
         if errors:
             _log.warning("node %s publishes malformed slices: %s", node, "; ".join(errors))
         self.model.set_node_gpus(node, inventories)
+
+    def _contract_skew_of(self, node: str) -> str:
+        """Why this controller does not read `node`'s slices, "" when it does: a slice that
+        declares a contract version out of range, or one that cannot be read."""
+        key = contract.Contract(self.driver).contract_version_key
+        reasons = []
+        for name, obj in sorted(self._slices.get(node, {}).items()):
+            where = f"ResourceSlice {name} (label {key})"
+            try:
+                theirs = contract.parse_contract_version(
+                    ObjectView(obj).labels.get(key), where=where
+                )
+            except contract.ContractSkewError as exc:
+                reasons.append(str(exc))
+                continue
+            why = contract.contract_skew(
+                theirs, other=f"the carve kubelet plugin on node {node}", me="this controller"
+            )
+            if why:
+                reasons.append(f"{why} ({where})")
+        return reasons[0] if reasons else ""
+
+    def contract_skew(self) -> Mapping[str, str]:
+        """Nodes whose slices are not read because of their contract version: node -> why."""
+        self.flush()
+        return self._skewed
 
     def forget(self, kind: Kind, obj: Obj) -> None:
         self._model_changed()

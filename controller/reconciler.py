@@ -65,6 +65,7 @@ from controller.placing import Placer
 from controller.podqueue import Queued
 from controller.release import Releaser, WritesBeside
 from controller.seams import ClaimWriter, Metrics, Planner, PreemptionHook, Recorder
+from controller.skew import ContractSkewReporter
 from controller.store import ClusterStore
 from controller.work import GATED_ELSEWHERE, PodWork, WorkKind, pod_work
 from driver.apiviews import PodView
@@ -217,6 +218,9 @@ class Reconciler:
         self._duplicates = DuplicateGpuReporter(
             recorder=recorder, metrics=self._metrics, clock=self._clock, interval=cfg.event_interval
         )
+        self._skew = ContractSkewReporter(
+            recorder=recorder, metrics=self._metrics, clock=self._clock, interval=cfg.event_interval
+        )
         self._carve_hold = CarveHold(
             memory=memory,
             writer=writer,
@@ -331,6 +335,7 @@ class Reconciler:
             return
         self._conflicts.report(self._planner.problems())
         self._duplicates.report(self._planner.duplicate_gpus())
+        self._skew.report(self._planner.contract_skew())
         self._releaser.mark_all(self._lost.node_pass())
         self._releaser.release_pass()
         self._place_pass()
@@ -498,6 +503,9 @@ class _NullMetrics:
         return None
 
     def set_duplicate_gpus(self, gpus: int) -> None:
+        return None
+
+    def set_contract_skew(self, nodes: int) -> None:
         return None
 
 

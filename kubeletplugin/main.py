@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from driver.driverroot import DriverFiles
     from driver.naming import DevicePlace
     from kubeletplugin.checkpoint import ForeignInstance
+    from kubeletplugin.controllerskew import ControllerContract
     from kubeletplugin.foreign import ForeignTaints
     from kubeletplugin.gpuhealth import HealthMonitor
     from kubeletplugin.gpuwatch import GpuWatch
@@ -164,6 +165,7 @@ class NodePlugin:
         self._back_pending = threading.Event()  # a GPU answers again: finish what it stopped
         self.precarve: PreCarve | None = self._precarve() if opts.binding_conditions else None
         self.publisher: SlicePublisher = self._publisher()
+        self.controller_contract: ControllerContract | None = self._controller_contract()
         self.server: PluginServer = self._server()
         self.ops: OpsServer | None = ops
         if self.ops is None and opts.http_address:
@@ -389,6 +391,30 @@ class NodePlugin:
         )
         return publisher
 
+    def _controller_contract(self) -> ControllerContract | None:
+        """With --controller-lease: the check of carve-controller's contract version, which
+        refuses new prepares while it is out of range (kubeletplugin.controllerskew)."""
+        if self.opts.controller_lease is None:
+            return None
+        from kubeletplugin.controllerskew import ControllerContract
+
+        check = ControllerContract(
+            self.api,
+            lease=self.opts.controller_lease,
+            driver=self.opts.driver_name,
+            events=self.node_events,
+            metrics=self.metrics,
+        )
+        self.preparer.contract_refusal = check.refusal
+        return check
+
+    def _check_controller_contract(self) -> None:
+        if self.controller_contract is not None:
+            try:
+                self.controller_contract.poll()
+            except Exception:
+                log.exception("checking carve-controller's contract version failed")
+
     def _server(self) -> PluginServer:
         from kubeletplugin.server import PluginServer
 
@@ -489,6 +515,7 @@ class NodePlugin:
         that raises stops the agent (exit 1, as when it ran before serving): a plugin that
         cannot reconcile or open its sockets must not look alive."""
         try:
+            self._check_controller_contract()  # before the first prepare is served
             if not self._reconcile_and_serve() or not self._release_vanished_claims():
                 return
             self._publish()
@@ -504,6 +531,7 @@ class NodePlugin:
             if self._stop.is_set():
                 return
             self._back_pending.clear()
+            self._check_controller_contract()
             try:
                 self.preparer.retry_pending()
             except Exception:

@@ -161,6 +161,9 @@ class Preparer:
         )
         self._recovery = self._make_recovery(node_events)
         self._offers_changed = offers_changed
+        # Why new prepares are refused now, "" while they are not: the controller's contract
+        # version out of range (kubeletplugin.controllerskew, set by the composition root).
+        self.contract_refusal: Callable[[], str] = lambda: ""
         self._pool = ThreadPoolExecutor(
             max_workers=max(1, settings.parallelism), thread_name_prefix="prepare"
         )
@@ -212,6 +215,11 @@ class Preparer:
         self._pool.shutdown(wait=True)
 
     def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
+        refusal = self.contract_refusal()
+        if refusal:  # kubeletplugin.controllerskew: never act on what we might misread
+            return {
+                c.uid: PrepareResult(error=f"claim {c}: not prepared: {refusal}") for c in claims
+            }
         futures = {c.uid: self._pool.submit(self._timed_prepare, c) for c in claims}
         return {uid: f.result() for uid, f in futures.items()}
 
