@@ -216,12 +216,19 @@ class Preparer:
 
     def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
         refusal = self.contract_refusal()
-        if refusal:  # kubeletplugin.controllerskew: never act on what we might misread
-            return {
-                c.uid: PrepareResult(error=f"claim {c}: not prepared: {refusal}") for c in claims
-            }
-        futures = {c.uid: self._pool.submit(self._timed_prepare, c) for c in claims}
-        return {uid: f.result() for uid, f in futures.items()}
+        refused: dict[str, PrepareResult] = {}
+        if refusal:
+            # kubeletplugin.controllerskew: a new allocation is never acted on while its writer
+            # may be misread; a claim prepared before is answered from the checkpoint, as ever.
+            done = self.checkpoint().claims
+            for c in claims:
+                rec = done.get(c.uid)
+                if rec is None or rec.state is not ClaimState.PREPARE_COMPLETED:
+                    refused[c.uid] = PrepareResult(error=f"claim {c}: not prepared: {refusal}")
+        futures = {
+            c.uid: self._pool.submit(self._timed_prepare, c) for c in claims if c.uid not in refused
+        }
+        return {**refused, **{uid: f.result() for uid, f in futures.items()}}
 
     def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
         futures = {c.uid: self._pool.submit(self._timed_unprepare, c) for c in claims}
