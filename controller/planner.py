@@ -27,7 +27,7 @@ from controller.claims import (
     parse_claim_spec,
     parse_device_class,
 )
-from controller.model import ClusterModel, inventories_from_slices
+from controller.model import ClusterModel
 from controller.mpscheck import (
     ClaimMps,
     MpsSettingError,
@@ -59,8 +59,8 @@ from controller.placement import (
     PlacementRequest,
     Policy,
 )
+from controller.skew import NodeSkew
 from controller.taintrules import TaintRules
-from driver import contract
 from driver.allocation import AllocatedDevice
 from driver.apiviews import ClaimView, ObjectView, PodView, SliceView
 from driver.cel import qualify
@@ -164,6 +164,7 @@ class EnginePlanner:
         self.engine = PlacementEngine(self.model, self._classes, driver, policy=policy)
         self._slices: dict[str, dict[str, Obj]] = {}  # node -> slice name -> slice
         self._rules = TaintRules(driver)  # the DeviceTaintRules, applied as slices are read
+        self._skew = NodeSkew(driver)  # nodes whose slices are not read (controller.skew)
         self._claim_keys: dict[str, ClaimKey] = {}
         self._pinned: dict[str, str] = {}  # pod key -> node chosen by us, until bound
         # Nodes whose slices changed since the last decision. A node publishes several slices
@@ -182,9 +183,6 @@ class EnginePlanner:
         # Each waiting pod's request as last read (`_read_request`), and what it was read with.
         self._requests: dict[str, _ReadRequest] = {}
         self._class_version = 0
-        # Nodes whose plugin speaks a contract version out of this controller's range: node ->
-        # why. Their slices are not read at all (controller.skew tells the operator).
-        self._skewed: dict[str, str] = {}
 
     # -- model feed -------------------------------------------------------------------------------
 
@@ -275,54 +273,12 @@ class EnginePlanner:
                 _log.warning("ignoring malformed slices of node %s: %s", node, exc)
 
     def _refresh_node_gpus(self, node: str) -> None:
-        skew = self._contract_skew_of(node)
-        if skew:
-            # Never misread: slices of a contract this build does not speak are not parsed,
-            # and the node's GPUs leave the model (as when its plugin deletes its slices):
-            # nothing is placed there, claims allocated there keep their holds.
-            if self._skewed.get(node) != skew:
-                _log.warning("not placing on node %s: %s", node, skew)
-            self._skewed[node] = skew
-            self.model.set_node_gpus(node, [])
-            return
-        if self._skewed.pop(node, None) is not None:
-            _log.info("node %s speaks a contract version in range again", node)
-        errors: list[str] = []
-        inventories = inventories_from_slices(
-            self._slices.get(node, {}).values(),
-            self.driver,
-            on_error=lambda e: errors.append(str(e)),
-            rule_taints=self._rules.taints,
-        )
-        if errors:
-            _log.warning("node %s publishes malformed slices: %s", node, "; ".join(errors))
-        self.model.set_node_gpus(node, inventories)
-
-    def _contract_skew_of(self, node: str) -> str:
-        """Why this controller does not read `node`'s slices, "" when it does: a slice that
-        declares a contract version out of range, or one that cannot be read."""
-        key = contract.Contract(self.driver).contract_version_key
-        reasons = []
-        for name, obj in sorted(self._slices.get(node, {}).items()):
-            where = f"ResourceSlice {name} (label {key})"
-            try:
-                theirs = contract.parse_contract_version(
-                    ObjectView(obj).labels.get(key), where=where
-                )
-            except contract.ContractSkewError as exc:
-                reasons.append(str(exc))
-                continue
-            why = contract.contract_skew(
-                theirs, other=f"the carve kubelet plugin on node {node}", me="this controller"
-            )
-            if why:
-                reasons.append(f"{why} ({where})")
-        return reasons[0] if reasons else ""
+        slices = self._slices.get(node, {})
+        self.model.set_node_gpus(node, self._skew.inventories(node, slices, self._rules.taints))
 
     def contract_skew(self) -> Mapping[str, str]:
-        """Nodes whose slices are not read because of their contract version: node -> why."""
         self.flush()
-        return self._skewed
+        return self._skew.skewed
 
     def forget(self, kind: Kind, obj: Obj) -> None:
         self._model_changed()

@@ -121,6 +121,9 @@ class Reconciler:
         self._store = ClusterStore(planner, self._memory)
         self._compose_freeing(writer, recorder, release_beside)
         self._compose_placing(writer, recorder, defer or _run_now, preemption, commit_beside)
+        self._skew = ContractSkewReporter(  # nodes skewed past the contract's range
+            recorder=recorder, metrics=self._metrics, clock=clock, interval=cfg.event_interval
+        )
 
     def _compose_freeing(
         self, writer: ClaimWriter, recorder: Recorder, beside: WritesBeside | None
@@ -216,9 +219,6 @@ class Reconciler:
             interval=cfg.event_interval,
         )
         self._duplicates = DuplicateGpuReporter(
-            recorder=recorder, metrics=self._metrics, clock=self._clock, interval=cfg.event_interval
-        )
-        self._skew = ContractSkewReporter(
             recorder=recorder, metrics=self._metrics, clock=self._clock, interval=cfg.event_interval
         )
         self._carve_hold = CarveHold(

@@ -16,10 +16,68 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 
+from controller.model import GpuInventory, inventories_from_slices
 from controller.objects import Kind
 from controller.seams import Metrics, Recorder
+from controller.tolerations import DeviceTaint
+from driver import contract
+from driver.apiviews import ObjectView
+from process.kube import Obj
 
 _log = logging.getLogger(__name__)
+
+
+class NodeSkew:
+    """The planner's reading of one node's slices: none at all when they declare a contract
+    version out of range (`skewed` says why), else the GPUs they publish."""
+
+    def __init__(self, driver: str) -> None:
+        self._driver = driver
+        self._key = contract.Contract(driver).contract_version_key
+        self.skewed: dict[str, str] = {}  # node -> why its slices are not read
+
+    def inventories(
+        self,
+        node: str,
+        slices: Mapping[str, Obj],
+        rule_taints: Callable[[str, str], tuple[DeviceTaint, ...]],
+    ) -> list[GpuInventory]:
+        """`node`'s GPUs from its slices (name -> slice), [] while it is skewed: never misread,
+        its GPUs leave the model as when its plugin deletes its slices (holds stay)."""
+        why = self.why(node, slices)
+        if why:
+            if self.skewed.get(node) != why:
+                _log.warning("not placing on node %s: %s", node, why)
+            self.skewed[node] = why
+            return []
+        self.skewed.pop(node, None)
+        errors: list[str] = []
+        inventories = inventories_from_slices(
+            slices.values(),
+            self._driver,
+            on_error=lambda e: errors.append(str(e)),
+            rule_taints=rule_taints,
+        )
+        if errors:
+            _log.warning("node %s publishes malformed slices: %s", node, "; ".join(errors))
+        return inventories
+
+    def why(self, node: str, slices: Mapping[str, Obj]) -> str:
+        """Why `node`'s slices are not read, "" when they are: a slice that declares a contract
+        version out of range, or one that cannot be read (the first, by slice name)."""
+        for name, obj in sorted(slices.items()):
+            where = f"ResourceSlice {name} (label {self._key})"
+            try:
+                label = ObjectView(obj).labels.get(self._key)
+                theirs = contract.parse_contract_version(label, where=where)
+            except contract.ContractSkewError as exc:
+                return str(exc)
+            why = contract.contract_skew(
+                theirs, other=f"the carve kubelet plugin on node {node}", me="this controller"
+            )
+            if why:
+                return f"{why} ({where})"
+        return ""
 
 
 class ContractSkewReporter:

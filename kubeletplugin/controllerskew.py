@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Any
 
 from driver import contract
 from driver.apiviews import ObjectView
@@ -52,14 +53,15 @@ class ControllerContract:
     def __init__(
         self,
         api: JsonRequests,
+        lease: tuple[str, str] | None,
         *,
-        lease: tuple[str, str],
         driver: str,
         events: NodeEvents,
         metrics: PluginMetrics,
     ) -> None:
         self._api = api
-        self._namespace, self._name = lease
+        self._lease = lease
+        self._namespace, self._name = lease or ("", "")
         self._key = contract.Contract(driver).contract_version_key
         self._events = events
         self._metrics = metrics
@@ -67,12 +69,37 @@ class ControllerContract:
         self._refusal = ""
         self._no_lease_told = False
 
+    @classmethod
+    def wired(cls, plugin: Any) -> ControllerContract:
+        """The check of a `kubeletplugin.main.NodePlugin` (its --controller-lease, API, Node
+        events and metrics), refusing its preparer's new prepares while out of range."""
+        opts = plugin.opts
+        check = cls(
+            plugin.api,
+            opts.controller_lease,
+            driver=opts.driver_name,
+            events=plugin.node_events,
+            metrics=plugin.metrics,
+        )
+        plugin.preparer.contract_refusal = check.refusal
+        return check
+
     def refusal(self) -> str:
         """Why prepares are refused now; "" while the controller is in range (or unknown)."""
         with self._lock:
             return self._refusal
 
     def poll(self) -> None:
+        """Read the Lease again and act on a changed verdict; never raises (without a Lease
+        flag, does nothing)."""
+        if self._lease is None:
+            return
+        try:
+            self._poll()
+        except Exception:
+            log.exception("checking carve-controller's contract version failed")
+
+    def _poll(self) -> None:
         where = f"Lease {self._namespace}/{self._name} (annotation {self._key})"
         path = f"/apis/coordination.k8s.io/v1/namespaces/{self._namespace}/leases/{self._name}"
         try:

@@ -48,7 +48,6 @@ if TYPE_CHECKING:
     from driver.driverroot import DriverFiles
     from driver.naming import DevicePlace
     from kubeletplugin.checkpoint import ForeignInstance
-    from kubeletplugin.controllerskew import ControllerContract
     from kubeletplugin.foreign import ForeignTaints
     from kubeletplugin.gpuhealth import HealthMonitor
     from kubeletplugin.gpuwatch import GpuWatch
@@ -112,12 +111,13 @@ class NodePlugin:
         from kubeletplugin.agentlock import hold_checkpoint_dir
         from kubeletplugin.checkpoint import CheckpointStore
         from kubeletplugin.claims import KubernetesClaimClient, KubernetesClaimEvents
+        from kubeletplugin.controllerskew import ControllerContract
         from kubeletplugin.foreign import ForeignPolicy
         from kubeletplugin.metrics import PluginMetrics
         from kubeletplugin.nodeevents import KubernetesNodeEvents
         from kubeletplugin.nodehardware import open_backend
         from kubeletplugin.prepare import Preparer, PreparerSettings
-        from kubeletplugin.startup import StartupProgress
+        from kubeletplugin.startup import StartupProgress, early_ops
 
         self.opts = opts
         self.api = api
@@ -165,7 +165,7 @@ class NodePlugin:
         self._back_pending = threading.Event()  # a GPU answers again: finish what it stopped
         self.precarve: PreCarve | None = self._precarve() if opts.binding_conditions else None
         self.publisher: SlicePublisher = self._publisher()
-        self.controller_contract: ControllerContract | None = self._controller_contract()
+        self.controller_contract = ControllerContract.wired(self)  # the skew rule, plugin side
         self.server: PluginServer = self._server()
         self.ops: OpsServer | None = ops
         if self.ops is None and opts.http_address:
@@ -391,30 +391,6 @@ class NodePlugin:
         )
         return publisher
 
-    def _controller_contract(self) -> ControllerContract | None:
-        """With --controller-lease: the check of carve-controller's contract version, which
-        refuses new prepares while it is out of range (kubeletplugin.controllerskew)."""
-        if self.opts.controller_lease is None:
-            return None
-        from kubeletplugin.controllerskew import ControllerContract
-
-        check = ControllerContract(
-            self.api,
-            lease=self.opts.controller_lease,
-            driver=self.opts.driver_name,
-            events=self.node_events,
-            metrics=self.metrics,
-        )
-        self.preparer.contract_refusal = check.refusal
-        return check
-
-    def _check_controller_contract(self) -> None:
-        if self.controller_contract is not None:
-            try:
-                self.controller_contract.poll()
-            except Exception:
-                log.exception("checking carve-controller's contract version failed")
-
     def _server(self) -> PluginServer:
         from kubeletplugin.server import PluginServer
 
@@ -515,7 +491,7 @@ class NodePlugin:
         that raises stops the agent (exit 1, as when it ran before serving): a plugin that
         cannot reconcile or open its sockets must not look alive."""
         try:
-            self._check_controller_contract()  # before the first prepare is served
+            self.controller_contract.poll()  # before the first prepare is served
             if not self._reconcile_and_serve() or not self._release_vanished_claims():
                 return
             self._publish()
@@ -531,7 +507,7 @@ class NodePlugin:
             if self._stop.is_set():
                 return
             self._back_pending.clear()
-            self._check_controller_contract()
+            self.controller_contract.poll()
             try:
                 self.preparer.retry_pending()
             except Exception:
@@ -661,14 +637,6 @@ class NodePlugin:
         self._stop.set()
 
 
-def early_ops(address: str, metrics: PluginMetrics, startup: StartupProgress) -> OpsServer:
-    """The ops server with only the `startup` check: what the process serves before it has
-    opened NVML or read its checkpoint (NodePlugin hands it the full set when assembled)."""
-    from process.opshttp import OpsServer
-
-    return OpsServer(address, metrics.registry, {"startup": startup.check})
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         opts = parse_options(sys.argv[1:] if argv is None else argv)
@@ -684,7 +652,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from kubeletplugin.agentlock import LockWaitStoppedError
     from kubeletplugin.checkpoint import CheckpointVersionError
     from kubeletplugin.metrics import PluginMetrics
-    from kubeletplugin.startup import StartupProgress
+    from kubeletplugin.startup import StartupProgress, early_ops
     from process.kube.jsonclient import KubeJson
 
     ops = None

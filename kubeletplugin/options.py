@@ -331,12 +331,12 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
             f"{PROG}: --mps-daemon-image needs --mps-daemon-namespace (the plugin's own "
             "namespace, e.g. --mps-daemon-namespace=carve-system)"
         )
-    lease = None
-    if got[CONTROLLER_LEASE]:
+    lease, lease_ref = None, got[CONTROLLER_LEASE]
+    if lease_ref:
         from kubeletplugin.controllerskew import parse_lease_ref
 
         try:
-            lease = parse_lease_ref(got[CONTROLLER_LEASE])
+            lease = parse_lease_ref(lease_ref)
         except ValueError as e:
             raise flags.UsageError(f"{PROG}: --controller-lease: {e}") from e
     return Options(

@@ -57,7 +57,7 @@ def node(tmp_path: Path) -> Iterator[Node]:
 
 def _check(api: LeaseApi, n: Node, metrics: PluginMetrics) -> ControllerContract:
     check = ControllerContract(
-        api, lease=("carve-system", "carve-controller"), driver=DRIVER, events=n, metrics=metrics
+        api, ("carve-system", "carve-controller"), driver=DRIVER, events=n, metrics=metrics
     )
     n.p.contract_refusal = check.refusal
     return check
