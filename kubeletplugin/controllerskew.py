@@ -10,7 +10,8 @@ writes, so it does not misread them: every NodePrepareResources answers an error
 versions (the kubelet retries, and a prepare succeeds once the versions are in range again),
 while unprepare and everything already prepared go on, so no running pod loses its device. It
 says so with a Warning event `ControllerContractSkew` on the Node when the verdict changes and
-the gauge `carve_plugin_controller_contract_skew` (1 while refusing).
+the gauge `carve_plugin_controller_contract_skew` (1 while refusing). The first read comes once the
+plugin serves its sockets, so prepares that arrive before it are not refused.
 
 Without a Lease (leader election off, a single controller replica) there is nothing to read:
 the plugin logs that once and does not refuse; the controller's own check of the plugin's
@@ -34,6 +35,7 @@ from process.kube.jsonclient import JsonRequests
 log = logging.getLogger(__name__)
 
 REASON = "ControllerContractSkew"
+_READ_TIMEOUT = 5.0  # seconds; an unanswered read keeps the last verdict until the next round
 
 
 def parse_lease_ref(text: str) -> tuple[str, str]:
@@ -103,7 +105,7 @@ class ControllerContract:
         where = f"Lease {self._namespace}/{self._name} (annotation {self._key})"
         path = f"/apis/coordination.k8s.io/v1/namespaces/{self._namespace}/leases/{self._name}"
         try:
-            lease = self._api.request("GET", path)
+            lease = self._api.request("GET", path, timeout=_READ_TIMEOUT)
         except Exception as exc:
             if status_of(exc) == 404:
                 if not self._no_lease_told:

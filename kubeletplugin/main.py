@@ -491,8 +491,10 @@ class NodePlugin:
         that raises stops the agent (exit 1, as when it ran before serving): a plugin that
         cannot reconcile or open its sockets must not look alive."""
         try:
-            self.controller_contract.poll()  # before the first prepare is served
-            if not self._reconcile_and_serve() or not self._release_vanished_claims():
+            if not self._reconcile_and_serve():
+                return
+            self.controller_contract.poll()  # once serving: a slow apiserver must not delay it
+            if not self._release_vanished_claims():
                 return
             self._publish()
         except Exception as e:
