@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from controller.cache import slice_view
 from controller.metrics import ControllerMetrics
 from controller.objects import EventType, Kind
 from driver import contract
@@ -21,12 +22,14 @@ KEY = contract.Contract(DRIVER).contract_version_key
 
 def _labelled(node_name: str, version: str | None) -> list[Obj]:
     """`node_name`'s slices as a plugin that speaks `version` publishes them (None: a plugin
-    from before the declaration, which labels nothing)."""
+    from before the declaration, which labels nothing), kept as the controller's informer
+    keeps them (`slice_view`, which must not trim the label away)."""
     out = slices(node_name, ["A100-SXM4-40GB"])
     for s in out:
         if version is not None:
             s["metadata"]["labels"] = {KEY: version}
-    return out
+    view = slice_view()
+    return [view(s) for s in out]
 
 
 def _cluster(
