@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from driver import contract
 from process.kube import Obj
 from process.kube.errors import status_of
 from process.kube.events import micro_time
@@ -52,6 +53,9 @@ class LeaseConfig:
     lease_duration_s: float = 15.0
     renew_deadline_s: float = 10.0
     retry_period_s: float = 2.0
+    # Whose contract version the lease declares (`Contract.contract_version_key`), for the
+    # plugins to check theirs against (docs/architecture.md, Version skew).
+    driver_name: str = contract.DEFAULT_DRIVER_NAME
 
     def __post_init__(self) -> None:
         if not self.retry_period_s < self.renew_deadline_s < self.lease_duration_s:
@@ -141,7 +145,11 @@ class LeaderElector:
             body = {
                 "apiVersion": "coordination.k8s.io/v1",
                 "kind": "Lease",
-                "metadata": {"name": cfg.name, "namespace": cfg.namespace},
+                "metadata": {
+                    "name": cfg.name,
+                    "namespace": cfg.namespace,
+                    "annotations": self._declaration(),
+                },
                 "spec": self._spec_for({}, now_wall),
             }
             try:
@@ -161,6 +169,8 @@ class LeaderElector:
             self._last_renew = None
             return False
         lease["spec"] = self._spec_for(spec, now_wall)
+        meta = lease.setdefault("metadata", {})
+        meta["annotations"] = {**(meta.get("annotations") or {}), **self._declaration()}
         try:
             fresh = self._api.request("PUT", self._path, body=lease, timeout=self._timeout)
         except Exception as exc:
@@ -170,6 +180,13 @@ class LeaderElector:
         self._observed_at = self._clock()
         self._won(started)
         return True
+
+    def _declaration(self) -> dict[str, str]:
+        """The annotation that declares the contract version this controller speaks, written
+        with every acquire and renewal (no request of its own); read now, so a test can bump
+        `driver.contract.CONTRACT_VERSION`."""
+        key = contract.Contract(self._cfg.driver_name).contract_version_key
+        return {key: str(contract.CONTRACT_VERSION)}
 
     def _spec_for(self, current: Obj, now_wall: str) -> Obj:
         cfg = self._cfg

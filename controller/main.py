@@ -297,6 +297,7 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
                 lease_duration_s=got[LEASE_DURATION],
                 renew_deadline_s=got[RENEW_DEADLINE],
                 retry_period_s=got[RETRY_PERIOD],
+                driver_name=got[flags.DRIVER_NAME],
             )
         except ValueError as e:
             raise UsageError(

@@ -248,6 +248,12 @@ class ControllerMetrics:
             "first (controller.duplicategpus).",
             registry=r,
         )
+        self.contract_skew = Gauge(
+            "carve_contract_skew_nodes",
+            "Nodes whose kubelet plugin speaks a carve contract version more than one away from "
+            "this controller's; carve places nothing on them (controller.skew).",
+            registry=r,
+        )
         self.shed_pods, self.pods_shed = _shed_metrics(r)
         # Every request the process sends (process.kube.requestcount): what a placement and a
         # release cost the apiserver, by verb and resource, and how many answered an error.
@@ -282,6 +288,9 @@ class ControllerMetrics:
 
     def set_duplicate_gpus(self, gpus: int) -> None:
         self.duplicate_gpus.set(gpus)
+
+    def set_contract_skew(self, nodes: int) -> None:
+        self.contract_skew.set(nodes)
 
     def update_usage(self, stores: Mapping[Kind, Mapping[str, Obj]], driver: str) -> SliceUsage:
         if self._usage_index is None or self._usage_index.driver != driver:

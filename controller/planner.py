@@ -27,7 +27,7 @@ from controller.claims import (
     parse_claim_spec,
     parse_device_class,
 )
-from controller.model import ClusterModel, inventories_from_slices
+from controller.model import ClusterModel
 from controller.mpscheck import (
     ClaimMps,
     MpsSettingError,
@@ -59,6 +59,7 @@ from controller.placement import (
     PlacementRequest,
     Policy,
 )
+from controller.skew import NodeSkew
 from controller.taintrules import TaintRules
 from driver.allocation import AllocatedDevice
 from driver.apiviews import ClaimView, ObjectView, PodView, SliceView
@@ -163,6 +164,7 @@ class EnginePlanner:
         self.engine = PlacementEngine(self.model, self._classes, driver, policy=policy)
         self._slices: dict[str, dict[str, Obj]] = {}  # node -> slice name -> slice
         self._rules = TaintRules(driver)  # the DeviceTaintRules, applied as slices are read
+        self._skew = NodeSkew(driver)  # nodes whose slices are not read (controller.skew)
         self._claim_keys: dict[str, ClaimKey] = {}
         self._pinned: dict[str, str] = {}  # pod key -> node chosen by us, until bound
         # Nodes whose slices changed since the last decision. A node publishes several slices
@@ -271,16 +273,12 @@ class EnginePlanner:
                 _log.warning("ignoring malformed slices of node %s: %s", node, exc)
 
     def _refresh_node_gpus(self, node: str) -> None:
-        errors: list[str] = []
-        inventories = inventories_from_slices(
-            self._slices.get(node, {}).values(),
-            self.driver,
-            on_error=lambda e: errors.append(str(e)),
-            rule_taints=self._rules.taints,
-        )
-        if errors:
-            _log.warning("node %s publishes malformed slices: %s", node, "; ".join(errors))
-        self.model.set_node_gpus(node, inventories)
+        slices = self._slices.get(node, {})
+        self.model.set_node_gpus(node, self._skew.inventories(node, slices, self._rules.taints))
+
+    def contract_skew(self) -> Mapping[str, str]:
+        self.flush()
+        return self._skew.skewed
 
     def forget(self, kind: Kind, obj: Obj) -> None:
         self._model_changed()

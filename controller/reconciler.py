@@ -65,6 +65,7 @@ from controller.placing import Placer
 from controller.podqueue import Queued
 from controller.release import Releaser, WritesBeside
 from controller.seams import ClaimWriter, Metrics, Planner, PreemptionHook, Recorder
+from controller.skew import ContractSkewReporter
 from controller.store import ClusterStore
 from controller.work import GATED_ELSEWHERE, PodWork, WorkKind, pod_work
 from driver.apiviews import PodView
@@ -120,6 +121,9 @@ class Reconciler:
         self._store = ClusterStore(planner, self._memory)
         self._compose_freeing(writer, recorder, release_beside)
         self._compose_placing(writer, recorder, defer or _run_now, preemption, commit_beside)
+        self._skew = ContractSkewReporter(  # nodes skewed past the contract's range
+            recorder=recorder, metrics=self._metrics, clock=clock, interval=cfg.event_interval
+        )
 
     def _compose_freeing(
         self, writer: ClaimWriter, recorder: Recorder, beside: WritesBeside | None
@@ -331,6 +335,7 @@ class Reconciler:
             return
         self._conflicts.report(self._planner.problems())
         self._duplicates.report(self._planner.duplicate_gpus())
+        self._skew.report(self._planner.contract_skew())
         self._releaser.mark_all(self._lost.node_pass())
         self._releaser.release_pass()
         self._place_pass()
@@ -498,6 +503,9 @@ class _NullMetrics:
         return None
 
     def set_duplicate_gpus(self, gpus: int) -> None:
+        return None
+
+    def set_contract_skew(self, nodes: int) -> None:
         return None
 
 

@@ -58,6 +58,11 @@ class Planner(Protocol):
         which the engine builds nothing (`controller.conflicts` tells the user)."""
         ...
 
+    def contract_skew(self) -> Mapping[str, str]:
+        """Nodes whose plugin's contract version is out of range: node -> why; their slices
+        are not read, so nothing is placed there (`controller.skew` tells the Node)."""
+        ...
+
     def duplicate_gpus(self) -> Mapping[tuple[str, str], str]:
         """GPU UUIDs several nodes publish: (uuid, a node ignored) -> the node it counts on
         (`controller.duplicategpus` tells both)."""
@@ -98,6 +103,8 @@ class Metrics(Protocol):
     def set_conflicts(self, gpus: int) -> None: ...
 
     def set_duplicate_gpus(self, gpus: int) -> None: ...
+
+    def set_contract_skew(self, nodes: int) -> None: ...
 
 
 class ClaimWriter(Protocol):

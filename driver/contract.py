@@ -26,6 +26,8 @@ from typing import Final
 __all__ = [
     "ATTRIBUTES",
     "CONFIG_API_GROUP",
+    "CONTRACT_SKEW",
+    "CONTRACT_VERSION",
     "DEFAULT_CONTRACT",
     "DEFAULT_DRIVER_NAME",
     "DEFAULT_MIG_RESOURCE_PREFIX",
@@ -35,8 +37,12 @@ __all__ = [
     "NUMA_NODE_ATTRIBUTE",
     "PCIE_ROOT_ATTRIBUTE",
     "PCI_BUS_ID_ATTRIBUTE",
+    "UNVERSIONED",
     "Attr",
     "Contract",
+    "ContractSkewError",
+    "contract_skew",
+    "parse_contract_version",
 ]
 
 DEFAULT_DRIVER_NAME = "mig.carve.dev"
@@ -121,6 +127,57 @@ that reads one of these is evaluated per GPU. `pcieRoot` and `numaNode` (standar
 say where a GPU sits, which GPUs of one kind need not share."""
 
 
+CONTRACT_VERSION = 1
+"""The version of everything in this module and of what the names in it label: the
+ResourceSlice layout (devices, attributes, counters, `driver.resourceslice`), claim status the
+node writes, finalizers, gate, annotations. The controller declares it on its leader Lease and
+each plugin on its ResourceSlices (`Contract.contract_version_key`); the bump rules are in
+docs/architecture.md ("Version skew"). Read it through this module at call time
+(`driver.contract.CONTRACT_VERSION`), never copied into a constant of another module, so that
+a test can bump it."""
+
+CONTRACT_SKEW = 1
+"""How far apart the controller's and a plugin's contract versions may be, in either direction
+(an upgrade or a rollback of one release at a time)."""
+
+UNVERSIONED = 1
+"""The version of a publisher that declares none: every release before the declaration was
+added spoke contract 1, so a slice or Lease without it is read as 1, never refused."""
+
+
+class ContractSkewError(ValueError):
+    """A declared contract version that cannot be read at all (not a positive integer)."""
+
+
+def parse_contract_version(value: object, *, where: str) -> int:
+    """The contract version a label or annotation declares; `None` (absent) is `UNVERSIONED`.
+
+    Raises ContractSkewError naming `where` for anything but a positive decimal integer."""
+    if value is None:
+        return UNVERSIONED
+    text = value if isinstance(value, str) else None
+    if text is None or not text.isdigit() or int(text) < 1:
+        raise ContractSkewError(
+            f"{where} declares contract version {value!r}, not a positive integer (e.g. "
+            f'"{CONTRACT_VERSION}")'
+        )
+    return int(text)
+
+
+def contract_skew(theirs: int, *, ours: int | None = None, other: str, me: str) -> str:
+    """ "" when contract version `theirs` may work with `ours` (this build's, read now), else
+    why not, naming both sides (`other` and `me`, e.g. "the plugin on node n1")."""
+    mine = CONTRACT_VERSION if ours is None else ours
+    if abs(theirs - mine) <= CONTRACT_SKEW:
+        return ""
+    newer = "newer" if theirs > mine else "older"
+    return (
+        f"{other} speaks carve contract version {theirs}, {newer} than {me} ({mine}) by more "
+        f"than {CONTRACT_SKEW}: they are at most {CONTRACT_SKEW} version apart during an "
+        "upgrade; upgrade or roll back one of them (docs/architecture.md, Version skew)"
+    )
+
+
 HANDED_TO_SCHEDULER = "kube-scheduler"
 """The value of `Contract.allocator_annotation` on a claim handed to kube-scheduler."""
 
@@ -168,6 +225,12 @@ class Contract:
         `HANDED_TO_SCHEDULER`: the one mark that lets kube-scheduler allocate a claim of carve's
         classes (the chart's carve-sole-allocator policy), and that only the controller sets."""
         return f"{self.driver}/allocator"
+
+    @property
+    def contract_version_key(self) -> str:
+        """Label on every ResourceSlice a plugin publishes and annotation on the controller's
+        leader Lease: the `CONTRACT_VERSION` its writer speaks."""
+        return f"{self.driver}/contract-version"
 
     # -- node-owned names ----------------------------------------------------------------------
 

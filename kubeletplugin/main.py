@@ -111,12 +111,13 @@ class NodePlugin:
         from kubeletplugin.agentlock import hold_checkpoint_dir
         from kubeletplugin.checkpoint import CheckpointStore
         from kubeletplugin.claims import KubernetesClaimClient, KubernetesClaimEvents
+        from kubeletplugin.controllerskew import ControllerContract
         from kubeletplugin.foreign import ForeignPolicy
         from kubeletplugin.metrics import PluginMetrics
         from kubeletplugin.nodeevents import KubernetesNodeEvents
         from kubeletplugin.nodehardware import open_backend
         from kubeletplugin.prepare import Preparer, PreparerSettings
-        from kubeletplugin.startup import StartupProgress
+        from kubeletplugin.startup import StartupProgress, early_ops
 
         self.opts = opts
         self.api = api
@@ -164,6 +165,7 @@ class NodePlugin:
         self._back_pending = threading.Event()  # a GPU answers again: finish what it stopped
         self.precarve: PreCarve | None = self._precarve() if opts.binding_conditions else None
         self.publisher: SlicePublisher = self._publisher()
+        self.controller_contract = ControllerContract.wired(self)  # the skew rule, plugin side
         self.server: PluginServer = self._server()
         self.ops: OpsServer | None = ops
         if self.ops is None and opts.http_address:
@@ -489,7 +491,10 @@ class NodePlugin:
         that raises stops the agent (exit 1, as when it ran before serving): a plugin that
         cannot reconcile or open its sockets must not look alive."""
         try:
-            if not self._reconcile_and_serve() or not self._release_vanished_claims():
+            if not self._reconcile_and_serve():
+                return
+            self.controller_contract.poll()  # once serving: a slow apiserver must not delay it
+            if not self._release_vanished_claims():
                 return
             self._publish()
         except Exception as e:
@@ -504,6 +509,7 @@ class NodePlugin:
             if self._stop.is_set():
                 return
             self._back_pending.clear()
+            self.controller_contract.poll()
             try:
                 self.preparer.retry_pending()
             except Exception:
@@ -633,14 +639,6 @@ class NodePlugin:
         self._stop.set()
 
 
-def early_ops(address: str, metrics: PluginMetrics, startup: StartupProgress) -> OpsServer:
-    """The ops server with only the `startup` check: what the process serves before it has
-    opened NVML or read its checkpoint (NodePlugin hands it the full set when assembled)."""
-    from process.opshttp import OpsServer
-
-    return OpsServer(address, metrics.registry, {"startup": startup.check})
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         opts = parse_options(sys.argv[1:] if argv is None else argv)
@@ -656,7 +654,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from kubeletplugin.agentlock import LockWaitStoppedError
     from kubeletplugin.checkpoint import CheckpointVersionError
     from kubeletplugin.metrics import PluginMetrics
-    from kubeletplugin.startup import StartupProgress
+    from kubeletplugin.startup import StartupProgress, early_ops
     from process.kube.jsonclient import KubeJson
 
     ops = None

@@ -91,6 +91,12 @@ class PluginMetrics:
 
     def _gpu_metrics(self) -> None:
         """The GPUs carve cannot use now (kubeletplugin.gpuwatch)."""
+        self.controller_contract_skew = Gauge(
+            "carve_plugin_controller_contract_skew",
+            "1 while carve-controller's contract version is more than one away from this "
+            "plugin's, so it refuses new prepares (kubeletplugin.controllerskew).",
+            registry=self.registry,
+        )
         self.lost_gpus = Gauge(
             "carve_lost_gpus",
             "GPUs that answer NVML_ERROR_GPU_IS_LOST (fallen off the bus), by NVML index: 1 "

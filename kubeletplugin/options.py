@@ -216,6 +216,15 @@ CARVE_FAILURE_COOLDOWN = flags.duration(
     "device taint <driver>/carve-failed:NoSchedule (0 = never tainted)",
     "5m",
 )
+CONTROLLER_LEASE: Flag[str | None] = Flag(
+    "controller-lease",
+    "<namespace>/<name> of carve-controller's leader Lease, whose contract version this plugin "
+    "checks: more than one away from its own, it refuses new prepares (docs/architecture.md, "
+    "Version skew); empty: not checked",
+    "",
+    flags.optional_text,
+    example="carve-system/carve-controller",
+)
 HTTP_ADDRESS = flags.http_address(deprecated=("metrics-address",))
 RESYNC_PERIOD = flags.resync_period(
     "30s",
@@ -258,6 +267,7 @@ COMMAND_LINE = flags.CommandLine(
         HEALTH_POLL,
         BINDING_CONDITIONS,
         CARVE_FAILURE_COOLDOWN,
+        CONTROLLER_LEASE,
         HTTP_ADDRESS,
         RESYNC_PERIOD,
         *flags.LOGGING,
@@ -299,6 +309,7 @@ class Options:
     mps_daemon_namespace: str | None = None
     mps_daemon_service_account: str | None = None
     mps_daemon_pull_policy: str = "IfNotPresent"
+    controller_lease: tuple[str, str] | None = None  # (namespace, name); None: not checked
 
 
 def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Options:
@@ -320,6 +331,14 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
             f"{PROG}: --mps-daemon-image needs --mps-daemon-namespace (the plugin's own "
             "namespace, e.g. --mps-daemon-namespace=carve-system)"
         )
+    lease, lease_ref = None, got[CONTROLLER_LEASE]
+    if lease_ref:
+        from kubeletplugin.controllerskew import parse_lease_ref
+
+        try:
+            lease = parse_lease_ref(lease_ref)
+        except ValueError as e:
+            raise flags.UsageError(f"{PROG}: --controller-lease: {e}") from e
     return Options(
         node_name=got[NODE_NAME],
         driver_name=driver,
@@ -350,4 +369,5 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
         mps_daemon_namespace=got[MPS_DAEMON_NAMESPACE],
         mps_daemon_service_account=got[MPS_DAEMON_SERVICE_ACCOUNT],
         mps_daemon_pull_policy=got[MPS_DAEMON_IMAGE_PULL_POLICY],
+        controller_lease=lease,
     )

@@ -161,6 +161,9 @@ class Preparer:
         )
         self._recovery = self._make_recovery(node_events)
         self._offers_changed = offers_changed
+        # Why new prepares are refused now, "" while they are not: the controller's contract
+        # version out of range (kubeletplugin.controllerskew, set by the composition root).
+        self.contract_refusal: Callable[[], str] = lambda: ""
         self._pool = ThreadPoolExecutor(
             max_workers=max(1, settings.parallelism), thread_name_prefix="prepare"
         )
@@ -212,8 +215,20 @@ class Preparer:
         self._pool.shutdown(wait=True)
 
     def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
-        futures = {c.uid: self._pool.submit(self._timed_prepare, c) for c in claims}
-        return {uid: f.result() for uid, f in futures.items()}
+        refusal = self.contract_refusal()
+        refused: dict[str, PrepareResult] = {}
+        if refusal:
+            # kubeletplugin.controllerskew: a new allocation is never acted on while its writer
+            # may be misread; a claim prepared before is answered from the checkpoint, as ever.
+            done = self.checkpoint().claims
+            for c in claims:
+                rec = done.get(c.uid)
+                if rec is None or rec.state is not ClaimState.PREPARE_COMPLETED:
+                    refused[c.uid] = PrepareResult(error=f"claim {c}: not prepared: {refusal}")
+        futures = {
+            c.uid: self._pool.submit(self._timed_prepare, c) for c in claims if c.uid not in refused
+        }
+        return {**refused, **{uid: f.result() for uid, f in futures.items()}}
 
     def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
         futures = {c.uid: self._pool.submit(self._timed_unprepare, c) for c in claims}

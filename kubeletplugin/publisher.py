@@ -41,6 +41,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from driver import contract
 from driver.apiviews import ObjectView, SliceView
 from kubeletplugin.metrics import PluginMetrics
 from process.kube.errors import ApiError, NotFoundError
@@ -159,6 +160,9 @@ class SlicePublisher:
     def _publisher_key(self) -> str:
         return f"{self._settings.driver_name}/publisher"
 
+    def _contract_key(self) -> str:
+        return contract.Contract(self._settings.driver_name).contract_version_key
+
     def _foreign(self, current: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
         """Slices another process wrote: name -> that process, for a conflict only those we
         wrote before (a slice left by a predecessor, or unannotated, is taken over)."""
@@ -208,6 +212,12 @@ class SlicePublisher:
                 self._hash_key(): _content_hash(obj.get("spec") or {}),
                 self._publisher_key(): self.identity,
             }
+            # The contract this plugin speaks, read by the controller before it reads anything
+            # else of the slice (docs/architecture.md, Version skew).
+            meta["labels"] = {
+                **(meta.get("labels") or {}),
+                self._contract_key(): str(contract.CONTRACT_VERSION),
+            }
             out.append({**obj, "metadata": meta})
         return out
 
@@ -236,6 +246,8 @@ class SlicePublisher:
             and all(
                 ObjectView(current[n]).annotations.get(self._hash_key())
                 == ObjectView(wanted[n]).annotations.get(self._hash_key())
+                and ObjectView(current[n]).labels.get(self._contract_key())
+                == ObjectView(wanted[n]).labels.get(self._contract_key())
                 for n in wanted
             )
         )

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from tenacity import (
     Retrying,
@@ -25,6 +26,10 @@ from tenacity import (
 )
 
 from process.kube.jsonclient import JsonRequests
+
+if TYPE_CHECKING:
+    from kubeletplugin.metrics import PluginMetrics
+    from process.opshttp import OpsServer
 
 log = logging.getLogger(__name__)
 
@@ -108,3 +113,11 @@ def wait_for_apiserver(
     except Exception:
         return False  # out of time or stopped: every other failure was retried
     return True
+
+
+def early_ops(address: str, metrics: PluginMetrics, startup: StartupProgress) -> OpsServer:
+    """The ops server with only the `startup` check: what the process serves before it has
+    opened NVML or read its checkpoint (NodePlugin hands it the full set when assembled)."""
+    from process.opshttp import OpsServer
+
+    return OpsServer(address, metrics.registry, {"startup": startup.check})

@@ -57,6 +57,9 @@ class _Metrics:
     def set_duplicate_gpus(self, gpus: int) -> None:
         pass
 
+    def set_contract_skew(self, nodes: int) -> None:
+        pass
+
 
 def _reconciler(
     metrics: Any, now: list[float], writer: MemoryWriter | None = None

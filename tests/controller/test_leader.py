@@ -168,3 +168,22 @@ def test_the_loop_heartbeat() -> None:
     assert "no progress for 61s (limit 60s)" in live.check()
     live.beat()
     assert live.check() == ""
+
+
+def test_the_lease_declares_the_contract_version_the_controller_speaks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The plugins read it there (docs/architecture.md, Version skew); every renewal writes it
+    again, so a controller rolled to another version declares the new one."""
+    from driver import contract
+
+    key = contract.Contract(contract.DEFAULT_DRIVER_NAME).contract_version_key
+    store, clock = LeaseStore(), Clock()
+    a = _elector(store, clock, "a")
+    assert a.try_acquire_or_renew()
+    assert store.lease is not None
+    assert store.lease["metadata"]["annotations"] == {key: str(contract.CONTRACT_VERSION)}
+    monkeypatch.setattr(contract, "CONTRACT_VERSION", 7)
+    clock.t += 2
+    assert a.try_acquire_or_renew()
+    assert store.lease["metadata"]["annotations"][key] == "7"

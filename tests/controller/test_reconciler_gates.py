@@ -123,6 +123,8 @@ class _Depth:
 
     def set_duplicate_gpus(self, gpus: int) -> None: ...
 
+    def set_contract_skew(self, nodes: int) -> None: ...
+
 
 def test_pods_held_by_a_queue_are_not_counted_as_pending_for_carve() -> None:
     metrics = _Depth()

@@ -142,6 +142,12 @@ CAN_I_OWN_NAMESPACE: tuple[tuple[str, str, str, str, bool], ...] = (
     (PLUGIN, "patch", "pods", "", False),
     (PLUGIN, "create", "pods/exec", "", False),
     (PLUGIN, "get", "secrets", "", False),
+    # carve-controller's leader Lease, to check the contract version declared there
+    # (kubeletplugin/controllerskew.py), and no other Lease; never written.
+    (PLUGIN, "get", "leases.coordination.k8s.io", "carve-controller", True),
+    (PLUGIN, "get", "leases.coordination.k8s.io", "another-lease", False),
+    (PLUGIN, "update", "leases.coordination.k8s.io", "carve-controller", False),
+    (PLUGIN, "list", "leases.coordination.k8s.io", "", False),
     # The daemons' own account: no API rights at all (issue 41.1).
     (MPS_DAEMON, "get", "pods", "", False),
     (MPS_DAEMON, "get", "secrets", "", False),

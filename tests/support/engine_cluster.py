@@ -102,6 +102,7 @@ class Cluster:
         planner: EnginePlanner | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
+        metrics: Any = None,
         **build: Any,
     ) -> None:
         self.planner = planner or EnginePlanner(DRIVER)
@@ -111,6 +112,7 @@ class Cluster:
             self.planner,
             self.writer,
             self.recorder,
+            metrics=metrics,
             clock=clock,
             wall_clock=lambda: dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
         )

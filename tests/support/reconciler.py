@@ -119,6 +119,9 @@ class FirstFitPlanner:
     def duplicate_gpus(self) -> dict[tuple[str, str], str]:
         return {}
 
+    def contract_skew(self) -> dict[str, str]:
+        return {}
+
     def used(self) -> set[tuple[str, str]]:
         out = set()
         for c in self.claims.values():

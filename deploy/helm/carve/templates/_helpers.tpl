@@ -114,6 +114,9 @@ CARVE_HEALTH_RECOVERY: {{ .Values.plugin.health.recovery | quote }}
 CARVE_HEALTH_POLL_PERIOD: {{ .Values.plugin.health.pollPeriod | quote }}
 CARVE_BINDING_CONDITIONS: {{ .Values.plugin.bindingConditions | toString | quote }}
 CARVE_CARVE_FAILURE_COOLDOWN: {{ .Values.plugin.carveFailureCooldown | quote }}
+{{- if eq (include "carve.controller.leaderElect" .) "true" }}
+CARVE_CONTROLLER_LEASE: {{ printf "%s/carve-controller" .Release.Namespace | quote }}
+{{- end }}
 CARVE_CLEANUP_ON_EXIT: {{ .Values.plugin.cleanupOnExit | toString | quote }}
 CARVE_HTTP_ADDRESS: {{ printf ":%s" (include "carve.plugin.port" .) | quote }}
 CARVE_LOG_FORMAT: {{ .Values.logging.format | quote }}
@@ -145,4 +148,22 @@ Checks that values.schema.json cannot say readably; each message names the value
 {{- if and (eq (toString .Values.controller.leaderElection.enabled) "false") (gt (int .Values.controller.replicas) 1) -}}
 {{- fail (printf "controller.replicas=%v needs leader election: set controller.leaderElection.enabled to auto or true, or run one replica" .Values.controller.replicas) -}}
 {{- end -}}
+{{- $pdb := .Values.controller.podDisruptionBudget -}}
+{{- if and $pdb.enabled (gt (int .Values.controller.replicas) 1) (ge (int $pdb.minAvailable) (int .Values.controller.replicas)) -}}
+{{- fail (printf "controller.podDisruptionBudget.minAvailable=%v with controller.replicas=%v would block every node drain: keep it below the replicas (e.g. 1)" $pdb.minAvailable .Values.controller.replicas) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The controller pods' affinity: controller.affinity, with a preferred pod anti-affinity on the
+node merged in (controller.podAntiAffinity) unless controller.affinity sets its own.
+*/}}
+{{- define "carve.controller.affinity" -}}
+{{- $c := .Values.controller -}}
+{{- $affinity := deepCopy $c.affinity -}}
+{{- if and (eq $c.podAntiAffinity "preferred") (not (hasKey $affinity "podAntiAffinity")) -}}
+{{- $term := dict "weight" 100 "podAffinityTerm" (dict "topologyKey" "kubernetes.io/hostname" "labelSelector" (dict "matchLabels" (dict "app.kubernetes.io/name" "carve-controller" "app.kubernetes.io/instance" .Release.Name))) -}}
+{{- $_ := set $affinity "podAntiAffinity" (dict "preferredDuringSchedulingIgnoredDuringExecution" (list $term)) -}}
+{{- end -}}
+{{- if $affinity }}{{ toYaml $affinity }}{{ end -}}
 {{- end -}}
