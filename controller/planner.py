@@ -15,7 +15,7 @@ import contextlib
 import logging
 import time
 import weakref
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from controller.claims import (
@@ -343,6 +343,31 @@ class EnginePlanner:
             for p, (n, r) in usage:
                 self.model.set_pod(p, n, r)
         return result if isinstance(result, Placement) else None
+
+    def fits_after_release(
+        self, pod: Obj, claims: Sequence[Obj], released: Collection[str]
+    ) -> bool:
+        """Whether the pod would fit on a node where the allocated claims `released` (store
+        keys) hold slices, were they freed: the same what-if as the preemption search's, on
+        the nodes those claims are on only."""
+        nodes = {
+            h.node
+            for k in released
+            if (ck := self._claim_keys.get(k)) is not None
+            and (h := self.model.hold_of(ck)) is not None
+            and h.node
+        }
+        if not nodes:
+            return False
+        request = self.placement_request(pod, claims)
+        if isinstance(request, Unplaceable):
+            return False
+        if request.node is not None:
+            nodes &= {request.node}
+        return any(
+            self.placement_without(request, node, released, ()) is not None
+            for node in sorted(nodes)
+        )
 
     def reserve(
         self, pod_key: str, node: str, victims: Sequence[str], claims: Iterable[str], hold_s: float

@@ -206,6 +206,7 @@ class Reconciler:
             config=cfg,
             preemption=preemption,
             clock=self._clock,
+            releasing=lambda: self._releaser.pending,
         )
         self._conflicts = ConflictReporter(
             store=store,
