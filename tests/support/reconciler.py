@@ -337,6 +337,7 @@ class Harness:
         commit_beside: Callable[[str, Callable[[], None]], bool] | None = None,
         metrics: Any = None,
         writer: MemoryWriter | None = None,
+        preemption: Any = None,
         **cfg: Any,
     ) -> None:
         self.planner = FirstFitPlanner()
@@ -354,6 +355,7 @@ class Harness:
             release_beside=release_beside,
             commit_beside=commit_beside,
             metrics=metrics,
+            preemption=preemption,
         )
         for k in Kind:
             self.rec.mark_synced(k)
