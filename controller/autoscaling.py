@@ -77,15 +77,30 @@ def _asks(claim: Obj) -> str:
     for req in view.requests:
         exact = req.get("exactly")
         if isinstance(exact, Mapping):
-            parts.append(f"{_count(exact)} {exact.get('deviceClassName', '?')}")
+            parts.append(_one(exact))
             continue
         alternatives = [
-            f"{_count(sub)} {sub.get('deviceClassName', '?')}"
-            for sub in req.get("firstAvailable") or []
-            if isinstance(sub, Mapping)
+            _one(sub) for sub in req.get("firstAvailable") or [] if isinstance(sub, Mapping)
         ]
         parts.append(" or ".join(alternatives) or "?")
     return f"claim {view.name} ({', '.join(parts)})"
+
+
+def _one(request: Mapping[str, Any]) -> str:
+    """e.g. `8 x mig.carve.dev where device.attributes[...].profile == "1g.5gb"`."""
+    text = f"{_count(request)} {request.get('deviceClassName', '?')}"
+    exprs = [
+        str(sel["cel"].get("expression", ""))
+        for sel in request.get("selectors") or []
+        if isinstance(sel, Mapping) and isinstance(sel.get("cel"), Mapping)
+    ]
+    if exprs:
+        where = " && ".join(exprs)
+        text += f" where {where if len(where) <= _MAX_SELECTOR else where[:_MAX_SELECTOR] + '...'}"
+    return text
+
+
+_MAX_SELECTOR = 200
 
 
 def _count(request: Mapping[str, Any]) -> str:

@@ -78,7 +78,8 @@ def test_a_pod_carve_cannot_place_reads_unschedulable_to_the_autoscaler_until_pl
         cond = pod_scheduled(hinted)
         assert cond is not None
         assert cond["message"].startswith(HINT_PREFIX), cond
-        assert "8 x" in cond["message"] and "1g.5gb" in cond["message"], cond
+        assert "8 x mig.carve.dev where" in cond["message"], cond
+        assert "1g.5gb" in cond["message"], cond
 
         # A node as a scale-up would add it: carve places the pod there.
         gpu_nodes(["A100-SXM4-40GB", "A100-SXM4-40GB"])
