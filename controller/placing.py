@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from controller.autoscaling import lacks_capacity
@@ -66,11 +66,7 @@ class Placer:
         config: ReconcilerConfig,
         preemption: PreemptionHook | None,
         clock: Callable[[], float],
-        releasing: Callable[[], Collection[str]] = frozenset,
     ) -> None:
-        """`releasing()`: store keys of allocated claims whose release is under way
-        (`controller.release.Releaser.pending`)."""
-        self._releasing = releasing
         self._store = store
         self._memory = memory
         self._planner = planner
@@ -131,7 +127,7 @@ class Placer:
         released would fit the pod."""
         if not lacks_capacity(why):
             return False
-        released = self._releasing()
+        released = self._store.releasing
         return not (released and self._planner.fits_after_release(pod, claims, released))
 
     def _decide(

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import time
 import weakref
-from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from controller.claims import (
@@ -60,6 +60,7 @@ from controller.placement import (
     Policy,
 )
 from controller.taintrules import TaintRules
+from controller.whatif import WhatIf
 from driver.allocation import AllocatedDevice
 from driver.apiviews import ClaimView, ObjectView, PodView, SliceView
 from driver.cel import qualify
@@ -140,8 +141,9 @@ class _Reservation:
     ghosts: dict[ClaimKey, ClaimHold] = field(default_factory=dict)
 
 
-class EnginePlanner:
-    """`Planner` backed by `PlacementEngine` (its policy: `DEFAULT_POLICY` unless told)."""
+class EnginePlanner(WhatIf):
+    """`Planner` backed by `PlacementEngine` (its policy: `DEFAULT_POLICY` unless told); its
+    what-ifs (preemption, a release in flight) are `controller.whatif`'s."""
 
     def __init__(
         self,
@@ -314,60 +316,6 @@ class EnginePlanner:
     def claim_key(self, store_key: str) -> ClaimKey | None:
         """The model's key of an allocated claim (``namespace/name`` in the stores)."""
         return self._claim_keys.get(store_key)
-
-    def placement_without(
-        self, request: PlacementRequest, node: str, claims: Iterable[str], pods: Iterable[str]
-    ) -> Placement | None:
-        """The engine's placement for ``request`` on ``node`` if the given allocated claims
-        (store keys) were released and the given pods gone; the model is left as it was.
-
-        This is the preemption search's oracle: the same engine, on the same model, as a real
-        decision, so a victim set is judged by whether its slices really combine.
-        """
-        holds = [
-            h
-            for k in claims
-            if (ck := self._claim_keys.get(k)) is not None
-            and (h := self.model.hold_of(ck)) is not None
-        ]
-        usage = [(p, u) for p in pods if (u := self.model.pod_usage(p)) is not None]
-        for h in holds:
-            self.model.release(h.claim)
-        for p, _ in usage:
-            self.model.remove_pod(p)
-        try:
-            result = self.engine.place(replace(request, node=node))
-        finally:
-            for h in holds:
-                self.model.hold(h)
-            for p, (n, r) in usage:
-                self.model.set_pod(p, n, r)
-        return result if isinstance(result, Placement) else None
-
-    def fits_after_release(
-        self, pod: Obj, claims: Sequence[Obj], released: Collection[str]
-    ) -> bool:
-        """Whether the pod would fit on a node where the allocated claims `released` (store
-        keys) hold slices, were they freed: the same what-if as the preemption search's, on
-        the nodes those claims are on only."""
-        nodes = {
-            h.node
-            for k in released
-            if (ck := self._claim_keys.get(k)) is not None
-            and (h := self.model.hold_of(ck)) is not None
-            and h.node
-        }
-        if not nodes:
-            return False
-        request = self.placement_request(pod, claims)
-        if isinstance(request, Unplaceable):
-            return False
-        if request.node is not None:
-            nodes &= {request.node}
-        return any(
-            self.placement_without(request, node, released, ()) is not None
-            for node in sorted(nodes)
-        )
 
     def reserve(
         self, pod_key: str, node: str, victims: Sequence[str], claims: Iterable[str], hold_s: float

@@ -206,7 +206,6 @@ class Reconciler:
             config=cfg,
             preemption=preemption,
             clock=self._clock,
-            releasing=lambda: self._releaser.pending,
         )
         self._conflicts = ConflictReporter(
             store=store,

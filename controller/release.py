@@ -121,10 +121,6 @@ class Releaser:
         self._beside = beside
         self._dirty: set[str] = set()  # claims to look at in the next pass
         self._releasing: set[str] = set()  # claims whose release writes are in flight beside
-        # Allocated claims no live pod uses any more: their placement is being freed (the node
-        # tears the instance down, the allocation or the claim goes). Seen by the decision
-        # thread only; a pod that would fit once they are free waits for a release in flight.
-        self._pending: set[str] = set()
 
     def mark(self, claim_key: str) -> None:
         """Look at the claim in the next pass."""
@@ -138,16 +134,12 @@ class Releaser:
         """Whether release writes are in flight beside the decision thread."""
         return bool(self._releasing)
 
-    @property
-    def pending(self) -> frozenset[str]:
-        """Store keys of allocated claims whose release is under way (see `__init__`)."""
-        return frozenset(self._pending)
-
     def _note_pending(self, key: str, claim: Obj | None) -> None:
+        """Keep `ClusterStore.releasing`: allocated claims no live pod uses any more."""
         if claim is not None and ClaimView(claim).allocated and not self._store.users_of(key):
-            self._pending.add(key)
+            self._store.releasing.add(key)
         else:
-            self._pending.discard(key)
+            self._store.releasing.discard(key)
 
     def done(self, message: ReleaseDone) -> None:
         """Look again: a failed write is retried, a finished one may have a next step."""
