@@ -15,7 +15,7 @@ import contextlib
 import logging
 import time
 import weakref
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from controller.claims import (
@@ -175,6 +175,8 @@ class EnginePlanner(WhatIf):
         # reason, valid while the model is unchanged (every change empties it) and at most
         # _SHARED_REFUSAL_S, so a reason that time alone changes is not kept for long.
         self._refused: dict[_Shape, str] = {}
+        # `fits_after_release` answers by request shape, also emptied by every change.
+        self._release_fits: dict[tuple[_Shape, frozenset[str]], bool] = {}
         self._refused_since = 0.0
         # One object for equal shapes (by digest), so that looking a like pod's shape up in
         # `_refused` compares by identity, not field by field; an entry lives while a kept
@@ -455,6 +457,22 @@ class EnginePlanner(WhatIf):
     def _model_changed(self) -> None:
         if self._refused:
             self._refused.clear()
+        if self._release_fits:
+            self._release_fits.clear()
+
+    def fits_after_release(
+        self, pod: Obj, claims: Sequence[Obj], released: Collection[str]
+    ) -> bool:
+        """`WhatIf.fits_after_release`, answered once per request shape while the model is
+        unchanged: a queue of like pods costs one what-if per node, not one per pod."""
+        self.flush()
+        shape = self._read_request(pod, claims).shape
+        if shape is None:
+            return super().fits_after_release(pod, claims, released)
+        key = (shape, frozenset(released))
+        if key not in self._release_fits:
+            self._release_fits[key] = super().fits_after_release(pod, claims, released)
+        return self._release_fits[key]
 
     def _refusal_of(self, shape: _Shape | None) -> str | None:
         if shape is None or not self._refused:

@@ -21,11 +21,12 @@ from controller.autoscaling import (
     hint_message,
     lacks_capacity,
 )
-from controller.objects import Kind, Unplaceable
+from controller.objects import EventType, Kind, Unplaceable
 from controller.status import KubeClaimWriter
 from driver.apiobject import Obj
 from driver.contract import DEFAULT_CONTRACT
 from tests.support.autoscaler import ca_sees_unschedulable, pod_scheduled
+from tests.support.engine_cluster import Cluster, profile_claim
 from tests.support.patch_store import VersionedStore
 from tests.support.reconciler import NODE_FINALIZER, Harness, claim, pod
 
@@ -369,3 +370,39 @@ def test_native_fallback_resets_the_hint_before_handing_the_pod_over() -> None:
     h.step()
     assert h.writer.pod_writes[-2:] == [("reset_unschedulable", "p"), ("remove_gate", "p")]
     assert not _hinted(h)
+
+
+def test_the_engine_tells_a_release_that_fits_from_one_that_does_not() -> None:
+    """The real engine's what-if (`controller.whatif`): a 7g.40gb slice whose pod ended but
+    whose node has not confirmed the teardown is a release in flight. A 3g.20gb pod fits in
+    it (no hint); a pod asking for two 7g.40gb would not (hint), and a like pod's question
+    costs no second what-if."""
+    c = Cluster({"n1": ["A100-SXM4-40GB"]})
+    a = c.submit(profile_claim("whole", "7g.40gb"))
+    c.rec.step()
+    assert c.allocation("whole") is not None
+    held = c.writer.objects["whole"]
+    held["metadata"]["finalizers"] = [*held["metadata"]["finalizers"], NODE_FINALIZER]
+    c.rec.enqueue(Kind.CLAIM, EventType.MODIFIED, c.writer.put(held))
+    c.finish(a)
+    c.rec.step()
+
+    small = c.submit(profile_claim("small", "3g.20gb"))
+    big = c.submit(profile_claim("big", "7g.40gb", count=2))
+    c.rec.step()
+    assert not ca_sees_unschedulable(c.writer.objects[small]), "it waits for the release"
+    assert ca_sees_unschedulable(c.writer.objects[big]), "no release makes room for two"
+    assert c.allocation("small") is None and c.allocation("big") is None
+
+    calls = []
+    real = c.planner.placement_without
+
+    def counted(*args: Any) -> Any:
+        calls.append(args[1])
+        return real(*args)
+
+    c.planner.placement_without = counted  # type: ignore[method-assign]
+    like = [c.submit(profile_claim(f"small-{i}", "3g.20gb")) for i in range(3)]
+    c.rec.step()
+    assert not any(ca_sees_unschedulable(c.writer.objects[p]) for p in like)
+    assert len(calls) <= 1, calls
