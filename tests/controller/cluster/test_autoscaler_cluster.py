@@ -11,6 +11,7 @@ apiserver stored, not what the controller meant: the hint goes before the gate d
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -21,8 +22,10 @@ from kubernetes.client import ApiClient
 
 from controller.autoscaling import HINT_PREFIX, SAFE_TO_EVICT, SCHEDULING_GATED
 from devcluster.waiting import wait_for
+from driver.catalog import gpu_model
 from tests.controller.cluster.objects import pod, profile_template, raw
 from tests.support.autoscaler import ca_sees_unschedulable, pod_scheduled
+from tests.support.real_allocator import allocate, binary, node_slices, run_steps
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -145,3 +148,62 @@ def test_a_users_safe_to_evict_is_kept_and_movable_pods_are_not_marked(
     assert wait_for("plain ungated", lambda: annotations("plain"), until=gone)[SAFE_TO_EVICT] == (
         "false"
     )
+
+
+def _as_template(slices: list[dict[str, Any]], node: str, suffix: str) -> list[dict[str, Any]]:
+    """CA's copy of a node's slices for a node group's template: `SanitizedNodeResourceSlices`
+    (cluster-autoscaler/simulator/dynamicresources/utils/sanitize.go) points them at the new
+    node and appends `-<suffix>` to every slice and pool name."""
+    out = []
+    for s in slices:
+        copy = json.loads(json.dumps(s))
+        copy["metadata"] = {"name": f"{s['metadata']['name']}-{suffix}"}
+        copy["spec"]["nodeName"] = node
+        copy["spec"]["pool"]["name"] = f"{s['spec']['pool']['name']}-{suffix}"
+        out.append(copy)
+    return out
+
+
+def test_kube_schedulers_allocator_takes_the_pending_claim_on_a_template_copy(
+    k8s_api: ApiClient, namespace: str, gpu_nodes: Callable[[list[str]], str], carve: Any
+) -> None:
+    """What CA's DRA simulation runs (kube-scheduler's structured allocator, dra-allocate, the
+    v0.37.2 library) on what CA would feed it: the claim carve's hint is about, as the
+    apiserver holds it, and a renamed copy of a node's slices. A copy of the node that cannot
+    hold the pod refuses it, as carve did; a copy of a node of a group with two GPUs takes it."""
+    one = gpu_nodes(["A100-SXM4-40GB"])
+    res, core = client.ResourceV1Api(k8s_api), client.CoreV1Api(k8s_api)
+    res.create_namespaced_resource_claim_template(
+        namespace, profile_template("eight", "1g.5gb", count=8)
+    )
+    core.create_namespaced_pod(namespace, pod("big", "eight"))
+    carve("carve-a")
+    wait_for(
+        "carve's Unschedulable hint",
+        lambda: raw(core.read_namespaced_pod("big", namespace, _preload_content=False)),
+        until=ca_sees_unschedulable,
+    )
+    (pending,) = raw(res.list_namespaced_resource_claim(namespace, _preload_content=False))["items"]
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": pending["metadata"]["name"], "namespace": namespace},
+        "spec": pending["spec"],
+    }
+    published = [
+        s
+        for s in raw(res.list_resource_slice(_preload_content=False))["items"]
+        if s["spec"].get("nodeName") == one
+    ]
+    assert published, f"node {one} publishes no slices"
+    exe = binary(build=False)
+    [same] = run_steps(
+        _as_template(published, "template-1", "ca1"), [allocate(claim)], node="template-1", exe=exe
+    )
+    assert same.status == "unschedulable", same
+    group = node_slices([gpu_model("A100-SXM4-40GB")] * 2, node="group-node")
+    [bigger] = run_steps(
+        _as_template(group, "template-2", "ca2"), [allocate(claim)], node="template-2", exe=exe
+    )
+    assert bigger.allocated, bigger
+    assert len(bigger.devices) == 8
