@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
+from controller.autoscaling import SAFE_TO_EVICT
 from controller.namespaceshare import NamespaceShare
 from controller.objects import CarveClasses, is_carve_claim
 from controller.work import may_need_work
@@ -150,13 +151,15 @@ def carve_pod(pod: Obj, driver: str) -> Obj:
     view = PodView(pod)
     meta, spec, status = view.metadata, view.spec, view.status
     kept_meta = {k: meta[k] for k in _CARVE_POD_META if meta.get(k)}
-    ours = {
-        k: v
-        for k, v in (meta.get("annotations") or {}).items()
-        if k.partition("/")[0].endswith(driver)
-    }
-    if ours:
-        kept_meta["annotations"] = ours
+    annotations = meta.get("annotations")
+    if isinstance(annotations, Mapping):
+        # Kept even when empty: it says the pod has a map, into which carve may add CA's
+        # safe-to-evict (`controller.autoscaling.protection_ops`), whose user's value it keeps.
+        kept_meta["annotations"] = {
+            k: v
+            for k, v in annotations.items()
+            if k.partition("/")[0].endswith(driver) or k == SAFE_TO_EVICT
+        }
     kept_spec: Obj = {k: v for k, v in spec.items() if k not in _UNREAD_POD_SPEC}
     for field in ("containers", "initContainers"):
         if field in kept_spec:

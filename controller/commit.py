@@ -128,6 +128,9 @@ class Committer:
             plan_waits_for_carve(a.results) for a in plan.allocations
         )
         ungate = has_gate(pod, self._cfg.gate) and not hold
+        if hold:
+            # Placed: the gate stays while the node carves, carve's autoscaler hint does not.
+            self._outcomes.hint(pod, None)
         if self._commit_beside(pod, wait, claims, plan, todo=todo, ungate=ungate):
             return
         classes = self._store.objects[Kind.CLASS]
@@ -140,7 +143,7 @@ class Committer:
             raise error
         self._planner.committed(pod, plan)
         if ungate:
-            self._store.put_pod(key_of(pod), self._writer.remove_gate(pod))
+            self._store.put_pod(key_of(pod), self._writer.remove_gate(pod, protect=True))
         self._outcomes.placed(pod, wait.first_seen, plan, [a for a, _ in todo])
 
     def _commit_beside(
@@ -167,7 +170,7 @@ class Committer:
             allocated = error is None
             if allocated and ungate:
                 try:
-                    ungated = writer.remove_gate(pod)
+                    ungated = writer.remove_gate(pod, protect=True)
                 except Exception as exc:
                     error = exc
             post(CommitDone(key, stored, ungated, error, allocated))

@@ -54,6 +54,10 @@ class PodRecord:
     replans: int = 0
     replan_after: float = 0.0
     carve_failures: int = 0  # failed carves while gated
+    # carve's Unschedulable hint (`controller.autoscaling`) as last sent: its message, None
+    # for reset. Until `hint_sent`, the pod's own copy says what it shows.
+    hint: str | None = None
+    hint_sent: bool = False
 
 
 class PodMemory:
@@ -146,6 +150,8 @@ class PodMemory:
         """Classify every candidate again and retry every wait now (the periodic resync)."""
         for _, wait in self._waits():
             wait.retry_at = 0.0
+        for record in self._records.values():
+            record.hint_sent = False  # a best-effort write may have failed: trust the pods
         for key in self.candidates():  # every pod the queue holds is a candidate
             self.queue.changed(key)
 

@@ -17,6 +17,7 @@ import datetime as dt
 import logging
 from collections.abc import Callable, Sequence
 
+from controller.autoscaling import hint_message, hint_of
 from controller.config import ReconcilerConfig
 from controller.memory import PodMemory, Wait
 from controller.objects import (
@@ -86,6 +87,32 @@ class Outcomes:
 
         self._defer(key_of(pod), write)
 
+    def hint(self, pod: Obj, message: str | None) -> None:
+        """Set carve's Unschedulable hint with `message`, or reset it (None), on a pod that
+        still has carve's gate (`controller.autoscaling`); only when that changes what the pod
+        shows, and best effort, written beside the decision like a condition."""
+        gate = self._cfg.gate
+        if not has_gate(pod, gate):
+            return  # kube-scheduler owns PodScheduled
+        key = key_of(pod)
+        record = self._memory.record(key)
+        have = record.hint if record.hint_sent else hint_of(pod, gate)
+        want = None if message is None else message[:32768]
+        if have == want:
+            return
+        record.hint, record.hint_sent = want, True
+
+        def write() -> None:
+            try:
+                if want is None:
+                    self._writer.reset_unschedulable(pod)
+                else:
+                    self._writer.set_unschedulable(pod, want)
+            except Exception as exc:
+                _log.info("pod %s: could not write the autoscaler hint: %s", key, exc)
+
+        self._defer(key, write)
+
     # -- placed ----------------------------------------------------------------------------
 
     def placed(
@@ -123,9 +150,19 @@ class Outcomes:
 
     # -- waiting ---------------------------------------------------------------------------
 
-    def waits(self, pod: Obj, wait: Wait, why: Unplaceable, claims: Sequence[Obj] = ()) -> None:
+    def waits(
+        self,
+        pod: Obj,
+        wait: Wait,
+        why: Unplaceable,
+        claims: Sequence[Obj] = (),
+        *,
+        capacity: bool = False,
+    ) -> None:
         """The pod cannot be placed now: look again after `retry_interval` (or when something
-        changes), unless it is due for kube-scheduler; say why."""
+        changes), unless it is due for kube-scheduler; say why. `capacity`: for lack of
+        capacity that no preemption and no release in flight will end, so Cluster Autoscaler
+        is told (`controller.autoscaling`); otherwise a hint is reset."""
         now = self._clock()
         wait.attempts += 1
         wait.permanent = why.permanent
@@ -133,11 +170,13 @@ class Outcomes:
         if self.fallback_due(pod) and why.reason != "ClaimsNotReady":
             self._hand_to_scheduler(pod, why)
             return
+        self.hint(pod, hint_message(claims, why) if capacity else None)
         self.tell(pod, wait, claims, why)
 
     def held(self, pod: Obj, wait: Wait, reason: str, message: str) -> None:
         """Held by another scheduling gate (a queue's) for as long as it likes: said once, not
         every pass."""
+        self.hint(pod, None)  # a queue's wait is no lack of capacity
         if wait.last_message != message:
             wait.last_message = message
             self._recorder.event(pod, Kind.POD, "Normal", reason, message)
@@ -178,6 +217,7 @@ class Outcomes:
         # Not only a log line: the user reads pods and claims, not the controller log.
         why = _write_failure(exc)
         wait.permanent = why.permanent
+        self.hint(pod, None)  # carve found a placement: capacity is not what the pod lacks
         self.tell(pod, wait, claims, why)
 
     # -- handed to kube-scheduler ----------------------------------------------------------
@@ -204,7 +244,7 @@ class Outcomes:
             f"unplaceable for longer than {self._cfg.native_fallback_after:.0f}s "
             f"({why.message}); gate removed so kube-scheduler can allocate natively",
         )
-        self._store.put_pod(key, self._writer.remove_gate(pod))
+        self._store.put_pod(key, self._writer.remove_gate(pod, protect=True))
 
     def release_to_scheduler(self, pod: Obj, reason: str, message: str) -> None:
         """Hand the pod's unallocated carve claims to kube-scheduler: our finalizer off, the

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
+from controller.autoscaling import lacks_capacity
 from controller.commit import Committer
 from controller.config import ReconcilerConfig
 from controller.extended_resources import (
@@ -113,11 +114,21 @@ class Placer:
                 and not self._outcomes.fallback_due(pod)  # handed over now: evict nobody
             ):
                 verdict = self._preemption.unplaceable(pod, claims, verdict, self._store.objects)
-            self._outcomes.waits(pod, wait, verdict, claims)
+            capacity = self._lacks_capacity(pod, claims, verdict)
+            self._outcomes.waits(pod, wait, verdict, claims, capacity=capacity)
             return
         if self._held_for_pinned(pod, wait, verdict.node):
             return
         self._committer.commit(pod, wait, claims, verdict)
+
+    def _lacks_capacity(self, pod: Obj, claims: Sequence[Obj], why: Unplaceable) -> bool:
+        """Whether to tell Cluster Autoscaler (`controller.autoscaling`): `why` is a lack of
+        capacity (preemption had its say: `Preempting` is none), and no placement being
+        released would fit the pod."""
+        if not lacks_capacity(why):
+            return False
+        released = self._store.releasing
+        return not (released and self._planner.fits_after_release(pod, claims, released))
 
     def _decide(
         self,
@@ -156,7 +167,8 @@ class Placer:
         if isinstance(verdict, Unplaceable):
             self._metrics.count_outcome("unplaceable")
             message = in_users_words(verdict.message, pod, names)
-            self._outcomes.waits(pod, wait, replace(verdict, message=message))
+            capacity = self._lacks_capacity(pod, [stand_in], verdict)
+            self._outcomes.waits(pod, wait, replace(verdict, message=message), capacity=capacity)
             return
         if self._held_for_pinned(pod, wait, verdict.node):
             return
@@ -265,7 +277,7 @@ class Placer:
         """Every carve claim of the pod is allocated (or it has none): remove the gate."""
         key = key_of(pod)
         if has_gate(pod, self._cfg.gate):
-            self._store.put_pod(key, self._writer.remove_gate(pod))
+            self._store.put_pod(key, self._writer.remove_gate(pod, protect=bool(claims)))
         self._memory.settle(key)
         if claims:
             _log.info("pod %s: claims already allocated; gate removed", key, extra={"pod": key})

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import time
 import weakref
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from controller.claims import (
@@ -61,6 +61,7 @@ from controller.placement import (
 )
 from controller.skew import NodeSkew
 from controller.taintrules import TaintRules
+from controller.whatif import WhatIf
 from driver.allocation import AllocatedDevice
 from driver.apiviews import ClaimView, ObjectView, PodView, SliceView
 from driver.cel import qualify
@@ -141,8 +142,9 @@ class _Reservation:
     ghosts: dict[ClaimKey, ClaimHold] = field(default_factory=dict)
 
 
-class EnginePlanner:
-    """`Planner` backed by `PlacementEngine` (its policy: `DEFAULT_POLICY` unless told)."""
+class EnginePlanner(WhatIf):
+    """`Planner` backed by `PlacementEngine` (its policy: `DEFAULT_POLICY` unless told); its
+    what-ifs (preemption, a release in flight) are `controller.whatif`'s."""
 
     def __init__(
         self,
@@ -175,6 +177,8 @@ class EnginePlanner:
         # reason, valid while the model is unchanged (every change empties it) and at most
         # _SHARED_REFUSAL_S, so a reason that time alone changes is not kept for long.
         self._refused: dict[_Shape, str] = {}
+        # `fits_after_release` answers by request shape, also emptied by every change.
+        self._release_fits: dict[tuple[_Shape, frozenset[str]], bool] = {}
         self._refused_since = 0.0
         # One object for equal shapes (by digest), so that looking a like pod's shape up in
         # `_refused` compares by identity, not field by field; an entry lives while a kept
@@ -312,35 +316,6 @@ class EnginePlanner:
     def claim_key(self, store_key: str) -> ClaimKey | None:
         """The model's key of an allocated claim (``namespace/name`` in the stores)."""
         return self._claim_keys.get(store_key)
-
-    def placement_without(
-        self, request: PlacementRequest, node: str, claims: Iterable[str], pods: Iterable[str]
-    ) -> Placement | None:
-        """The engine's placement for ``request`` on ``node`` if the given allocated claims
-        (store keys) were released and the given pods gone; the model is left as it was.
-
-        This is the preemption search's oracle: the same engine, on the same model, as a real
-        decision, so a victim set is judged by whether its slices really combine.
-        """
-        holds = [
-            h
-            for k in claims
-            if (ck := self._claim_keys.get(k)) is not None
-            and (h := self.model.hold_of(ck)) is not None
-        ]
-        usage = [(p, u) for p in pods if (u := self.model.pod_usage(p)) is not None]
-        for h in holds:
-            self.model.release(h.claim)
-        for p, _ in usage:
-            self.model.remove_pod(p)
-        try:
-            result = self.engine.place(replace(request, node=node))
-        finally:
-            for h in holds:
-                self.model.hold(h)
-            for p, (n, r) in usage:
-                self.model.set_pod(p, n, r)
-        return result if isinstance(result, Placement) else None
 
     def reserve(
         self, pod_key: str, node: str, victims: Sequence[str], claims: Iterable[str], hold_s: float
@@ -480,6 +455,22 @@ class EnginePlanner:
     def _model_changed(self) -> None:
         if self._refused:
             self._refused.clear()
+        if self._release_fits:
+            self._release_fits.clear()
+
+    def fits_after_release(
+        self, pod: Obj, claims: Sequence[Obj], released: Collection[str]
+    ) -> bool:
+        """`WhatIf.fits_after_release`, answered once per request shape while the model is
+        unchanged: a queue of like pods costs one what-if per node, not one per pod."""
+        self.flush()
+        shape = self._read_request(pod, claims).shape
+        if shape is None:
+            return super().fits_after_release(pod, claims, released)
+        key = (shape, frozenset(released))
+        if key not in self._release_fits:
+            self._release_fits[key] = super().fits_after_release(pod, claims, released)
+        return self._release_fits[key]
 
     def _refusal_of(self, shape: _Shape | None) -> str | None:
         if shape is None or not self._refused:

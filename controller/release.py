@@ -134,6 +134,13 @@ class Releaser:
         """Whether release writes are in flight beside the decision thread."""
         return bool(self._releasing)
 
+    def _note_pending(self, key: str, claim: Obj | None) -> None:
+        """Keep `ClusterStore.releasing`: allocated claims no live pod uses any more."""
+        if claim is not None and ClaimView(claim).allocated and not self._store.users_of(key):
+            self._store.releasing.add(key)
+        else:
+            self._store.releasing.discard(key)
+
     def done(self, message: ReleaseDone) -> None:
         """Look again: a failed write is retried, a finished one may have a next step."""
         self._releasing.discard(message.claim)
@@ -144,6 +151,7 @@ class Releaser:
         now = self._wall()
         for key in sorted(dirty):
             claim = self._store.claims.get(key)
+            self._note_pending(key, claim)
             if claim is None:
                 self._lost.claim_gone(key)
                 continue

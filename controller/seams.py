@@ -9,7 +9,7 @@ in-memory fakes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Protocol
 
 from controller.objects import ClaimAllocation, Kind, Plan, Problem, Unplaceable
@@ -43,6 +43,14 @@ class Planner(Protocol):
     def check_allocated(self, pod: Obj, claims: Sequence[Obj]) -> Unplaceable | None:
         """Whether a pod whose carve claims are all allocated may be ungated: what its own
         spec asks of them (a container's MPS limits) must fit what they hold."""
+        ...
+
+    def fits_after_release(
+        self, pod: Obj, claims: Sequence[Obj], released: Collection[str]
+    ) -> bool:
+        """Whether the pod, refused now, would fit once the allocated claims `released` (store
+        keys: their pods ended, their release is under way) are freed: then it waits for a
+        release in flight, and carve tells Cluster Autoscaler nothing (`controller.autoscaling`)."""
         ...
 
     def committed(self, pod: Obj, plan: Plan) -> None:
@@ -134,7 +142,10 @@ class ClaimWriter(Protocol):
         the hand-over mark on (`Contract.allocator_annotation`)."""
         ...
 
-    def remove_gate(self, pod: Obj) -> Obj: ...
+    def remove_gate(self, pod: Obj, *, protect: bool = False) -> Obj:
+        """Remove carve's gate, after resetting carve's Unschedulable hint; `protect`: mark the
+        pod not safe to evict for Cluster Autoscaler (`controller.autoscaling`)."""
+        ...
 
     def pin_and_ungate(self, pod: Obj, node: str) -> Obj:
         """Narrow a gated pod's required node affinity to `node` and remove the gate, in one
@@ -142,3 +153,11 @@ class ClaimWriter(Protocol):
         ...
 
     def set_pod_condition(self, pod: Obj, status: bool, reason: str, message: str) -> None: ...
+
+    def set_unschedulable(self, pod: Obj, message: str) -> Obj:
+        """carve's hint for Cluster Autoscaler on a gated pod (`controller.autoscaling`)."""
+        ...
+
+    def reset_unschedulable(self, pod: Obj) -> Obj:
+        """The hint turned back into `SchedulingGated` (nothing sent when there is none)."""
+        ...

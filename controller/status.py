@@ -34,6 +34,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from controller.autoscaling import (
+    SAFE_TO_EVICT,
+    hint_of,
+    hint_ops,
+    protection_ops,
+    reset_ops,
+    scheduled_pin,
+    wants_protection,
+)
 from controller.extended_resources import pinned_affinity
 from controller.objects import ClaimAllocation, has_finalizer, has_gate, node_finalizers
 from driver.allocation import (
@@ -356,25 +365,83 @@ class KubeClaimWriter:
             "PATCH", _pod_path(namespace, name), body=ops, content_type=JSON_PATCH
         )
 
-    def remove_gate(self, pod: Obj) -> Obj:
+    def _edit_pod_status(self, name: str, namespace: str, ops: Any) -> Obj:
+        return self._api.request(
+            "PATCH", f"{_pod_path(namespace, name)}/status", body=ops, content_type=JSON_PATCH
+        )
+
+    def remove_gate(self, pod: Obj, *, protect: bool = False) -> Obj:
+        """Remove carve's gate (a JSON patch that tests the entry at its index). carve's
+        Unschedulable hint is reset first (`controller.autoscaling`): the patch also tests the
+        `PodScheduled` reason it was derived under, so a hint that landed meanwhile fails it and
+        is reset before the gate goes. `protect`: the pod will hold a live slice, so mark it
+        not safe to evict unless it is opted in as movable or its user set the annotation."""
+
         def ops(cur: Obj) -> list[Obj] | None:
             for i, gate in enumerate((cur.get("spec") or {}).get("schedulingGates") or []):
                 if gate.get("name") == self._gate:
+                    if hint_of(cur, self._gate) is not None:
+                        raise _HintFirstError(cur)
                     path = f"/spec/schedulingGates/{i}"
                     test = {"op": "test", "path": f"{path}/name", "value": self._gate}
-                    return [test, {"op": "remove", "path": path}]
+                    out = [test, *scheduled_pin(cur), {"op": "remove", "path": path}]
+                    if protect and wants_protection(cur, self._contract):
+                        out += protection_ops(cur)
+                    return out
             return None
 
-        return self._pinned(pod, self._get_pod, self._edit_pod, ops)
+        return self._ungate(pod, lambda cur: self._pinned(cur, self._get_pod, self._edit_pod, ops))
+
+    def _ungate(self, pod: Obj, write: Callable[[Obj], Obj]) -> Obj:
+        """`write(pod)`, after resetting carve's hint each time `write` finds one."""
+        current = pod
+        for _ in range(self._attempts):
+            try:
+                return write(current)
+            except _HintFirstError as first:
+                current = self.reset_unschedulable(first.pod)
+        raise WriteSkippedError("carve's Unschedulable hint came back on every attempt")
 
     def pin_and_ungate(self, pod: Obj, node: str) -> Obj:
+        """Pin the pod to `node` and remove the gate in one merge patch (guarded by the
+        resourceVersion, so a hint that landed meanwhile makes it conflict and is reset
+        first); the pod will hold a slice there, so it is marked not safe to evict as
+        `remove_gate` marks it."""
+
         def mutate(cur: Obj) -> Obj | None:
             if not has_gate(cur, self._gate):
                 return None
+            if hint_of(cur, self._gate) is not None:
+                raise _HintFirstError(cur)
             gates = [g for g in cur["spec"]["schedulingGates"] if g.get("name") != self._gate]
-            return {"spec": {"affinity": pinned_affinity(cur, node), "schedulingGates": gates}}
+            patch: Obj = {
+                "spec": {"affinity": pinned_affinity(cur, node), "schedulingGates": gates}
+            }
+            if wants_protection(cur, self._contract):
+                patch["metadata"] = {"annotations": {SAFE_TO_EVICT: "false"}}
+            return patch
 
-        return self._rmw(pod, self._get_pod, self._patch_pod, mutate)
+        return self._ungate(pod, lambda cur: self._rmw(cur, self._get_pod, self._patch_pod, mutate))
+
+    def set_unschedulable(self, pod: Obj, message: str) -> Obj:
+        """carve's hint for Cluster Autoscaler (`controller.autoscaling`): `PodScheduled`
+        False, reason Unschedulable, with `message`. A JSON patch of the pod's status pinned on
+        carve's gate: it never lands on a pod carve has ungated (`GateGoneError` instead)."""
+        now = self._clock()
+        return self._pinned(
+            pod,
+            self._get_pod,
+            self._edit_pod_status,
+            lambda cur: hint_ops(cur, self._gate, message, now),
+        )
+
+    def reset_unschedulable(self, pod: Obj) -> Obj:
+        """Turn carve's hint back into the apiserver's `SchedulingGated`; no request when the
+        pod shows no hint. Returns the pod as written (or the copy given)."""
+        now = self._clock()
+        return self._pinned(
+            pod, self._get_pod, self._edit_pod_status, lambda cur: reset_ops(cur, self._gate, now)
+        )
 
     def set_pod_condition(self, pod: Obj, status: bool, reason: str, message: str) -> None:
         """Record carve's verdict in the pod's conditions (`kubectl describe pod` shows it).
@@ -391,6 +458,14 @@ class KubeClaimWriter:
             body={"status": {"conditions": [cond]}},
             content_type=STRATEGIC_MERGE,
         )
+
+
+class _HintFirstError(Exception):
+    """A gate removal found carve's hint on the pod: reset it, then remove the gate."""
+
+    def __init__(self, pod: Obj) -> None:
+        super().__init__("carve's Unschedulable hint is still on the pod")
+        self.pod = pod
 
 
 def _annotation(obj: Obj, key: str, value: str) -> Obj:

@@ -49,6 +49,11 @@ class ClusterStore:
         # allocation finalizer cannot tell them apart: carve's admission policy adds it at
         # creation.)
         self._seen_allocated: dict[str, str] = {}
+        # Keys of allocated claims no live pod uses any more: their placement is being freed
+        # (the node tears the instance down, the allocation or the claim goes). Kept by
+        # `controller.release.Releaser`; a refused pod that would fit once they are free waits
+        # for a release in flight (`controller.autoscaling`).
+        self.releasing: set[str] = set()
 
     @property
     def claims(self) -> Mapping[str, Obj]:

@@ -215,6 +215,13 @@ class Contract:
         return f"{self.driver}/Placed"
 
     @property
+    def movable_annotation(self) -> str:
+        """On a pod, with the value "true": its user opts it in as movable, so carve does not
+        mark it `cluster-autoscaler.kubernetes.io/safe-to-evict: "false"` when it is placed
+        (docs/guide/autoscaling.md)."""
+        return f"{self.driver}/movable"
+
+    @property
     def event_source(self) -> str:
         """`reportingController` of the controller's events."""
         return f"{self.driver}/controller"

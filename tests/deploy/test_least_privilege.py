@@ -688,6 +688,87 @@ def test_the_controller_still_pins_ungates_and_annotates_its_pods(
         core.delete_namespaced_pod("placed", "default", grace_period_seconds=0)
 
 
+SAFE = "cluster-autoscaler.kubernetes.io/safe-to-evict"
+SAFE_KEY = SAFE.replace("/", "~1")
+
+
+@pytest.mark.parametrize(
+    ("start", "ungate_first", "ops"),
+    [
+        ({}, False, [{"op": "add", "path": "/metadata/annotations", "value": {SAFE: "true"}}]),
+        (
+            {SAFE: "true"},
+            False,
+            [{"op": "replace", "path": f"/metadata/annotations/{SAFE_KEY}", "value": "false"}],
+        ),
+        (
+            {SAFE: "false"},
+            False,
+            [{"op": "remove", "path": f"/metadata/annotations/{SAFE_KEY}"}],
+        ),
+        ({}, True, [{"op": "add", "path": "/metadata/annotations", "value": {SAFE: "false"}}]),
+    ],
+    ids=["sets-true", "changes-users-value", "removes-users-value", "on-an-ungated-pod"],
+)
+def test_the_controller_adds_only_safe_to_evict_false_where_none_is(
+    installed: Path,
+    k8s_api: Any,  # noqa: F811
+    start: dict[str, str],
+    ungate_first: bool,
+    ops: list[dict[str, Any]],
+) -> None:
+    """Issue 44.5: carve marks a pod it ungates not safe to evict; the policy admits that one
+    value, where the user set none, on a pod that had carve's gate, and nothing else of CA's."""
+    core = client.CoreV1Api(k8s_api)
+    as_controller = client.CoreV1Api(_client_as(installed, _token(core, None, "carve-controller")))
+    body = _gated_pod("evictable")
+    if start:
+        body["metadata"]["annotations"] = dict(start)
+    core.create_namespaced_pod("default", body)
+    try:
+        if ungate_first:
+            as_controller.patch_namespaced_pod(
+                "evictable", "default", {"spec": {"schedulingGates": []}}, _content_type=MERGE
+            )
+        _refused(
+            lambda: as_controller.patch_namespaced_pod(
+                "evictable", "default", ops, _content_type=JSON_PATCH
+            ),
+            "metadata.annotations: carve-controller changes only annotations under "
+            f"{CONTRACT.driver}/, and adds {SAFE}",
+        )
+    finally:
+        core.delete_namespaced_pod("evictable", "default", grace_period_seconds=0)
+
+
+def test_the_controllers_own_writer_sets_the_hint_and_ungates_with_safe_to_evict(
+    installed: Path,
+    k8s_api: Any,  # noqa: F811
+) -> None:
+    """What `KubeClaimWriter` sends with the controller's token is admitted: the hint through
+    pods/status, its reset, and the gate's removal with safe-to-evict "false" in one patch."""
+    from controller.autoscaling import SCHEDULING_GATED, shows_hint
+    from controller.status import KubeClaimWriter
+
+    core = client.CoreV1Api(k8s_api)
+    api = _client_as(installed, _token(core, None, "carve-controller"))
+    writer = KubeClaimWriter(KubeJson(api), contract=CONTRACT)
+    body = _gated_pod("hinted")
+    body["metadata"]["annotations"] = {"example.com/keep": "x"}
+    core.create_namespaced_pod("default", body)
+    try:
+        pod = KubeJson(api).request("GET", "/api/v1/namespaces/default/pods/hinted")
+        hinted = writer.set_unschedulable(pod, "carve cannot place this pod: no room")
+        assert shows_hint(hinted)
+        out = writer.remove_gate(hinted, protect=True)
+        assert not out["spec"].get("schedulingGates")
+        assert out["metadata"]["annotations"] == {"example.com/keep": "x", SAFE: "false"}
+        [cond] = [c for c in out["status"]["conditions"] if c["type"] == "PodScheduled"]
+        assert cond["reason"] == SCHEDULING_GATED
+    finally:
+        core.delete_namespaced_pod("hinted", "default", grace_period_seconds=0)
+
+
 def _gated_pod(name: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",

@@ -33,8 +33,8 @@ def _pointer(path: str) -> list[str]:
 
 
 def json_patch(target: Obj, ops: list[Obj]) -> Obj:
-    """RFC 6902 `test`, `remove` and `add` as the apiserver applies them (422 on a failed
-    test or a missing path)."""
+    """RFC 6902 `test`, `replace`, `remove` and `add` as the apiserver applies them (422 on a
+    failed test or a missing path)."""
     out = copy.deepcopy(target)
     for op in ops:
         *parents, last = _pointer(op["path"])
@@ -43,8 +43,17 @@ def json_patch(target: Obj, ops: list[Obj]) -> Obj:
             for part in parents:
                 node = node[int(part)] if isinstance(node, list) else node[part]
             key: Any = int(last) if isinstance(node, list) and last != "-" else last
+            if op["op"] == "test" and op["value"] is None and isinstance(node, dict):
+                # The apiserver's json-patch: a null value tests a member missing (or null).
+                if node.get(key) is not None:
+                    raise KeyError(op["path"])
+                continue
             if op["op"] == "test" and node[key] != op["value"]:
                 raise KeyError(op["path"])
+            if op["op"] == "replace":
+                if key not in (range(len(node)) if isinstance(node, list) else node):
+                    raise KeyError(op["path"])  # RFC 6902: the target must exist
+                node[key] = copy.deepcopy(op["value"])
             if op["op"] == "remove":
                 del node[key]
             if op["op"] == "add" and isinstance(node, dict):

@@ -13,6 +13,13 @@ from typing import Any
 
 import pytest
 
+from controller.autoscaling import (
+    SAFE_TO_EVICT,
+    hint_of,
+    hint_ops,
+    reset_ops,
+    wants_protection,
+)
 from controller.config import ReconcilerConfig
 from controller.extended_resources import pinned_affinity
 from controller.objects import ClaimAllocation, EventType, Kind, Plan, Unplaceable
@@ -21,6 +28,7 @@ from controller.status import build_allocation_status
 from driver.allocation import AllocatedDevice
 from driver.apiobject import Obj
 from driver.contract import DEFAULT_CONTRACT, HANDED_TO_SCHEDULER
+from tests.support.patch_store import json_patch
 
 ALLOCATION_FINALIZER = DEFAULT_CONTRACT.allocation_finalizer
 SCHEDULING_GATE = DEFAULT_CONTRACT.scheduling_gate
@@ -95,6 +103,8 @@ class FirstFitPlanner:
         self.plans = 0
         self.committed_pods: list[str] = []
         self.verdict: Unplaceable | None = None  # when set, every plan is refused with it
+        # Claims whose release would make room (`fits_after_release`), by store key.
+        self.freeing: set[str] = set()
 
     def observe(self, kind: Kind, obj: Obj) -> None:
         key = f"{obj['metadata'].get('namespace')}/{obj['metadata']['name']}"
@@ -132,6 +142,9 @@ class FirstFitPlanner:
 
     def check_allocated(self, pod: Obj, claims: Sequence[Obj]) -> Unplaceable | None:
         return None
+
+    def fits_after_release(self, pod: Obj, claims: Sequence[Obj], released: Any) -> bool:
+        return bool(self.freeing.intersection(released))
 
     def plan(
         self,
@@ -189,6 +202,8 @@ class MemoryWriter:
         self.reads: list[str] = []
         self.fail: dict[tuple[str, str], Exception] = {}
         self.conditions: dict[str, tuple[bool, str, str]] = {}
+        # The pod writes that concern Cluster Autoscaler, in order (`controller.autoscaling`).
+        self.pod_writes: list[tuple[str, str]] = []
         self._rv = itertools.count(100)
 
     def put(self, obj: Obj) -> Obj:
@@ -258,15 +273,46 @@ class MemoryWriter:
         annotations[DEFAULT_CONTRACT.allocator_annotation] = HANDED_TO_SCHEDULER
         return self.put(cur)
 
-    def remove_gate(self, pod: Obj) -> Obj:
+    def remove_gate(self, pod: Obj, *, protect: bool = False) -> Obj:
         cur = self._call("remove_gate", pod)
+        self._reset_first(cur)
+        self.pod_writes.append(("remove_gate", cur["metadata"]["name"]))
+        cur = self.current_of(cur)
         cur["spec"]["schedulingGates"] = [
             g for g in cur["spec"].get("schedulingGates", []) if g["name"] != SCHEDULING_GATE
         ]
+        if protect and wants_protection(cur, DEFAULT_CONTRACT):
+            cur["metadata"].setdefault("annotations", {})[SAFE_TO_EVICT] = "false"
         return self.put(cur)
+
+    def current_of(self, obj: Obj) -> Obj:
+        return copy.deepcopy(self.objects.get(obj["metadata"]["name"], obj))
+
+    def _reset_first(self, pod: Obj) -> None:
+        """As KubeClaimWriter: carve's hint goes before the gate does."""
+        if hint_of(self.current_of(pod), SCHEDULING_GATE) is not None:
+            self.reset_unschedulable(pod)
+
+    def set_unschedulable(self, pod: Obj, message: str) -> Obj:
+        """The hint as the real writer sets it (a JSON patch of the pod's status)."""
+        cur = self.current_of(pod)
+        self.pod_writes.append(("set_unschedulable", cur["metadata"]["name"]))
+        ops = hint_ops(cur, SCHEDULING_GATE, message, dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
+        return cur if ops is None else self.put(json_patch(cur, ops))
+
+    def reset_unschedulable(self, pod: Obj) -> Obj:
+        cur = self.current_of(pod)
+        self.pod_writes.append(("reset_unschedulable", cur["metadata"]["name"]))
+        ops = reset_ops(cur, SCHEDULING_GATE, dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
+        return cur if ops is None else self.put(json_patch(cur, ops))
 
     def pin_and_ungate(self, pod: Obj, node: str) -> Obj:
         cur = self._call("pin_and_ungate", pod)
+        self._reset_first(cur)
+        self.pod_writes.append(("pin_and_ungate", cur["metadata"]["name"]))
+        cur = self.current_of(cur)
+        if wants_protection(cur, DEFAULT_CONTRACT):
+            cur["metadata"].setdefault("annotations", {})[SAFE_TO_EVICT] = "false"
         cur["spec"]["affinity"] = pinned_affinity(cur, node)
         cur["spec"]["schedulingGates"] = [
             g for g in cur["spec"].get("schedulingGates", []) if g["name"] != SCHEDULING_GATE
@@ -294,6 +340,7 @@ class Harness:
         commit_beside: Callable[[str, Callable[[], None]], bool] | None = None,
         metrics: Any = None,
         writer: MemoryWriter | None = None,
+        preemption: Any = None,
         **cfg: Any,
     ) -> None:
         self.planner = FirstFitPlanner()
@@ -311,6 +358,7 @@ class Harness:
             release_beside=release_beside,
             commit_beside=commit_beside,
             metrics=metrics,
+            preemption=preemption,
         )
         for k in Kind:
             self.rec.mark_synced(k)
