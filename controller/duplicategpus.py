@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable, Mapping
 
 from controller.objects import Kind
+from controller.reminders import Reminders
 from controller.seams import Metrics, Recorder
 
 _log = logging.getLogger(__name__)
@@ -35,24 +36,22 @@ class DuplicateGpuReporter:
         self._recorder = recorder
         self._metrics = metrics
         self._clock = clock
-        self._interval = interval
-        # (uuid, node ignored) -> the node it counts on, when told
-        self._told: dict[tuple[str, str], tuple[str, float]] = {}
+        # (uuid, node ignored) -> the node it counts on
+        self._told: Reminders[tuple[str, str], str] = Reminders(interval)
 
     def report(self, duplicates: Mapping[tuple[str, str], str]) -> None:
         """Call once per step with (uuid, node ignored) -> the node it counts on."""
         if not duplicates and not self._told:
             return
         now = self._clock()
-        for key in [k for k in self._told if k not in duplicates]:
-            kept, _ = self._told.pop(key)
+        for key, kept in self._told.ended(duplicates):
             _log.info(
                 "node %s no longer publishes GPU %s, which counts on %s", key[1], key[0], kept
             )
         for key, kept in sorted(duplicates.items()):
             uuid, ignored = key
-            told = self._told.get(key)
-            if told is not None and told[0] == kept and now - told[1] < self._interval:
+            earlier = self._told.last(key)
+            if not self._told.due(key, kept, now):
                 continue
             message = (
                 f"GPU {uuid} is published by nodes {kept} and {ignored}; one GPU is on one node, "
@@ -60,11 +59,10 @@ class DuplicateGpuReporter:
                 f"Check the carve kubelet plugin on {ignored}: its --node-name, its simulator "
                 "config, or whether the node is compromised"
             )
-            if told is None or told[0] != kept:
+            if earlier != kept:
                 _log.warning("duplicate GPU UUID: %s", message)
             for node in (kept, ignored):
                 self._recorder.event(
                     {"metadata": {"name": node}}, Kind.NODE, "Warning", "DuplicateGpuUuid", message
                 )
-            self._told[key] = (kept, now)
         self._metrics.set_duplicate_gpus(len({uuid for uuid, _ in duplicates}))

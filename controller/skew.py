@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 
 from controller.model import GpuInventory, inventories_from_slices
 from controller.objects import Kind
+from controller.reminders import Reminders
 from controller.seams import Metrics, Recorder
 from controller.tolerations import DeviceTaint
 from driver import contract
@@ -94,24 +95,21 @@ class ContractSkewReporter:
         self._recorder = recorder
         self._metrics = metrics
         self._clock = clock
-        self._interval = interval
-        self._told: dict[str, tuple[str, float]] = {}  # node -> why, when told
+        # node -> why its slices are not read
+        self._told: Reminders[str, str] = Reminders(interval)
 
     def report(self, skewed: Mapping[str, str]) -> None:
         """Call once per step with node -> why its slices are not read."""
         if not skewed and not self._told:
             return
         now = self._clock()
-        for node in [n for n in self._told if n not in skewed]:
-            del self._told[node]
+        for node, _ in self._told.ended(skewed):
             _log.info("node %s speaks a carve contract version in range again", node)
         for node, why in sorted(skewed.items()):
-            told = self._told.get(node)
-            if told is not None and told[0] == why and now - told[1] < self._interval:
+            if not self._told.due(node, why, now):
                 continue
             message = f"carve places nothing on this node: {why}"
             self._recorder.event(
                 {"metadata": {"name": node}}, Kind.NODE, "Warning", "ContractSkew", message
             )
-            self._told[node] = (why, now)
         self._metrics.set_contract_skew(len(skewed))
