@@ -239,12 +239,18 @@ def _hinted(h: Harness, name: str = "p") -> bool:
     return ca_sees_unschedulable(h.current(name))
 
 
-def test_a_pod_that_lacks_capacity_gets_the_hint_once_and_loses_it_before_its_gate() -> None:
+def _one_pod_told(verdict: Unplaceable) -> Harness:
+    """One GPU node and pod p with claim c, after a step in which the planner said ``verdict``."""
     h = Harness(nodes={"n1": 1})
     h.add(Kind.CLAIM, claim("c"))
     h.add(Kind.POD, pod("p", ["c"]))
-    h.planner.verdict = NO_ROOM
+    h.planner.verdict = verdict
     h.step()
+    return h
+
+
+def test_a_pod_that_lacks_capacity_gets_the_hint_once_and_loses_it_before_its_gate() -> None:
+    h = _one_pod_told(NO_ROOM)
     assert _hinted(h)
     cond = pod_scheduled(h.current("p"))
     assert cond is not None and NO_ROOM.message in cond["message"]
@@ -287,11 +293,7 @@ class _Preempting:
 
 
 def test_no_hint_while_carve_preempts_for_the_pod_and_a_hint_set_before_is_reset() -> None:
-    h = Harness(nodes={"n1": 1})
-    h.add(Kind.CLAIM, claim("c"))
-    h.add(Kind.POD, pod("p", ["c"]))
-    h.planner.verdict = NO_ROOM
-    h.step()
+    h = _one_pod_told(NO_ROOM)
     assert _hinted(h)
     h.rec._placer._preemption = _Preempting()  # a lower-priority pod arrived meanwhile
     h.now[0] += 31
@@ -308,11 +310,7 @@ def test_no_hint_while_carve_preempts_for_the_pod_and_a_hint_set_before_is_reset
 
 
 def test_no_hint_while_the_preempted_slices_are_being_released() -> None:
-    h = Harness(nodes={"n1": 1})
-    h.add(Kind.CLAIM, claim("c"))
-    h.add(Kind.POD, pod("p", ["c"]))
-    h.planner.verdict = Unplaceable("PreemptionPending", "waiting for the slices of ns/low")
-    h.step()
+    h = _one_pod_told(Unplaceable("PreemptionPending", "waiting for the slices of ns/low"))
     assert h.writer.pod_writes == []
 
 
