@@ -223,6 +223,21 @@ def wants_protection(pod: Obj, contract: Contract) -> bool:
     return SAFE_TO_EVICT not in annotations
 
 
+def movable_value_error(pod: Obj, contract: Contract) -> str | None:
+    """What is wrong with the pod's movable annotation, if its value is neither "true" nor
+    "false": carve reads it as not movable, and its user is told so rather than left guessing
+    why a scale-down never drains the node."""
+    key = contract.movable_annotation
+    value = PodView(pod).annotations.get(key)
+    if value is None or str(value).lower() in ("true", "false"):
+        return None
+    return (
+        f'annotation {key}: "{value}" is neither "true" nor "false"; carve reads the pod as not '
+        f'movable, so it is marked {SAFE_TO_EVICT}: "false" unless that annotation is set. '
+        f'Set {key}: "true" to let a scale-down move it'
+    )
+
+
 def protection_ops(pod: Obj) -> list[Obj]:
     """JSON patch operations adding `safe-to-evict: "false"`: into the map when the copy shows
     one (the informer keeps an empty map for a pod whose annotations carve does not read), else

@@ -17,7 +17,7 @@ import datetime as dt
 import logging
 from collections.abc import Callable, Sequence
 
-from controller.autoscaling import hint_message, hint_of
+from controller.autoscaling import hint_message, hint_of, movable_value_error
 from controller.config import ReconcilerConfig
 from controller.memory import PodMemory, Wait
 from controller.objects import (
@@ -143,6 +143,9 @@ class Outcomes:
     def tell_placed(self, pod: Obj, message: str) -> None:
         """One `Placed` event; the condition only if a wait set it before (see the module)."""
         self._recorder.event(pod, Kind.POD, "Normal", "Placed", message)
+        bad_movable = movable_value_error(pod, self._cfg.contract)
+        if bad_movable is not None:
+            self._recorder.event(pod, Kind.POD, "Warning", "MovableAnnotationIgnored", bad_movable)
         wait = self._memory.wait_of(key_of(pod))
         told = wait is not None and bool(wait.last_message)
         if told or has_condition(pod, self._cfg.contract.placed_condition):

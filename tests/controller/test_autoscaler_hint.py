@@ -404,3 +404,23 @@ def test_the_engine_tells_a_release_that_fits_from_one_that_does_not() -> None:
     c.rec.step()
     assert not any(ca_sees_unschedulable(c.writer.objects[p]) for p in like)
     assert len(calls) <= 1, calls
+
+
+@pytest.mark.parametrize(
+    ("value", "warned"), [("yes please", True), ("true", False), ("False", False)]
+)
+def test_a_movable_annotation_carve_cannot_read_is_told_on_the_placed_pod(
+    value: str, warned: bool
+) -> None:
+    h = Harness(nodes={"n1": 1})
+    h.add(Kind.CLAIM, claim("c"))
+    p = pod("p", ["c"])
+    p["metadata"]["annotations"] = {DEFAULT_CONTRACT.movable_annotation: value}
+    h.add(Kind.POD, p)
+    h.step()
+    reasons = [e[2] for e in h.recorder.events if e[0] == "p"]
+    assert "Placed" in reasons, reasons
+    assert ("MovableAnnotationIgnored" in reasons) is warned, reasons
+    if warned:
+        message = next(e[3] for e in h.recorder.events if e[2] == "MovableAnnotationIgnored")
+        assert '"yes please"' in message and SAFE_TO_EVICT in message
